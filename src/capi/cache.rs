@@ -1,0 +1,225 @@
+//! Handles and configuration: creating a cache over libskv's own pools or the engine's.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Mutex;
+
+use super::{arg, guard, out_mut, skv_status};
+use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
+
+/// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
+/// may use it, calls on one handle are serialized inside.
+pub struct skv_cache {
+    pub(crate) inner: Mutex<Cache>,
+}
+
+/// A session prefix is reused only in whole pages (SEMANTICS.md, match_prefix steps 3, 6).
+pub const SKV_FLAG_ALIGNED_REUSE: u32 = 0x1;
+
+/// How a cache is laid out.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct skv_cache_config {
+    /// sizeof(skv_cache_config); lets the struct grow.
+    pub struct_size: u32,
+    /// Tokens per KV page, >= 1.
+    pub page_size: u32,
+    /// Owned mode: KV pool capacity in token slots, a multiple of page_size, at most 2^31;
+    /// page 0 (slots 0..page_size-1) is the padding page and never handed out. Ignored in
+    /// external mode.
+    pub num_token_slots: u64,
+    /// req_to_token rows (max live requests + held sessions); bounds the valid row numbers.
+    pub num_rows: u32,
+    /// Longest sequence a row may map.
+    pub max_context_len: u32,
+    /// SKV_FLAG_* values, OR-ed.
+    pub flags: u32,
+}
+
+/// The engine's pools (external mode). A callback returning non-zero fails the call with
+/// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
+/// locked: they must not call back into the same handle (SKV_ERR_STATE) and must not throw.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct skv_pool_ops {
+    /// sizeof(skv_pool_ops); lets the struct grow.
+    pub struct_size: u32,
+    /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
+    pub read_row: Option<unsafe extern "C" fn(*mut c_void, i32, u32, u32, *mut i32) -> c_int>,
+    /// Return these KV slot indices to the engine's allocator (a paged allocator frees the
+    /// pages they fall in). Required.
+    pub free_kv: Option<unsafe extern "C" fn(*mut c_void, *const i32, usize) -> c_int>,
+    /// Return a req_to_token row to the engine's row pool. Required.
+    pub free_row: Option<unsafe extern "C" fn(*mut c_void, i32) -> c_int>,
+    /// Drop the prefix-tree lock a session inherited from its first request; may be NULL.
+    pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
+    /// Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
+    pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+}
+
+fn config(cfg: &skv_cache_config) -> Result<Config> {
+    let need = std::mem::size_of::<skv_cache_config>() as u32;
+    if cfg.struct_size < need {
+        return Err(Error::InvalidArg(format!("struct_size {} < sizeof(skv_cache_config) {need}", cfg.struct_size)));
+    }
+    if cfg.flags & !SKV_FLAG_ALIGNED_REUSE != 0 {
+        return Err(Error::InvalidArg(format!("flags {:#x} has unknown bits", cfg.flags)));
+    }
+    Ok(Config {
+        page_size: cfg.page_size,
+        num_token_slots: cfg.num_token_slots,
+        num_rows: cfg.num_rows,
+        max_context_len: cfg.max_context_len,
+        aligned_reuse: cfg.flags & SKV_FLAG_ALIGNED_REUSE != 0,
+    })
+}
+
+fn boxed(cache: Cache) -> *mut skv_cache {
+    Box::into_raw(Box::new(skv_cache { inner: Mutex::new(cache) }))
+}
+
+/// Creates a cache over libskv's own paged pool and rows (owned mode).
+///
+/// # Safety
+/// `cfg` and `out` must be NULL or valid pointers.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
+    guard("skv_cache_new", || {
+        let cfg = arg(cfg, "cfg")?;
+        let slot = out_mut(out, "out")?;
+        let cfg = config(cfg)?;
+        *slot = boxed(Cache::new_owned(cfg)?);
+        Ok(())
+    })
+}
+
+/// Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
+/// `free_row` are required. `user_data` is passed to every callback.
+///
+/// # Safety
+/// Pointers must be NULL or valid; the callbacks must stay callable while the handle lives.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_new_external(
+    cfg: *const skv_cache_config,
+    ops: *const skv_pool_ops,
+    user_data: *mut c_void,
+    out: *mut *mut skv_cache,
+) -> skv_status {
+    guard("skv_cache_new_external", || {
+        let cfg_ref = arg(cfg, "cfg")?;
+        let ops = *arg(ops, "ops")?;
+        let slot = out_mut(out, "out")?;
+        let need = std::mem::size_of::<skv_pool_ops>() as u32;
+        if ops.struct_size < need {
+            return Err(Error::InvalidArg(format!("ops->struct_size {} < sizeof(skv_pool_ops) {need}", ops.struct_size)));
+        }
+        let (Some(_), Some(_), Some(_)) = (ops.read_row, ops.free_kv, ops.free_row) else {
+            return Err(Error::NullArg("ops->read_row, free_kv and free_row are required".into()));
+        };
+        let cfg = config(cfg_ref)?;
+        cfg.validate()?;
+        let pool = ExternalPool { ops, user_data, staging: Vec::new() };
+        *slot = boxed(Cache::new(cfg, Box::new(pool)));
+        Ok(())
+    })
+}
+
+/// Destroys a handle; NULL is a no-op. Frees host memory only: no callback runs and no
+/// session is released.
+///
+/// # Safety
+/// `cache` must be NULL or a handle not yet freed, with no call on it in progress.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
+    if !cache.is_null() {
+        let _ = std::panic::catch_unwind(|| drop(Box::from_raw(cache)));
+    }
+}
+
+/// The engine's pools, reached through `skv_pool_ops`.
+struct ExternalPool {
+    ops: skv_pool_ops,
+    user_data: *mut c_void,
+    /// The indices read for the call in progress, in effect order.
+    staging: Vec<i32>,
+}
+
+// The engine promises its callbacks may run on whichever thread calls libskv.
+unsafe impl Send for ExternalPool {}
+
+impl Pool for ExternalPool {
+    fn mapped_len(&self, _row: u32) -> Option<u32> {
+        None
+    }
+
+    fn check_req(&self, _req: &Req) -> Result<()> {
+        Ok(())
+    }
+
+    fn check_free(&self, _row: u32, _target: u32, _end: u32) -> Result<()> {
+        Ok(())
+    }
+
+    fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
+        self.staging.clear();
+        let read_row = self.ops.read_row.expect("checked at creation");
+        for e in effects {
+            if let Effect::FreeKv { row, start, end, .. } = *e {
+                if start >= end {
+                    continue;
+                }
+                let at = self.staging.len();
+                self.staging.resize(at + (end - start) as usize, -1);
+                let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
+                if rc != 0 {
+                    return Err(Error::Callback(format!(
+                        "read_row(row {row}, {start}..{end}) returned {rc}; nothing was changed"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, effects: &[Effect]) -> Result<()> {
+        let ud = self.user_data;
+        let mut failures = Vec::new();
+        let (mut at, mut handed) = (0usize, 0usize);
+        for e in effects {
+            let (rc, what) = match *e {
+                Effect::DecLockRef { node, receipt } => match self.ops.dec_lock_ref {
+                    Some(f) => (unsafe { f(ud, node, receipt) }, format!("dec_lock_ref({node}, {receipt})")),
+                    None => continue,
+                },
+                Effect::FreeKv { row, start, end, .. } => {
+                    if start >= end {
+                        continue;
+                    }
+                    let idx = &self.staging[at..at + (end - start) as usize];
+                    at += idx.len();
+                    handed += idx.len();
+                    let free_kv = self.ops.free_kv.expect("checked at creation");
+                    (unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }, format!("free_kv({} indices of row {row})", idx.len()))
+                }
+                Effect::FreeRow { row } => {
+                    let free_row = self.ops.free_row.expect("checked at creation");
+                    (unsafe { free_row(ud, row as i32) }, format!("free_row({row})"))
+                }
+                Effect::FreeAux { aux } => match self.ops.free_aux {
+                    Some(f) => (unsafe { f(ud, aux) }, format!("free_aux({aux})")),
+                    None => continue,
+                },
+            };
+            if rc != 0 {
+                failures.push(format!("{what} returned {rc}"));
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Callback(format!(
+                "{}; {handed} indices were handed back and libskv's state advanced as if the call succeeded",
+                failures.join(", ")
+            )))
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The C ABI: thin glue over `core`, one file per section of `include/skv.h`. Each export
+//! checks its pointers, converts, calls the model and maps the error; `guard` is the one
+//! panic boundary every fallible export goes through.
+
+#![allow(non_camel_case_types)]
+
+mod api;
+mod cache;
+mod owned;
+mod session;
+mod status;
+
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::MutexGuard;
+
+pub use api::*;
+pub use cache::*;
+pub use owned::*;
+pub use session::*;
+pub use status::*;
+
+use crate::core::{Cache, Error, Result};
+
+/// Runs one export's body: panics become `SKV_ERR_INTERNAL`, errors set the thread's last
+/// error message (prefixed with the function name), success clears it.
+pub(crate) fn guard(function: &'static str, body: impl FnOnce() -> Result<()>) -> skv_status {
+    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(Error::Internal(format!("internal error (a libskv bug): {what}")))
+    });
+    match outcome {
+        Ok(()) => {
+            clear_last_error();
+            skv_status::SKV_OK
+        }
+        Err(e) => {
+            set_last_error(function, &e.to_string());
+            status_of(&e)
+        }
+    }
+}
+
+/// A required pointer as a reference.
+pub(crate) unsafe fn arg<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
+    p.as_ref().ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
+}
+
+/// A required out-pointer as a mutable reference.
+pub(crate) unsafe fn out_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
+    p.as_mut().ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
+}
+
+/// A `(pointer, length)` pair as a slice; `(NULL, 0)` is the empty slice.
+pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
+    match (p.is_null(), n) {
+        (_, 0) => Ok(&[]),
+        (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
+        (false, _) => Ok(std::slice::from_raw_parts(p, n)),
+    }
+}
+
+pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result<&'a mut [T]> {
+    match (p.is_null(), n) {
+        (_, 0) => Ok(&mut []),
+        (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
+        (false, _) => Ok(std::slice::from_raw_parts_mut(p, n)),
+    }
+}
+
+thread_local! {
+    /// Handles whose lock this thread holds: an engine callback calling back into the same
+    /// handle would otherwise deadlock.
+    static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The locked model behind a handle, released (and unmarked) on drop.
+pub(crate) struct Locked<'a> {
+    cache: MutexGuard<'a, Cache>,
+    key: usize,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = Cache;
+    fn deref(&self) -> &Cache {
+        &self.cache
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Cache {
+        &mut self.cache
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        HELD.with_borrow_mut(|h| h.retain(|&k| k != self.key));
+    }
+}
+
+/// Locks a handle for one call.
+pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<Locked<'a>> {
+    let handle = arg(c.cast_const(), "cache")?;
+    let key = c as usize;
+    if HELD.with_borrow(|h| h.contains(&key)) {
+        return Err(Error::State("called from inside one of this handle's own callbacks".into()));
+    }
+    let cache = handle.inner.lock().map_err(|_| {
+        Error::Internal("the handle is unusable after an earlier internal error".into())
+    })?;
+    HELD.with_borrow_mut(|h| h.push(key));
+    Ok(Locked { cache, key })
+}

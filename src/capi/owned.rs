@@ -1,0 +1,328 @@
+//! Owned-pool operations: libskv's own allocator and rows. Each is SKV_ERR_UNSUPPORTED on
+//! an external-mode handle.
+
+use std::ffi::{c_char, c_int, c_void};
+
+use super::session::on_req;
+use super::{guard, lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut};
+use crate::core::{EngineHooks, Error};
+
+/// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
+/// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
+    guard("skv_alloc_row", || on_req(c, req, |c, r| c.alloc_row(r), |()| {}))
+}
+
+/// Maps n_tokens more positions of the req's row: the partial last page is filled first,
+/// then whole new pages. SKV_ERR_OUT_OF_MEMORY leaves everything unchanged.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_alloc_extend(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
+    guard("skv_alloc_extend", || on_req(c, req, |c, r| c.alloc_extend(r, n_tokens), |()| {}))
+}
+
+/// kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
+    guard("skv_commit", || on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}))
+}
+
+/// A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
+/// and KV lengths 0; its lock_node and aux_state stay the engine's to release.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
+    guard("skv_free_req", || on_req(c, req, |c, r| c.free_req(r), |()| {}))
+}
+
+/// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
+/// pages, page-structured, written to out_indices.
+///
+/// # Safety
+/// out_indices must hold n_tokens values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
+    guard("skv_pool_alloc", || {
+        let out = slice_mut(out_indices, n_tokens as usize, "out_indices")?;
+        lock(c)?.pool_alloc(out)
+    })
+}
+
+/// Takes back engine-held pages: each index frees the page it falls in. A page already free
+/// (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
+///
+/// # Safety
+/// indices must hold n values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
+    guard("skv_pool_free", || {
+        let indices = slice(indices, n, "indices")?;
+        lock(c)?.pool_free(indices)
+    })
+}
+
+/// For each index, how many rows map its page (0: the tree may evict it).
+///
+/// # Safety
+/// indices and out_counts must hold n values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_page_refs(
+    c: *mut skv_cache,
+    indices: *const i32,
+    n: usize,
+    out_counts: *mut u32,
+) -> skv_status {
+    guard("skv_page_refs", || {
+        let indices = slice(indices, n, "indices")?;
+        let out = slice_mut(out_counts, n, "out_counts")?;
+        lock(c)?.page_refs(indices, out)
+    })
+}
+
+/// A fresh row (kv_allocated_len 0) adopts engine-held pages as its protected prefix:
+/// allocated = committed = protected = n_tokens. Indices must be page-structured.
+///
+/// # Safety
+/// Pointers must be NULL or valid; indices must hold n_tokens values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_map_prefix(
+    c: *mut skv_cache,
+    req: *mut skv_req,
+    indices: *const i32,
+    n_tokens: u32,
+) -> skv_status {
+    guard("skv_map_prefix", || {
+        let indices = slice(indices, n_tokens as usize, "indices")?;
+        on_req(c, req, |c, r| c.map_prefix(r, indices), |()| {})
+    })
+}
+
+/// The row's pages [protected, new_protected_len) become engine-held (inserted in the
+/// engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_publish_prefix(c: *mut skv_cache, req: *mut skv_req, new_protected_len: u32) -> skv_status {
+    guard("skv_publish_prefix", || on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}))
+}
+
+/// Copies req_to_token[row, start:end) into out (end-start values).
+///
+/// # Safety
+/// out must hold end-start values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_row_indices(c: *mut skv_cache, row: i32, start: u32, end: u32, out: *mut i32) -> skv_status {
+    guard("skv_row_indices", || {
+        let out = slice_mut(out, end.saturating_sub(start) as usize, "out")?;
+        let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };
+        lock(c)?.row_indices(row, start, end, out)
+    })
+}
+
+/// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
+/// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
+/// used_pages == total_pages - 1 - free_pages.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct skv_stats {
+    /// Pages in the pool, page 0 included.
+    pub total_pages: u64,
+    /// Pages free to allocate.
+    pub free_pages: u64,
+    /// Pages owned by rows or held by the engine.
+    pub used_pages: u64,
+    /// req_to_token rows.
+    pub total_rows: u32,
+    /// Rows free to allocate.
+    pub free_rows: u32,
+    /// Session slots.
+    pub sessions: u64,
+    /// Tokens released by trim_overshoot since creation.
+    pub trimmed_tokens: u64,
+    /// Tokens released by free_tail since creation.
+    pub tail_freed_tokens: u64,
+}
+
+/// Reads the pool's occupancy and counters.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats) -> skv_status {
+    guard("skv_cache_stats", || {
+        let out = out_mut(out, "out")?;
+        let s = lock(c)?.stats()?;
+        *out = skv_stats {
+            total_pages: s.total_pages,
+            free_pages: s.free_pages,
+            used_pages: s.used_pages,
+            total_rows: s.total_rows,
+            free_rows: s.free_rows,
+            sessions: s.sessions,
+            trimmed_tokens: s.trimmed_tokens,
+            tail_freed_tokens: s.tail_freed_tokens,
+        };
+        Ok(())
+    })
+}
+
+/// The result of an audit.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct skv_check_report {
+    /// Pages on the free list.
+    pub pages_free: u64,
+    /// Pages owned by exactly one row.
+    pub pages_in_rows: u64,
+    /// Pages held by the engine (from skv_pool_alloc or inside a protected prefix).
+    pub pages_engine_held: u64,
+    /// 0 when every invariant holds.
+    pub violations: u64,
+    /// The first violation as text, NUL-terminated ("" when none).
+    pub first_violation: [c_char; 256],
+}
+
+/// Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
+/// engine-held == total_pages - 1, no page in two rows' owned ranges, no free page mapped by
+/// a row, every engine-held page's map count equal to the rows that map it, idle session
+/// slots agreeing with their rows.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status {
+    guard("skv_cache_check", || {
+        let out = out_mut(out, "out")?;
+        let r = lock(c)?.check()?;
+        let mut text = [0 as c_char; 256];
+        for (t, b) in text.iter_mut().zip(r.first_violation.bytes().take(255)) {
+            *t = b as c_char;
+        }
+        *out = skv_check_report {
+            pages_free: r.pages_free,
+            pages_in_rows: r.pages_in_rows,
+            pages_engine_held: r.pages_engine_held,
+            violations: r.violations,
+            first_violation: text,
+        };
+        Ok(())
+    })
+}
+
+/// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
+/// here (release, aborted finish, aligned-reuse release). Either may be NULL.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct skv_engine_hooks {
+    /// sizeof(skv_engine_hooks); lets the struct grow.
+    pub struct_size: u32,
+    /// Drop the prefix-tree lock a session inherited from its first request.
+    pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
+    /// Free engine auxiliary state.
+    pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+}
+
+struct Hooks {
+    hooks: skv_engine_hooks,
+    user_data: *mut c_void,
+}
+
+// The engine promises its callbacks may run on whichever thread calls libskv.
+unsafe impl Send for Hooks {}
+
+fn rc(code: c_int) -> Result<(), i32> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(code)
+    }
+}
+
+impl EngineHooks for Hooks {
+    fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
+        self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
+    }
+
+    fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
+        self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
+    }
+}
+
+/// Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
+/// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
+/// them).
+///
+/// # Safety
+/// Pointers must be NULL or valid; the callbacks must stay callable while installed.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_set_hooks(
+    c: *mut skv_cache,
+    hooks: *const skv_engine_hooks,
+    user_data: *mut c_void,
+) -> skv_status {
+    guard("skv_cache_set_hooks", || {
+        let mut c = lock(c)?;
+        let hooks = match hooks.as_ref() {
+            None => None,
+            Some(h) => {
+                let need = std::mem::size_of::<skv_engine_hooks>() as u32;
+                if h.struct_size < need {
+                    return Err(Error::InvalidArg(format!(
+                        "hooks->struct_size {} < sizeof(skv_engine_hooks) {need}",
+                        h.struct_size
+                    )));
+                }
+                Some(Box::new(Hooks { hooks: *h, user_data }) as Box<dyn EngineHooks>)
+            }
+        };
+        c.set_hooks(hooks)
+    })
+}
+
+/// FlashInfer's paged-KV triple for a batch of rows: kv_indptr[n+1] (prefix sums of page
+/// counts), kv_indices (page ids), kv_last_page_len[n] (1..page_size; 0 for an empty row).
+/// *needed receives the number of page ids, also when it exceeds cap: then
+/// SKV_ERR_INVALID_ARG and nothing else is written.
+///
+/// # Safety
+/// kv_indptr must hold n+1 values, kv_last_page_len n, kv_indices cap.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn skv_build_flashinfer(
+    c: *mut skv_cache,
+    rows: *const i32,
+    n: usize,
+    kv_indptr: *mut i32,
+    kv_indices: *mut i32,
+    kv_last_page_len: *mut i32,
+    cap: usize,
+    needed: *mut usize,
+) -> skv_status {
+    guard("skv_build_flashinfer", || {
+        let rows = slice(rows, n, "rows")?;
+        let indptr = slice_mut(kv_indptr, n + 1, "kv_indptr")?;
+        let indices = slice_mut(kv_indices, cap, "kv_indices")?;
+        let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
+        let needed = out_mut(needed, "needed")?;
+        let c = lock(c)?;
+        let total = c.flashinfer_len(rows)?;
+        *needed = total;
+        if total > cap || total > i32::MAX as usize {
+            return Err(Error::InvalidArg(format!("the rows need {total} page ids, cap is {cap}")));
+        }
+        c.flashinfer_fill(rows, indptr, &mut indices[..total], last);
+        Ok(())
+    })
+}

@@ -1,0 +1,293 @@
+//! The request record and the session operations (both modes).
+
+use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice};
+use crate::core::{Held, Match, Req};
+
+/// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct skv_req {
+    /// req_to_token row, -1 = none.
+    pub req_pool_idx: i32,
+    /// Tokens whose KV is final.
+    pub kv_committed_len: u32,
+    /// Tokens with KV slots assigned (>= committed).
+    pub kv_allocated_len: u32,
+    /// Prefix owned by the engine's prefix tree: never freed here. A multiple of page_size.
+    pub cache_protected_len: u32,
+    /// Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none.
+    pub swa_evicted_seqlen: u32,
+    /// Prompt tokens of this turn (the full session history).
+    pub origin_input_len: u32,
+    /// Tokens in output_ids, speculative overshoot included.
+    pub output_len: u32,
+    /// Tokens the turn really produced; -1 = output_len.
+    pub finished_len: i32,
+    /// Engine prefix-tree node locked by the session's first turn, 0 = none.
+    pub lock_node: u64,
+    /// Opaque value handed back to dec_lock_ref.
+    pub lock_receipt: u64,
+    /// Engine auxiliary state handed back to free_aux, -1 = none.
+    pub aux_state: i64,
+}
+
+impl From<&skv_req> for Req {
+    fn from(r: &skv_req) -> Req {
+        Req {
+            row: r.req_pool_idx,
+            committed: r.kv_committed_len,
+            allocated: r.kv_allocated_len,
+            protected: r.cache_protected_len,
+            swa: r.swa_evicted_seqlen,
+            origin_input_len: r.origin_input_len,
+            output_len: r.output_len,
+            finished_len: r.finished_len,
+            lock_node: r.lock_node,
+            lock_receipt: r.lock_receipt,
+            aux: r.aux_state,
+        }
+    }
+}
+
+impl From<Req> for skv_req {
+    fn from(r: Req) -> skv_req {
+        skv_req {
+            req_pool_idx: r.row,
+            kv_committed_len: r.committed,
+            kv_allocated_len: r.allocated,
+            cache_protected_len: r.protected,
+            swa_evicted_seqlen: r.swa,
+            origin_input_len: r.origin_input_len,
+            output_len: r.output_len,
+            finished_len: r.finished_len,
+            lock_node: r.lock_node,
+            lock_receipt: r.lock_receipt,
+            aux_state: r.aux,
+        }
+    }
+}
+
+/// The result of skv_match_prefix.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct skv_match {
+    /// 1: the session slot was restored into the req.
+    pub hit: u32,
+    /// Reusable prefix length in tokens (0 when hit == 0).
+    pub prefix_len: u32,
+}
+
+impl From<Match> for skv_match {
+    fn from(m: Match) -> skv_match {
+        skv_match { hit: m.hit as u32, prefix_len: m.prefix_len }
+    }
+}
+
+/// What idle session slots hold, for the engine's memory accounting.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct skv_held {
+    /// Sum over idle slots of ceil_align(allocated) - protected.
+    pub full_tokens: u64,
+    /// The same, minus max(protected, swa_evicted_seqlen) instead of protected.
+    pub swa_tokens: u64,
+    /// Idle slots holding a row.
+    pub rows: u64,
+    /// Idle slots holding aux_state != -1.
+    pub aux_states: u64,
+    /// (session, branch) slots, idle or not.
+    pub sessions: u64,
+}
+
+impl From<Held> for skv_held {
+    fn from(h: Held) -> skv_held {
+        skv_held {
+            full_tokens: h.full_tokens,
+            swa_tokens: h.swa_tokens,
+            rows: h.rows,
+            aux_states: h.aux_states,
+            sessions: h.sessions,
+        }
+    }
+}
+
+/// Runs a core operation on a copy of `*req`, writing it back when the call completes
+/// (also when a free callback failed part-way: the state advanced).
+pub(crate) unsafe fn on_req<T>(
+    cache: *mut skv_cache,
+    req: *mut skv_req,
+    op: impl FnOnce(&mut crate::core::Cache, &mut Req) -> crate::core::Result<T>,
+    write: impl FnOnce(T),
+) -> crate::core::Result<()> {
+    let req = out_mut(req, "req")?;
+    let mut c = lock(cache)?;
+    let mut r = Req::from(&*req);
+    let value = op(&mut c, &mut r)?;
+    *req = r.into();
+    write(value);
+    c.take_deferred()
+}
+
+/// Sets a req to hold nothing: row -1, lengths 0, finished_len -1, lock 0, aux -1.
+///
+/// # Safety
+/// `req` must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
+    guard("skv_req_init", || {
+        *out_mut(req, "req")? = Req::default().into();
+        Ok(())
+    })
+}
+
+/// Restores a session's slot into `req` for its next turn (SEMANTICS.md match_prefix).
+/// `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
+/// or the slot's own row (a retried match; in external mode its kv_allocated_len then counts
+/// if larger than the slot's); another row is SKV_ERR_STATE.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_match_prefix(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    req: *mut skv_req,
+    key_len: u32,
+    pre_aborted: u32,
+    out: *mut skv_match,
+) -> skv_status {
+    guard("skv_match_prefix", || {
+        let out = out_mut(out, "out")?;
+        on_req(
+            c,
+            req,
+            |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0),
+            |m| *out = m.into(),
+        )
+    })
+}
+
+/// Saves a finished turn into its session slot after trimming its speculative overshoot, or
+/// (aborted != 0) releases everything the session held. The req ends holding nothing.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_finished_req(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    req: *mut skv_req,
+    aborted: u32,
+) -> skv_status {
+    guard("skv_cache_finished_req", || {
+        on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {})
+    })
+}
+
+/// Between prefill chunks: *handled = 1 when the session slot handles this request (a later
+/// turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_checkpoint(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    req: *const skv_req,
+    handled: *mut u32,
+) -> skv_status {
+    guard("skv_checkpoint", || {
+        let r = Req::from(arg(req, "req")?);
+        let handled = out_mut(handled, "handled")?;
+        let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
+        *handled = found as u32;
+        Ok(())
+    })
+}
+
+/// Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
+/// refuses the whole call with SKV_ERR_STATE.
+///
+/// # Safety
+/// `c` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
+    guard("skv_release_session", || {
+        let mut c = lock(c)?;
+        c.release_session(session_id)?;
+        c.take_deferred()
+    })
+}
+
+/// Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
+///
+/// # Safety
+/// `c` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
+    guard("skv_release_branch", || {
+        let mut c = lock(c)?;
+        c.release_branch(session_id, branch_id)?;
+        c.take_deferred()
+    })
+}
+
+/// The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
+/// page_size is 1); the page holding target-1 stays. Owned mode: end must be the row's
+/// mapped end and target must not reach below its protected prefix.
+///
+/// # Safety
+/// `c` must be NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
+    guard("skv_free_aligned", || {
+        let mut c = lock(c)?;
+        let Ok(row) = u32::try_from(row) else {
+            return Err(crate::core::Error::InvalidArg(format!("row {row} out of range")));
+        };
+        c.free_aligned(row, target, end)?;
+        c.take_deferred()
+    })
+}
+
+/// Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
+/// pages (the finish path's trim).
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
+    guard("skv_trim_overshoot", || on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}))
+}
+
+/// Frees what lies past a reused prefix (the match path's tail free).
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
+    guard("skv_free_tail", || on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}))
+}
+
+/// What idle session slots hold. Rows listed in active_rows belong to running requests and
+/// are not counted; (NULL, 0) lists none.
+///
+/// # Safety
+/// Pointers must be NULL or valid; active_rows must hold n_active values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_session_held(
+    c: *mut skv_cache,
+    active_rows: *const i32,
+    n_active: usize,
+    out: *mut skv_held,
+) -> skv_status {
+    guard("skv_session_held", || {
+        let active = slice(active_rows, n_active, "active_rows")?;
+        let out = out_mut(out, "out")?;
+        *out = lock(c)?.session_held(active).into();
+        Ok(())
+    })
+}

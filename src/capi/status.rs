@@ -1,0 +1,117 @@
+//! Status codes, the thread-local last error, and version queries.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int};
+
+use crate::core::Error;
+
+/// The ABI this library implements; `skv_get_api` accepts it.
+pub const SKV_ABI_VERSION: u32 = 1;
+
+/// The result of every libskv call. Numbers are never reused.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub enum skv_status {
+    /// Success.
+    SKV_OK = 0,
+    /// A required pointer was NULL.
+    SKV_ERR_NULL_ARG = 1,
+    /// A number out of range, or inconsistent skv_req fields.
+    SKV_ERR_INVALID_ARG = 2,
+    /// Not enough free pages or rows; nothing allocated.
+    SKV_ERR_OUT_OF_MEMORY = 3,
+    /// Row not in use (a session or branch with no slot is not an error).
+    SKV_ERR_NOT_FOUND = 4,
+    /// The call would break an invariant: a prefix shrinking below the protected length, a
+    /// double free, a row already in use, releasing a slot in flight.
+    SKV_ERR_STATE = 5,
+    /// An engine callback returned non-zero.
+    SKV_ERR_CALLBACK = 6,
+    /// CUDA driver missing or a CUDA call failed.
+    SKV_ERR_CUDA = 7,
+    /// Operation not available in this mode or build.
+    SKV_ERR_UNSUPPORTED = 8,
+    /// A bug caught at the boundary; the handle stays usable or reports SKV_ERR_INTERNAL on
+    /// every later call.
+    SKV_ERR_INTERNAL = 9,
+}
+
+use skv_status::*;
+
+/// The status code of a core error: the one place errors become numbers.
+pub(crate) fn status_of(e: &Error) -> skv_status {
+    match e {
+        Error::NullArg(_) => SKV_ERR_NULL_ARG,
+        Error::InvalidArg(_) => SKV_ERR_INVALID_ARG,
+        Error::OutOfMemory(_) => SKV_ERR_OUT_OF_MEMORY,
+        Error::NotFound(_) => SKV_ERR_NOT_FOUND,
+        Error::State(_) => SKV_ERR_STATE,
+        Error::Callback(_) => SKV_ERR_CALLBACK,
+        Error::Cuda(_) => SKV_ERR_CUDA,
+        Error::Unsupported(_) => SKV_ERR_UNSUPPORTED,
+        Error::Internal(_) => SKV_ERR_INTERNAL,
+    }
+}
+
+thread_local! {
+    /// The last failed call's message, NUL-terminated; empty after a success.
+    static LAST_ERROR: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+pub(crate) fn set_last_error(function: &str, message: &str) {
+    LAST_ERROR.with_borrow_mut(|buf| {
+        buf.clear();
+        buf.extend(format!("{function}: {message}").bytes().filter(|&b| b != 0 && b != b'\n'));
+        buf.push(0);
+    });
+}
+
+pub(crate) fn clear_last_error() {
+    LAST_ERROR.with_borrow_mut(|buf| buf.clear());
+}
+
+/// The status code as a constant string naming it, e.g. "SKV_ERR_STATE"; never NULL, also
+/// for a value that is no status code.
+#[no_mangle]
+pub extern "C" fn skv_status_str(s: StatusArg) -> *const c_char {
+    let name: &'static [u8] = match s {
+        0 => b"SKV_OK\0",
+        1 => b"SKV_ERR_NULL_ARG\0",
+        2 => b"SKV_ERR_INVALID_ARG\0",
+        3 => b"SKV_ERR_OUT_OF_MEMORY\0",
+        4 => b"SKV_ERR_NOT_FOUND\0",
+        5 => b"SKV_ERR_STATE\0",
+        6 => b"SKV_ERR_CALLBACK\0",
+        7 => b"SKV_ERR_CUDA\0",
+        8 => b"SKV_ERR_UNSUPPORTED\0",
+        9 => b"SKV_ERR_INTERNAL\0",
+        _ => b"SKV_ERR_UNKNOWN\0",
+    };
+    name.as_ptr().cast()
+}
+
+/// A C caller may pass any int as a `skv_status`; reading it as the Rust enum would be
+/// undefined for values outside it, so the argument is taken as the plain integer (the
+/// header still names it `skv_status`).
+pub type StatusArg = c_int;
+
+/// The message of the last failed libskv call on this thread, naming the function and the
+/// offending value; "" when the last call on this thread succeeded. Valid until the next
+/// libskv call on this thread. Never NULL.
+#[no_mangle]
+pub extern "C" fn skv_last_error() -> *const c_char {
+    LAST_ERROR.with_borrow(|buf| if buf.is_empty() { c"".as_ptr() } else { buf.as_ptr().cast() })
+}
+
+/// SKV_ABI_VERSION of this build.
+#[no_mangle]
+pub extern "C" fn skv_abi_version() -> u32 {
+    SKV_ABI_VERSION
+}
+
+/// The library's version, e.g. "0.1.0" (SKV_VERSION of the header it was built with).
+#[no_mangle]
+pub extern "C" fn skv_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}

@@ -1,0 +1,119 @@
+//! `skv_cache_check`: proves the owned pool's invariants, linear in pages plus the rows'
+//! page entries.
+
+use super::alloc::PageState;
+use super::cache::Cache;
+use super::error::Result;
+use super::page::pages_for;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub pages_free: u64,
+    pub pages_in_rows: u64,
+    pub pages_engine_held: u64,
+    pub violations: u64,
+    pub first_violation: String,
+}
+
+impl Report {
+    fn violation(&mut self, what: impl FnOnce() -> String) {
+        if self.violations == 0 {
+            self.first_violation = what();
+        }
+        self.violations += 1;
+    }
+}
+
+impl Cache {
+    pub fn check(&self) -> Result<Report> {
+        let pool = self.pool.owned().ok_or_else(|| {
+            super::Error::Unsupported("not available in external mode (the engine owns the pools)".into())
+        })?;
+        let ps = self.cfg.page_size;
+        let alloc = pool.allocator();
+        let states = alloc.states();
+        let mut rep = Report::default();
+        // How many rows map each page, and how many of those map it as their own.
+        let mut maps = vec![0u32; states.len()];
+        let mut owners = vec![0u32; states.len()];
+        for (row, r) in pool.rows.iter().enumerate() {
+            let Some(r) = r else { continue };
+            if r.pages.len() != pages_for(r.len, ps) as usize {
+                rep.violation(|| format!("row {row} maps {} tokens in {} pages", r.len, r.pages.len()));
+            }
+            if r.protected % ps != 0 || r.protected > r.len {
+                rep.violation(|| format!("row {row} protected {} of {} tokens", r.protected, r.len));
+            }
+            let shared = (r.protected / ps) as usize;
+            for (i, &p) in r.pages.iter().enumerate() {
+                let Some(state) = states.get(p as usize) else {
+                    rep.violation(|| format!("row {row} maps page {p} outside the pool"));
+                    continue;
+                };
+                maps[p as usize] += 1;
+                match (i < shared, *state) {
+                    (true, PageState::Held { .. }) => {}
+                    (false, PageState::Owned) => owners[p as usize] += 1,
+                    (_, s) => rep.violation(|| format!("row {row} position page {i} maps page {p} in state {s:?}")),
+                }
+            }
+        }
+        for (p, s) in states.iter().enumerate() {
+            match *s {
+                PageState::Padding if p != 0 => rep.violation(|| format!("page {p} marked padding")),
+                PageState::Padding if maps[p] != 0 => rep.violation(|| "page 0 (padding) is mapped".into()),
+                PageState::Padding => {}
+                PageState::Free => {
+                    rep.pages_free += 1;
+                    if maps[p] != 0 {
+                        rep.violation(|| format!("free page {p} is mapped by {} rows", maps[p]));
+                    }
+                }
+                PageState::Owned => {
+                    rep.pages_in_rows += 1;
+                    if owners[p] != 1 {
+                        rep.violation(|| format!("page {p} is owned by {} rows", owners[p]));
+                    }
+                }
+                PageState::Held { maps: m } => {
+                    rep.pages_engine_held += 1;
+                    if m != maps[p] {
+                        rep.violation(|| format!("engine-held page {p} counts {m} maps, rows map it {} times", maps[p]));
+                    }
+                }
+            }
+        }
+        if states.first() != Some(&PageState::Padding) {
+            rep.violation(|| "page 0 is not the padding page".into());
+        }
+        let total = states.len() as u64;
+        let (free, owned, held) = (rep.pages_free, rep.pages_in_rows, rep.pages_engine_held);
+        if free + owned + held != total - 1 {
+            rep.violation(|| format!("free {free} + row-owned {owned} + engine-held {held} != {total} pages - 1"));
+        }
+        let mut on_list = vec![false; states.len()];
+        for &p in alloc.free_list() {
+            if states.get(p as usize) != Some(&PageState::Free) || std::mem::replace(&mut on_list[p as usize], true) {
+                rep.violation(|| format!("free list holds page {p} twice or in another state"));
+            }
+        }
+        if alloc.free_list().len() as u64 != free {
+            rep.violation(|| format!("free list of {} pages, {free} pages free", alloc.free_list().len()));
+        }
+        for (row, s) in self.slots.iter() {
+            match pool.rows.get(row as usize).and_then(|r| r.as_ref()) {
+                None => rep.violation(|| format!("session {} branch {} holds unused row {row}", s.session, s.branch)),
+                Some(r) if !s.in_flight && (r.len != s.allocated || r.protected != s.protected) => {
+                    rep.violation(|| {
+                        format!(
+                            "idle slot of session {} records {}/{} tokens, row {row} maps {}/{}",
+                            s.session, s.allocated, s.protected, r.len, r.protected
+                        )
+                    })
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(rep)
+    }
+}

@@ -1,0 +1,117 @@
+//! A cache: one KV pool (the engine's or libskv's own), the session slots kept over it,
+//! and the counters the stats report.
+
+use super::error::{bail, Error, Result};
+use super::page::ceil_align;
+use super::pool::{Effect, Pool};
+use super::req::{Config, Req};
+use super::slots::{Slot, Slots};
+
+pub struct Cache {
+    pub(crate) cfg: Config,
+    pub(crate) slots: Slots,
+    pub(crate) pool: Box<dyn Pool>,
+    /// The effects of the call in progress (kept to reuse its allocation).
+    pub(crate) effects: Vec<Effect>,
+    /// A free callback that failed part-way through the last call (see `take_deferred`).
+    deferred: Option<Error>,
+    /// Tokens released by `trim_overshoot` since creation.
+    pub trimmed_tokens: u64,
+    /// Tokens released by `free_tail` since creation.
+    pub tail_freed_tokens: u64,
+}
+
+impl Cache {
+    /// A cache over `pool`; `cfg` must already be valid for the pool's mode.
+    pub fn new(cfg: Config, pool: Box<dyn Pool>) -> Self {
+        Cache {
+            cfg,
+            slots: Slots::new(cfg.num_rows),
+            pool,
+            effects: Vec::with_capacity(8),
+            deferred: None,
+            trimmed_tokens: 0,
+            tail_freed_tokens: 0,
+        }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    pub fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
+    pub fn pool(&self) -> &dyn Pool {
+        &*self.pool
+    }
+
+    /// Runs the planned effects: everything that can fail first, then `mutate` (libskv's own
+    /// state), then the frees. A free callback failing part-way cannot be undone: the call
+    /// completes as if it had succeeded (so nothing is ever handed back twice) and the
+    /// failure waits in `take_deferred`.
+    pub(crate) fn run_effects(&mut self, mutate: impl FnOnce(&mut Self)) -> Result<()> {
+        self.deferred = None;
+        self.pool.prepare(&self.effects)?;
+        mutate(self);
+        if let Err(e) = self.pool.apply(&self.effects) {
+            self.deferred = Some(e);
+        }
+        Ok(())
+    }
+
+    /// The callback failure of the last call, after its outputs were written as for a
+    /// success.
+    pub fn take_deferred(&mut self) -> Result<()> {
+        self.deferred.take().map_or(Ok(()), Err)
+    }
+
+    /// In owned mode a row an idle session slot holds belongs to the session: engine calls
+    /// that would reshape it behind the session's back are refused.
+    pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
+        if self.pool.owned().is_none() {
+            return Ok(());
+        }
+        match self.slots.of_row(row) {
+            Some(s) if !s.in_flight => bail!(
+                State,
+                "row {row} belongs to the idle slot of session {} branch {}",
+                s.session,
+                s.branch
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks a req and its row against everything libskv knows, in the documented order of
+    /// errors: fields (`InvalidArg`), then the pool's record (`NotFound`, `InvalidArg`).
+    pub(crate) fn check_req(&self, req: &Req) -> Result<()> {
+        req.validate(&self.cfg)?;
+        self.pool.check_req(req)
+    }
+}
+
+/// The effect of `free_aligned(row, target, end)`: whole pages from `ceil_align(target)` go
+/// back; the page holding `target - 1` stays, since it also holds committed tokens.
+pub(crate) fn free_aligned_effect(ps: u32, row: u32, target: u32, end: u32) -> Option<Effect> {
+    if end <= target {
+        return None;
+    }
+    let start = if ps > 1 { ceil_align(target, ps).min(end as u64) as u32 } else { target };
+    Some(Effect::FreeKv { row, keep: target, start, end })
+}
+
+/// The effects of releasing a slot, in release order.
+pub(crate) fn push_release(effects: &mut Vec<Effect>, row: u32, s: &Slot) {
+    if s.lock_node != 0 {
+        effects.push(Effect::DecLockRef { node: s.lock_node, receipt: s.lock_receipt });
+    }
+    if s.protected < s.allocated {
+        effects.push(Effect::FreeKv { row, keep: s.protected, start: s.protected, end: s.allocated });
+    }
+    effects.push(Effect::FreeRow { row });
+    if s.aux != -1 {
+        effects.push(Effect::FreeAux { aux: s.aux });
+    }
+}

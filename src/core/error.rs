@@ -1,0 +1,43 @@
+//! The one error type of libskv. Its `Display` is the text users read in `skv_last_error()`
+//! (the C boundary prefixes the function name); each variant maps to one status code.
+
+/// Why a call was refused. Every variant carries a message naming the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// A required pointer was NULL (raised at the C boundary).
+    #[error("{0}")]
+    NullArg(String),
+    /// A number out of range, or `skv_req` fields that disagree with each other or with the record.
+    #[error("{0}")]
+    InvalidArg(String),
+    /// Not enough free pages or rows; nothing was allocated.
+    #[error("{0}")]
+    OutOfMemory(String),
+    /// A row that is not in use.
+    #[error("{0}")]
+    NotFound(String),
+    /// The arguments are fine but the cache's state forbids the call.
+    #[error("{0}")]
+    State(String),
+    /// An engine callback returned non-zero.
+    #[error("{0}")]
+    Callback(String),
+    /// The CUDA driver is missing or a CUDA call failed.
+    #[error("{0}")]
+    Cuda(String),
+    /// Not available in this mode or build.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A bug caught at the boundary.
+    #[error("{0}")]
+    Internal(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+macro_rules! bail {
+    ($kind:ident, $($fmt:tt)*) => {
+        return Err($crate::core::Error::$kind(format!($($fmt)*)))
+    };
+}
+pub(crate) use bail;

@@ -1,0 +1,36 @@
+//! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
+//! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
+//! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
+//! (the operations), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`.
+
+mod alloc;
+mod audit;
+mod cache;
+mod error;
+mod owned;
+mod owned_ops;
+mod page;
+mod pool;
+mod req;
+mod session;
+mod slots;
+
+pub use alloc::PageState;
+pub use audit::Report;
+pub use cache::Cache;
+pub use error::{Error, Result};
+pub use owned::{EngineHooks, OwnedPool};
+pub use owned_ops::Stats;
+pub use page::{ceil_align, floor_align, pages_for};
+pub use pool::{Effect, Pool};
+pub use req::{Config, Req};
+pub use session::{Held, Match};
+pub use slots::Slot;
+
+impl Cache {
+    /// An owned-mode cache: libskv's own pool and rows.
+    pub fn new_owned(cfg: Config) -> Result<Cache> {
+        cfg.validate_owned()?;
+        Ok(Cache::new(cfg, Box::new(OwnedPool::new(&cfg))))
+    }
+}

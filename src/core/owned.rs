@@ -1,0 +1,191 @@
+//! Owned mode: libskv's own paged KV pool and req_to_token rows.
+//!
+//! Rows hold page lists, not dense token tables: position `p` of a row maps to token slot
+//! `pages[p / ps] * ps + p % ps`. A row's first `protected / ps` pages are engine-held
+//! (shared with the engine's prefix tree, possibly by many rows); the rest are owned by the
+//! row alone.
+
+use super::alloc::{PageAllocator, PageState};
+use super::error::{bail, Error, Result};
+use super::page::pages_for;
+use super::pool::{Effect, Pool};
+use super::req::{Config, Req};
+
+/// The engine callbacks owned mode hands released locks and aux states to. `Err(code)`
+/// carries the callback's non-zero return.
+pub trait EngineHooks: Send {
+    fn dec_lock_ref(&mut self, lock_node: u64, lock_receipt: u64) -> Result<(), i32>;
+    fn free_aux(&mut self, aux_state: i64) -> Result<(), i32>;
+}
+
+/// One req_to_token row in use.
+#[derive(Debug, Default)]
+pub struct Row {
+    pub pages: Vec<u32>,
+    /// Tokens mapped.
+    pub len: u32,
+    /// Leading tokens whose pages are engine-held.
+    pub protected: u32,
+}
+
+pub struct OwnedPool {
+    pub(crate) ps: u32,
+    pub(crate) pages: PageAllocator,
+    pub(crate) rows: Vec<Option<Row>>,
+    free_rows: Vec<u32>,
+    hooks: Option<Box<dyn EngineHooks>>,
+}
+
+impl OwnedPool {
+    pub fn new(cfg: &Config) -> Self {
+        let total = (cfg.num_token_slots / cfg.page_size as u64) as u32;
+        let mut rows = Vec::new();
+        rows.resize_with(cfg.num_rows as usize, || None);
+        OwnedPool {
+            ps: cfg.page_size,
+            pages: PageAllocator::new(total),
+            rows,
+            free_rows: (0..cfg.num_rows).rev().collect(),
+            hooks: None,
+        }
+    }
+
+    pub fn set_hooks(&mut self, hooks: Option<Box<dyn EngineHooks>>) {
+        self.hooks = hooks;
+    }
+
+    pub fn total_rows(&self) -> u32 {
+        self.rows.len() as u32
+    }
+
+    pub fn free_rows(&self) -> u32 {
+        self.free_rows.len() as u32
+    }
+
+    pub fn allocator(&self) -> &PageAllocator {
+        &self.pages
+    }
+
+    /// The row record, or `NotFound`.
+    pub fn row(&self, row: u32) -> Result<&Row> {
+        match self.rows.get(row as usize) {
+            Some(Some(r)) => Ok(r),
+            Some(None) => bail!(NotFound, "row {row} is not in use"),
+            None => bail!(InvalidArg, "row {row} out of range 0..{}", self.rows.len()),
+        }
+    }
+
+    pub(crate) fn row_mut(&mut self, row: u32) -> &mut Row {
+        self.rows[row as usize].as_mut().expect("row checked in use")
+    }
+
+    pub(crate) fn take_row(&mut self) -> Option<u32> {
+        let row = self.free_rows.pop()?;
+        self.rows[row as usize] = Some(Row::default());
+        Some(row)
+    }
+
+    /// Gives a row back: its owned pages go free, its engine-held pages lose one map.
+    fn free_row(&mut self, row: u32) {
+        let r = self.rows[row as usize].take().expect("row in use");
+        let shared = (r.protected / self.ps) as usize;
+        for (i, &page) in r.pages.iter().enumerate() {
+            if i < shared {
+                self.unmap_held(page);
+            } else {
+                self.pages.free(page);
+            }
+        }
+        self.free_rows.push(row);
+    }
+
+    fn unmap_held(&mut self, page: u32) {
+        match self.pages.state(page) {
+            PageState::Held { maps } => self.pages.set_state(page, PageState::Held { maps: maps - 1 }),
+            s => unreachable!("protected page {page} in state {s:?}"),
+        }
+    }
+
+    /// Frees the row's pages past those holding its first `keep` tokens.
+    fn truncate(&mut self, row: u32, keep: u32) {
+        let ps = self.ps;
+        let r = self.rows[row as usize].as_mut().expect("row in use");
+        let kept = pages_for(keep, ps) as usize;
+        let freed = r.pages.split_off(kept.min(r.pages.len()));
+        r.len = r.len.min(keep);
+        if !freed.is_empty() {
+            r.pages.shrink_to_fit();
+        }
+        for page in freed {
+            self.pages.free(page);
+        }
+    }
+
+    fn hook(&mut self, failures: &mut Vec<String>, call: impl FnOnce(&mut dyn EngineHooks) -> Result<(), i32>, what: String) {
+        if let Some(h) = self.hooks.as_deref_mut() {
+            if let Err(code) = call(h) {
+                failures.push(format!("{what} returned {code}"));
+            }
+        }
+    }
+}
+
+impl Pool for OwnedPool {
+    fn mapped_len(&self, row: u32) -> Option<u32> {
+        self.rows.get(row as usize)?.as_ref().map(|r| r.len)
+    }
+
+    fn check_req(&self, req: &Req) -> Result<()> {
+        let Some(row) = req.row() else { return Ok(()) };
+        let r = self.row(row)?;
+        if req.allocated != r.len {
+            bail!(InvalidArg, "kv_allocated_len {} != {} tokens mapped by row {row}", req.allocated, r.len);
+        }
+        if req.protected != r.protected {
+            bail!(InvalidArg, "cache_protected_len {} != {} recorded for row {row}", req.protected, r.protected);
+        }
+        Ok(())
+    }
+
+    fn check_free(&self, row: u32, target: u32, end: u32) -> Result<()> {
+        let r = self.row(row)?;
+        if end != r.len {
+            bail!(InvalidArg, "end {end} != {} tokens mapped by row {row}", r.len);
+        }
+        if target < r.protected {
+            bail!(State, "target {target} < protected prefix {} of row {row}", r.protected);
+        }
+        Ok(())
+    }
+
+    fn prepare(&mut self, _effects: &[Effect]) -> Result<()> {
+        Ok(())
+    }
+
+    fn apply(&mut self, effects: &[Effect]) -> Result<()> {
+        let mut failures = Vec::new();
+        for e in effects {
+            match *e {
+                Effect::DecLockRef { node, receipt } => {
+                    self.hook(&mut failures, |h| h.dec_lock_ref(node, receipt), format!("dec_lock_ref({node}, {receipt})"))
+                }
+                Effect::FreeKv { row, keep, .. } => self.truncate(row, keep),
+                Effect::FreeRow { row } => self.free_row(row),
+                Effect::FreeAux { aux } => self.hook(&mut failures, |h| h.free_aux(aux), format!("free_aux({aux})")),
+            }
+        }
+        if failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Callback(format!("{}; every page and row was still released", failures.join(", "))))
+        }
+    }
+
+    fn owned(&self) -> Option<&OwnedPool> {
+        Some(self)
+    }
+
+    fn owned_mut(&mut self) -> Option<&mut OwnedPool> {
+        Some(self)
+    }
+}

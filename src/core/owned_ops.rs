@@ -1,0 +1,335 @@
+//! The owned-mode operations an engine calls besides the session ones: rows, allocation,
+//! prefix sharing with the engine's prefix tree, and views of the pool.
+
+use super::alloc::PageState;
+use super::cache::Cache;
+use super::error::{bail, Result};
+use super::owned::{EngineHooks, OwnedPool};
+use super::page::pages_for;
+use super::pool::Effect;
+use super::req::Req;
+
+/// Pool occupancy, as `skv_cache_stats` reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    pub total_pages: u64,
+    pub free_pages: u64,
+    pub used_pages: u64,
+    pub total_rows: u32,
+    pub free_rows: u32,
+    pub sessions: u64,
+    pub trimmed_tokens: u64,
+    pub tail_freed_tokens: u64,
+}
+
+impl Cache {
+    fn owned_pool(&self) -> Result<&OwnedPool> {
+        match self.pool.owned() {
+            Some(p) => Ok(p),
+            None => bail!(Unsupported, "not available in external mode (the engine owns the pools)"),
+        }
+    }
+
+    fn owned_pool_mut(&mut self) -> Result<&mut OwnedPool> {
+        match self.pool.owned_mut() {
+            Some(p) => Ok(p),
+            None => bail!(Unsupported, "not available in external mode (the engine owns the pools)"),
+        }
+    }
+
+    /// Refuses calls on a row any session slot holds, in flight or not.
+    fn guard_session_row(&self, row: u32) -> Result<()> {
+        match self.slots.of_row(row) {
+            Some(s) => bail!(State, "row {row} belongs to session {} branch {}", s.session, s.branch),
+            None => Ok(()),
+        }
+    }
+
+    pub fn set_hooks(&mut self, hooks: Option<Box<dyn EngineHooks>>) -> Result<()> {
+        self.owned_pool_mut()?.set_hooks(hooks);
+        Ok(())
+    }
+
+    /// Assigns a free row to a req that holds none. The row maps nothing yet, so the req's
+    /// KV lengths become 0.
+    pub fn alloc_row(&mut self, req: &mut Req) -> Result<()> {
+        self.owned_pool()?;
+        self.check_req(req)?;
+        if req.row >= 0 {
+            bail!(InvalidArg, "req already holds row {}", req.row);
+        }
+        let pool = self.owned_pool_mut()?;
+        let Some(row) = pool.take_row() else {
+            bail!(OutOfMemory, "no free row (num_rows {})", pool.total_rows());
+        };
+        *req = Req { row: row as i32, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
+        Ok(())
+    }
+
+    /// Maps `n` more positions: the partial last page first, then whole new pages.
+    pub fn alloc_extend(&mut self, req: &mut Req, n: u32) -> Result<()> {
+        self.owned_pool()?;
+        self.check_req(req)?;
+        let row = req.require_row()?;
+        let max = self.cfg.max_context_len;
+        let new_len = match req.allocated.checked_add(n) {
+            Some(l) if l <= max => l,
+            _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
+        };
+        self.guard_idle_session_row(row)?;
+        let ps = self.cfg.page_size;
+        let pool = self.owned_pool_mut()?;
+        let need = pages_for(new_len, ps) - pool.row(row)?.pages.len() as u32;
+        if need > 0 {
+            let free = pool.pages.free_pages();
+            let mut pages = std::mem::take(&mut pool.row_mut(row).pages);
+            let ok = pool.pages.alloc(need, PageState::Owned, &mut pages);
+            pool.row_mut(row).pages = pages;
+            if !ok {
+                bail!(OutOfMemory, "n_tokens {n} needs {need} pages, {free} free");
+            }
+        }
+        pool.row_mut(row).len = new_len;
+        req.allocated = new_len;
+        Ok(())
+    }
+
+    /// Marks `n` more allocated tokens as final.
+    pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
+        self.owned_pool()?;
+        self.check_req(req)?;
+        let row = req.require_row()?;
+        match req.committed.checked_add(n) {
+            Some(c) if c <= req.allocated => {
+                self.guard_idle_session_row(row)?;
+                req.committed = c;
+                Ok(())
+            }
+            _ => bail!(InvalidArg, "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}", req.committed, req.allocated),
+        }
+    }
+
+    /// A non-session finish: frees `[protected, allocated)` and the row. The req's tree lock
+    /// and aux state stay the engine's.
+    pub fn free_req(&mut self, req: &mut Req) -> Result<()> {
+        self.owned_pool()?;
+        self.check_req(req)?;
+        let row = req.require_row()?;
+        self.guard_session_row(row)?;
+        self.effects.clear();
+        if req.protected < req.allocated {
+            self.effects.push(Effect::FreeKv { row, keep: req.protected, start: req.protected, end: req.allocated });
+        }
+        self.effects.push(Effect::FreeRow { row });
+        self.run_effects(|_| {})?;
+        *req = Req { row: -1, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
+        Ok(())
+    }
+
+    /// Hands the engine's prefix tree `out.len()` token slots in whole pages.
+    pub fn pool_alloc(&mut self, out: &mut [i32]) -> Result<()> {
+        let ps = self.cfg.page_size;
+        let pool = self.owned_pool_mut()?;
+        let n = out.len();
+        if n % ps as usize != 0 {
+            bail!(InvalidArg, "n_tokens {n} is not a multiple of page_size {ps}");
+        }
+        let need = (n / ps as usize) as u32;
+        let mut pages = Vec::new();
+        if !pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages) {
+            bail!(OutOfMemory, "n_tokens {n} needs {need} pages, {} free", pool.pages.free_pages());
+        }
+        for (i, slot) in out.iter_mut().enumerate() {
+            *slot = (pages[i / ps as usize] * ps + (i as u32 % ps)) as i32;
+        }
+        Ok(())
+    }
+
+    /// Takes back engine-held pages (each index frees the page it falls in); a page any row
+    /// still maps, or one already free, refuses the whole call.
+    pub fn pool_free(&mut self, indices: &[i32]) -> Result<()> {
+        let pool = self.owned_pool_mut()?;
+        let mut pages = Vec::with_capacity(indices.len());
+        for &i in indices {
+            pages.push(page_of(pool, i)?);
+        }
+        pages.sort_unstable();
+        pages.dedup();
+        for &p in &pages {
+            match pool.pages.state(p) {
+                PageState::Held { maps: 0 } => {}
+                PageState::Free => bail!(State, "page {p} is already free (double free)"),
+                PageState::Owned => bail!(State, "page {p} is owned by a row"),
+                PageState::Held { maps } => bail!(State, "page {p} is still mapped by {maps} rows"),
+                PageState::Padding => unreachable!("page_of refuses page 0"),
+            }
+        }
+        for p in pages {
+            pool.pages.free(p);
+        }
+        Ok(())
+    }
+
+    /// For each index, how many rows map its page (0: the tree may evict it).
+    pub fn page_refs(&self, indices: &[i32], out: &mut [u32]) -> Result<()> {
+        let pool = self.owned_pool()?;
+        for &i in indices {
+            page_of(pool, i)?;
+        }
+        for (o, &i) in out.iter_mut().zip(indices) {
+            *o = match pool.pages.state(page_of(pool, i)?) {
+                PageState::Owned => 1,
+                PageState::Held { maps } => maps,
+                PageState::Free | PageState::Padding => 0,
+            };
+        }
+        Ok(())
+    }
+
+    /// A fresh row adopts engine-held pages as its protected prefix (a prefix-tree hit).
+    pub fn map_prefix(&mut self, req: &mut Req, indices: &[i32]) -> Result<()> {
+        let ps = self.cfg.page_size;
+        let max = self.cfg.max_context_len;
+        self.owned_pool()?;
+        self.check_req(req)?;
+        let row = req.require_row()?;
+        let n = indices.len();
+        if req.allocated != 0 {
+            bail!(InvalidArg, "map_prefix needs a fresh row: kv_allocated_len {}", req.allocated);
+        }
+        if n % ps as usize != 0 || n > max as usize {
+            bail!(InvalidArg, "n_tokens {n} must be a multiple of page_size {ps} and <= max_context_len {max}");
+        }
+        let pool = self.owned_pool()?;
+        let mut pages = Vec::with_capacity(n / ps as usize);
+        for (pos, &i) in indices.iter().enumerate() {
+            let page = page_of(pool, i)?;
+            let expected = pages.last().copied().filter(|_| pos % ps as usize != 0).unwrap_or(page);
+            if page != expected || i as u32 % ps != pos as u32 % ps {
+                bail!(InvalidArg, "indices[{pos}] = {i} is not page-structured (page {page}, offset {})", i as u32 % ps);
+            }
+            if pos % ps as usize == 0 {
+                pages.push(page);
+            }
+        }
+        let mut sorted = pages.clone();
+        sorted.sort_unstable();
+        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
+            bail!(InvalidArg, "page {} appears twice in the prefix", w[0]);
+        }
+        self.guard_session_row(row)?;
+        let pool = self.owned_pool_mut()?;
+        for &p in &pages {
+            if !matches!(pool.pages.state(p), PageState::Held { .. }) {
+                bail!(State, "page {p} is not engine-held ({:?})", pool.pages.state(p));
+            }
+        }
+        for &p in &pages {
+            if let PageState::Held { maps } = pool.pages.state(p) {
+                pool.pages.set_state(p, PageState::Held { maps: maps + 1 });
+            }
+        }
+        let n = n as u32;
+        *pool.row_mut(row) = super::owned::Row { pages, len: n, protected: n };
+        (req.allocated, req.committed, req.protected) = (n, n, n);
+        Ok(())
+    }
+
+    /// The row's pages `[protected, new)` become engine-held (inserted in the engine's tree).
+    pub fn publish_prefix(&mut self, req: &mut Req, new_protected: u32) -> Result<()> {
+        let ps = self.cfg.page_size;
+        self.owned_pool()?;
+        self.check_req(req)?;
+        let row = req.require_row()?;
+        if new_protected % ps != 0 || new_protected > req.committed {
+            bail!(
+                InvalidArg,
+                "new_protected_len {new_protected} must be a multiple of page_size {ps} and <= kv_committed_len {}",
+                req.committed
+            );
+        }
+        if new_protected < req.protected {
+            bail!(State, "new_protected_len {new_protected} < cache_protected_len {}: a prefix never shrinks", req.protected);
+        }
+        self.guard_session_row(row)?;
+        let pool = self.owned_pool_mut()?;
+        let r = pool.row_mut(row);
+        let newly: Vec<u32> = r.pages[(r.protected / ps) as usize..(new_protected / ps) as usize].to_vec();
+        r.protected = new_protected;
+        for p in newly {
+            pool.pages.set_state(p, PageState::Held { maps: 1 });
+        }
+        req.protected = new_protected;
+        Ok(())
+    }
+
+    /// Copies `req_to_token[row, start..end)`.
+    pub fn row_indices(&self, row: u32, start: u32, end: u32, out: &mut [i32]) -> Result<()> {
+        let pool = self.owned_pool()?;
+        let r = pool.row(row)?;
+        if start > end || end > r.len {
+            bail!(InvalidArg, "range {start}..{end} outside the {} tokens row {row} maps", r.len);
+        }
+        let ps = self.cfg.page_size;
+        for (o, p) in out.iter_mut().zip(start..end) {
+            *o = (r.pages[(p / ps) as usize] * ps + p % ps) as i32;
+        }
+        Ok(())
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let pool = self.owned_pool()?;
+        let a = pool.allocator();
+        let (total, free) = (a.total_pages() as u64, a.free_pages() as u64);
+        Ok(Stats {
+            total_pages: total,
+            free_pages: free,
+            used_pages: total - 1 - free,
+            total_rows: pool.total_rows(),
+            free_rows: pool.free_rows(),
+            sessions: self.slots.len() as u64,
+            trimmed_tokens: self.trimmed_tokens,
+            tail_freed_tokens: self.tail_freed_tokens,
+        })
+    }
+
+    /// FlashInfer's paged-KV layout for `rows`: how many page ids it takes.
+    pub fn flashinfer_len(&self, rows: &[i32]) -> Result<usize> {
+        let pool = self.owned_pool()?;
+        let mut total = 0usize;
+        for &row in rows {
+            let Ok(r) = u32::try_from(row) else { bail!(InvalidArg, "row {row} out of range") };
+            total += pages_for(pool.row(r)?.len, self.cfg.page_size) as usize;
+        }
+        Ok(total)
+    }
+
+    /// Fills the layout; the slices are sized by the caller from `flashinfer_len`.
+    pub fn flashinfer_fill(&self, rows: &[i32], indptr: &mut [i32], indices: &mut [i32], last_page_len: &mut [i32]) {
+        let pool = self.owned_pool().expect("checked by flashinfer_len");
+        let ps = self.cfg.page_size;
+        let mut at = 0usize;
+        indptr[0] = 0;
+        for (i, &row) in rows.iter().enumerate() {
+            let r = pool.row(row as u32).expect("checked by flashinfer_len");
+            let n = pages_for(r.len, ps) as usize;
+            for (o, &p) in indices[at..at + n].iter_mut().zip(&r.pages) {
+                *o = p as i32;
+            }
+            at += n;
+            indptr[i + 1] = at as i32;
+            last_page_len[i] = if n == 0 { 0 } else { (r.len - (n as u32 - 1) * ps) as i32 };
+        }
+    }
+}
+
+/// The page an engine-supplied token index falls in; page 0 and indices past the pool are
+/// refused.
+fn page_of(pool: &OwnedPool, index: i32) -> Result<u32> {
+    let ps = pool.ps;
+    let total = pool.allocator().total_pages();
+    match u32::try_from(index) {
+        Ok(i) if i / ps >= 1 && i / ps < total => Ok(i / ps),
+        _ => bail!(InvalidArg, "index {index} outside the pool's pages 1..{total} (page 0 is padding)"),
+    }
+}

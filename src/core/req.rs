@@ -1,0 +1,195 @@
+//! The request record an engine hands libskv, the cache configuration, and the checks every
+//! operation runs on them before it changes anything.
+
+use super::error::{bail, Result};
+
+/// How a cache is laid out. Mirrors `skv_cache_config`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// Tokens per KV page.
+    pub page_size: u32,
+    /// Owned mode: KV pool capacity in token slots (page 0 is the padding page).
+    pub num_token_slots: u64,
+    /// req_to_token rows; bounds the valid row numbers.
+    pub num_rows: u32,
+    /// Longest sequence a row may map.
+    pub max_context_len: u32,
+    /// A session prefix is reused only in whole pages.
+    pub aligned_reuse: bool,
+}
+
+impl Config {
+    /// The checks both modes share.
+    pub fn validate(&self) -> Result<()> {
+        if self.page_size == 0 {
+            bail!(InvalidArg, "page_size 0: must be >= 1");
+        }
+        if self.num_rows == 0 || self.num_rows > i32::MAX as u32 {
+            bail!(InvalidArg, "num_rows {} out of range 1..={}", self.num_rows, i32::MAX);
+        }
+        if self.max_context_len == 0 {
+            bail!(InvalidArg, "max_context_len 0: must be >= 1");
+        }
+        Ok(())
+    }
+
+    /// Owned mode also sizes the pool: whole pages, page 0 plus at least one usable page,
+    /// and every token index must fit in an int32.
+    pub fn validate_owned(&self) -> Result<()> {
+        self.validate()?;
+        let (slots, ps) = (self.num_token_slots, self.page_size as u64);
+        if slots % ps != 0 {
+            bail!(InvalidArg, "num_token_slots {slots} is not a multiple of page_size {ps}");
+        }
+        if slots / ps < 2 {
+            bail!(InvalidArg, "num_token_slots {slots}: need at least 2 pages of {ps} (page 0 is padding)");
+        }
+        if slots > 1 << 31 {
+            bail!(InvalidArg, "num_token_slots {slots} exceeds 2^31 (indices are int32)");
+        }
+        Ok(())
+    }
+}
+
+/// One request's KV bookkeeping. Mirrors `skv_req` field for field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Req {
+    pub row: i32,
+    pub committed: u32,
+    pub allocated: u32,
+    pub protected: u32,
+    pub swa: u32,
+    pub origin_input_len: u32,
+    pub output_len: u32,
+    pub finished_len: i32,
+    pub lock_node: u64,
+    pub lock_receipt: u64,
+    pub aux: i64,
+}
+
+impl Default for Req {
+    fn default() -> Self {
+        Req {
+            row: -1,
+            committed: 0,
+            allocated: 0,
+            protected: 0,
+            swa: 0,
+            origin_input_len: 0,
+            output_len: 0,
+            finished_len: -1,
+            lock_node: 0,
+            lock_receipt: 0,
+            aux: -1,
+        }
+    }
+}
+
+impl Req {
+    /// The row this request holds, if any.
+    pub fn row(&self) -> Option<u32> {
+        u32::try_from(self.row).ok()
+    }
+
+    /// The row, for operations that need one.
+    pub fn require_row(&self) -> Result<u32> {
+        match self.row() {
+            Some(r) => Ok(r),
+            None => bail!(InvalidArg, "req_pool_idx -1: the req holds no row"),
+        }
+    }
+
+    /// The finished length the engine reported (`-1` means all of `output_len`).
+    pub fn finished(&self) -> u32 {
+        u32::try_from(self.finished_len).unwrap_or(self.output_len)
+    }
+
+    /// The field checks of API.md, run by every function that takes a req.
+    pub fn validate(&self, cfg: &Config) -> Result<()> {
+        let r = self;
+        if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
+            bail!(InvalidArg, "req_pool_idx {} out of range -1..{}", r.row, cfg.num_rows);
+        }
+        if r.committed > r.allocated {
+            bail!(InvalidArg, "kv_committed_len {} > kv_allocated_len {}", r.committed, r.allocated);
+        }
+        if r.row >= 0 && r.protected > r.committed {
+            bail!(InvalidArg, "cache_protected_len {} > kv_committed_len {}", r.protected, r.committed);
+        }
+        if r.protected % cfg.page_size != 0 {
+            bail!(InvalidArg, "cache_protected_len {} is not a multiple of page_size {}", r.protected, cfg.page_size);
+        }
+        if r.allocated > cfg.max_context_len {
+            bail!(InvalidArg, "kv_allocated_len {} > max_context_len {}", r.allocated, cfg.max_context_len);
+        }
+        if r.swa > r.allocated {
+            bail!(InvalidArg, "swa_evicted_seqlen {} > kv_allocated_len {}", r.swa, r.allocated);
+        }
+        if r.finished_len < -1 || (r.finished_len >= 0 && r.finished_len as u32 > r.output_len) {
+            bail!(InvalidArg, "finished_len {} out of range -1..={} (output_len)", r.finished_len, r.output_len);
+        }
+        Ok(())
+    }
+
+    /// The req after a finish or release: it holds nothing; `origin_input_len`,
+    /// `output_len` and `finished_len` stay.
+    pub fn clear_kv(&mut self) {
+        *self = Req {
+            origin_input_len: self.origin_input_len,
+            output_len: self.output_len,
+            finished_len: self.finished_len,
+            ..Req::default()
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> Config {
+        Config { page_size: 16, num_token_slots: 1024, num_rows: 8, max_context_len: 256, aligned_reuse: false }
+    }
+
+    fn held(committed: u32, allocated: u32) -> Req {
+        Req { row: 0, committed, allocated, ..Req::default() }
+    }
+
+    #[test]
+    fn valid_reqs_pass() {
+        assert!(Req::default().validate(&cfg()).is_ok());
+        assert!(Req { protected: 16, ..held(20, 40) }.validate(&cfg()).is_ok());
+    }
+
+    #[test]
+    fn each_bad_field_is_refused() {
+        let bad = [
+            Req { row: 8, ..Req::default() },
+            Req { row: -2, ..Req::default() },
+            held(41, 40),
+            Req { protected: 32, ..held(20, 40) },
+            Req { protected: 8, ..held(20, 40) },
+            held(20, 257),
+            Req { swa: 41, ..held(20, 40) },
+            Req { finished_len: 3, output_len: 2, ..held(0, 0) },
+            Req { finished_len: -2, ..held(0, 0) },
+        ];
+        for r in bad {
+            assert!(matches!(r.validate(&cfg()), Err(crate::core::Error::InvalidArg(_))), "{r:?}");
+        }
+    }
+
+    #[test]
+    fn protected_past_committed_is_allowed_without_a_row() {
+        assert!(Req { protected: 16, ..Req::default() }.validate(&cfg()).is_ok());
+    }
+
+    #[test]
+    fn configs() {
+        assert!(cfg().validate_owned().is_ok());
+        assert!(Config { page_size: 0, ..cfg() }.validate().is_err());
+        assert!(Config { num_rows: 0, ..cfg() }.validate().is_err());
+        assert!(Config { num_token_slots: 1000, ..cfg() }.validate_owned().is_err());
+        assert!(Config { num_token_slots: 16, ..cfg() }.validate_owned().is_err());
+    }
+}

@@ -1,0 +1,363 @@
+//! The streaming-session operations of SEMANTICS.md: restore a session's KV for its next
+//! turn, trim a finished turn's speculative overshoot, release what a session holds.
+
+use super::cache::{free_aligned_effect, push_release, Cache};
+use super::error::{bail, Result};
+use super::page::{ceil_align, floor_align};
+use super::req::Req;
+use super::slots::Slot;
+
+/// The result of `match_prefix`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Match {
+    /// The session slot was restored into the req.
+    pub hit: bool,
+    /// Reusable prefix length in tokens (0 on a miss).
+    pub prefix_len: u32,
+}
+
+/// What idle session slots hold, for the engine's memory accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    pub full_tokens: u64,
+    pub swa_tokens: u64,
+    pub rows: u64,
+    pub aux_states: u64,
+    pub sessions: u64,
+}
+
+const MISS: Match = Match { hit: false, prefix_len: 0 };
+
+impl Cache {
+    /// `free_aligned(row, target, end)`: the page-safe tail free.
+    pub fn free_aligned(&mut self, row: u32, target: u32, end: u32) -> Result<()> {
+        if row >= self.cfg.num_rows {
+            bail!(InvalidArg, "row {row} out of range 0..{}", self.cfg.num_rows);
+        }
+        if end > self.cfg.max_context_len {
+            bail!(InvalidArg, "end {end} > max_context_len {}", self.cfg.max_context_len);
+        }
+        self.pool.check_free(row, target, end)?;
+        self.guard_idle_session_row(row)?;
+        self.effects.clear();
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, end));
+        self.run_effects(|c| {
+            if let Some(s) = c.slots.of_row_mut(row) {
+                clamp_slot(s, target);
+            }
+        })
+    }
+
+    /// `trim_overshoot(req, finished_len)`: cut every KV field back to
+    /// `origin_input_len + finished_len`, freeing only whole pages.
+    pub fn trim_overshoot(&mut self, req: &mut Req, finished_len: u32) -> Result<()> {
+        req.validate(&self.cfg)?;
+        let row = req.require_row()?;
+        let target = self.trim_target(req, finished_len)?;
+        self.pool.check_req(req)?;
+        self.guard_idle_session_row(row)?;
+        self.effects.clear();
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, req.allocated));
+        self.run_effects(|c| {
+            c.apply_trim(req, target, finished_len);
+            if let Some(s) = c.slots.of_row_mut(row) {
+                clamp_slot(s, target);
+            }
+        })
+    }
+
+    /// `free_tail(req, prefix_len)`: free what lies past a reused prefix.
+    pub fn free_tail(&mut self, req: &mut Req, prefix_len: u32) -> Result<()> {
+        req.validate(&self.cfg)?;
+        let row = req.require_row()?;
+        if prefix_len > req.allocated {
+            bail!(InvalidArg, "prefix_len {prefix_len} > kv_allocated_len {}", req.allocated);
+        }
+        self.pool.check_req(req)?;
+        if prefix_len < req.protected {
+            bail!(State, "prefix_len {prefix_len} < cache_protected_len {}: the tree's prefix is never freed", req.protected);
+        }
+        self.guard_idle_session_row(row)?;
+        self.effects.clear();
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, prefix_len, req.allocated));
+        self.run_effects(|c| {
+            c.apply_free_tail(req, prefix_len);
+            if let Some(s) = c.slots.of_row_mut(row) {
+                clamp_slot(s, prefix_len);
+            }
+        })
+    }
+
+    /// `match_prefix`: restore a session's slot into the req for its next turn.
+    pub fn match_prefix(
+        &mut self,
+        session: u64,
+        branch: u64,
+        req: &mut Req,
+        key_len: u32,
+        pre_aborted: bool,
+    ) -> Result<Match> {
+        self.check_req(req)?;
+        let Some((row, slot)) = self.slots.find(session, branch) else { return Ok(MISS) };
+        let slot = *slot;
+        if pre_aborted {
+            return Ok(MISS);
+        }
+        if let Some(r) = req.row().filter(|&r| r != row) {
+            bail!(State, "req holds row {r} but session {session} branch {branch} is restored into row {row}");
+        }
+        let ps = self.cfg.page_size;
+        if self.cfg.aligned_reuse && ps > 1 {
+            let a = floor_align(slot.committed.min(key_len), ps);
+            if a < slot.protected || a == 0 {
+                self.release_rows(&[row])?;
+                return Ok(MISS);
+            }
+        }
+        let restored = self.restore(row, &slot, req);
+        let mut prefix_len = restored.committed.min(key_len);
+        if prefix_len < restored.protected {
+            bail!(
+                State,
+                "reusable prefix {prefix_len} < cache_protected_len {}: sessions are append-only",
+                restored.protected
+            );
+        }
+        let mut r = restored;
+        if ps > 1 && (self.cfg.aligned_reuse || r.swa > prefix_len) {
+            prefix_len = floor_align(prefix_len, ps);
+            r.committed = r.committed.min(prefix_len);
+        }
+        self.effects.clear();
+        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated));
+        self.run_effects(|c| {
+            c.apply_free_tail(&mut r, prefix_len);
+            *req = r;
+            let s = c.slots.of_row_mut(row).expect("slot found above");
+            (s.committed, s.allocated, s.swa, s.in_flight) = (r.committed, r.allocated, r.swa, true);
+        })?;
+        Ok(Match { hit: true, prefix_len })
+    }
+
+    /// The req a slot restores into. libskv's own rows know their mapped length (a retried
+    /// match also frees what the first try extended); an engine's retried req may have
+    /// extended past what the slot recorded.
+    fn restore(&self, row: u32, slot: &Slot, req: &Req) -> Req {
+        let allocated = self.pool.mapped_len(row).unwrap_or(if req.row() == Some(row) {
+            slot.allocated.max(req.allocated)
+        } else {
+            slot.allocated
+        });
+        Req {
+            row: row as i32,
+            committed: slot.committed,
+            allocated,
+            protected: slot.protected,
+            swa: slot.swa,
+            lock_node: slot.lock_node,
+            lock_receipt: slot.lock_receipt,
+            aux: slot.aux,
+            ..*req
+        }
+    }
+
+    /// `cache_finished_req`: save a finished turn into its session slot (after trimming its
+    /// overshoot), or release everything on an abort.
+    pub fn cache_finished_req(&mut self, session: u64, branch: u64, req: &mut Req, aborted: bool) -> Result<()> {
+        if aborted {
+            return self.finish_aborted(session, branch, req);
+        }
+        req.validate(&self.cfg)?;
+        let row = req.require_row()?;
+        let finished_len = req.finished();
+        let trim_target = self.trim_target(req, finished_len)?;
+        self.pool.check_req(req)?;
+        let found = self.slots.find(session, branch).map(|(r, _)| r);
+        self.check_row_belongs(row, found, session, branch)?;
+        let target = req.origin_input_len + finished_len;
+        self.effects.clear();
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated));
+        self.run_effects(|c| {
+            c.apply_trim(req, trim_target, finished_len);
+            let saved = match c.slots.of_row_mut(row) {
+                Some(s) => {
+                    (s.committed, s.allocated, s.swa, s.aux) = (req.committed, req.allocated, req.swa, req.aux);
+                    s
+                }
+                None => {
+                    c.slots.insert(row, slot_from(session, branch, req));
+                    c.slots.of_row_mut(row).expect("just inserted")
+                }
+            };
+            saved.committed = target.min(saved.allocated);
+            saved.in_flight = false;
+            req.clear_kv();
+        })
+    }
+
+    fn finish_aborted(&mut self, session: u64, branch: u64, req: &mut Req) -> Result<()> {
+        self.check_req(req)?;
+        let found = self.slots.find(session, branch).map(|(r, s)| (r, *s));
+        let (row, doomed) = match (found, req.row()) {
+            (None, None) => return Ok(()),
+            (None, Some(row)) => {
+                self.check_row_belongs(row, None, session, branch)?;
+                (row, slot_from(session, branch, req))
+            }
+            (Some((row, slot)), held) => {
+                if held != Some(row) {
+                    bail!(
+                        State,
+                        "aborted req holds row {} but session {session} branch {branch} holds row {row}",
+                        req.row
+                    );
+                }
+                (row, Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, ..slot })
+            }
+        };
+        self.effects.clear();
+        push_release(&mut self.effects, row, &doomed);
+        self.run_effects(|c| {
+            c.slots.remove(row);
+            req.clear_kv();
+        })
+    }
+
+    /// A finishing req's row must be its session's own, and a first turn's row must not
+    /// already belong to another slot (that would hand the row back twice).
+    fn check_row_belongs(&self, row: u32, slot_row: Option<u32>, session: u64, branch: u64) -> Result<()> {
+        match slot_row {
+            Some(r) if r != row => {
+                bail!(State, "req holds row {row} but session {session} branch {branch} holds row {r}")
+            }
+            Some(_) => Ok(()),
+            None => match self.slots.of_row(row) {
+                Some(o) => bail!(State, "row {row} already belongs to session {} branch {}", o.session, o.branch),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// `checkpoint`: whether a session slot handles this request's chunk boundary.
+    pub fn checkpoint(&mut self, session: u64, branch: u64, req: &Req) -> Result<bool> {
+        self.check_req(req)?;
+        Ok(self.slots.find(session, branch).is_some())
+    }
+
+    /// `release_branch`: free one slot (none is fine).
+    pub fn release_branch(&mut self, session: u64, branch: u64) -> Result<()> {
+        match self.slots.find(session, branch) {
+            Some((row, _)) => self.release_rows(&[row]),
+            None => Ok(()),
+        }
+    }
+
+    /// `release_session`: free every branch, oldest slot first.
+    pub fn release_session(&mut self, session: u64) -> Result<()> {
+        let rows: smallvec::SmallVec<[u32; 4]> = self.slots.rows_of(session).into();
+        self.release_rows(&rows)
+    }
+
+    /// Releases the slots holding `rows`, all or none: one in flight refuses the lot.
+    pub(crate) fn release_rows(&mut self, rows: &[u32]) -> Result<()> {
+        self.effects.clear();
+        for &row in rows {
+            let s = self.slots.of_row(row).expect("rows of live slots");
+            if s.in_flight {
+                bail!(
+                    State,
+                    "session {} branch {} is in flight (row {row}): finish or abort its request first",
+                    s.session,
+                    s.branch
+                );
+            }
+            push_release(&mut self.effects, row, s);
+        }
+        self.run_effects(|c| {
+            for &row in rows {
+                c.slots.remove(row);
+            }
+        })
+    }
+
+    /// `session_held`: what idle slots hold; rows in `active` belong to running requests.
+    pub fn session_held(&self, active: &[i32]) -> Held {
+        let mut active = active.to_vec();
+        active.sort_unstable();
+        let ps = self.cfg.page_size;
+        let mut h = Held { sessions: self.slots.len() as u64, ..Held::default() };
+        for (row, s) in self.slots.iter() {
+            if active.binary_search(&(row as i32)).is_ok() {
+                continue;
+            }
+            let end = ceil_align(s.allocated, ps);
+            h.full_tokens += end - s.protected as u64;
+            h.swa_tokens += end - s.protected.max(s.swa) as u64;
+            h.rows += 1;
+            h.aux_states += (s.aux != -1) as u64;
+        }
+        h
+    }
+
+    /// The trim boundary of SEMANTICS.md's trim_overshoot, steps 1-2, after its checks.
+    fn trim_target(&self, req: &Req, finished_len: u32) -> Result<u32> {
+        if finished_len > req.output_len {
+            bail!(InvalidArg, "finished_len {finished_len} > output_len {}", req.output_len);
+        }
+        let Some(target) = req.origin_input_len.checked_add(finished_len) else {
+            bail!(
+                InvalidArg,
+                "origin_input_len {} + finished_len {finished_len} overflows 32 bits",
+                req.origin_input_len
+            );
+        };
+        if target < req.protected {
+            bail!(
+                InvalidArg,
+                "origin_input_len + finished_len = {target} < cache_protected_len {}: a trim never reaches into the tree's prefix",
+                req.protected
+            );
+        }
+        let ps = self.cfg.page_size;
+        // The SWA cursor must stay page-aligned; the partial page is re-prefilled next turn.
+        Ok(if ps > 1 && req.swa > target { floor_align(target, ps) } else { target })
+    }
+
+    fn apply_trim(&mut self, req: &mut Req, target: u32, finished_len: u32) {
+        self.trimmed_tokens += req.allocated.saturating_sub(target) as u64;
+        req.allocated = req.allocated.min(target);
+        req.committed = req.committed.min(target);
+        req.swa = req.swa.min(target);
+        req.output_len = req.output_len.min(finished_len);
+    }
+
+    fn apply_free_tail(&mut self, req: &mut Req, prefix_len: u32) {
+        self.tail_freed_tokens += (req.allocated - prefix_len) as u64;
+        req.allocated = prefix_len;
+        req.committed = req.committed.min(prefix_len);
+        req.swa = req.swa.min(prefix_len);
+    }
+}
+
+/// A running request's primitive shortened its row: the in-flight slot mirrors it, so a
+/// later abort never hands back the same tail twice.
+fn clamp_slot(s: &mut Slot, len: u32) {
+    s.allocated = s.allocated.min(len);
+    s.committed = s.committed.min(len);
+    s.swa = s.swa.min(len);
+}
+
+fn slot_from(session: u64, branch: u64, r: &Req) -> Slot {
+    Slot {
+        session,
+        branch,
+        committed: r.committed,
+        allocated: r.allocated,
+        protected: r.protected,
+        swa: r.swa,
+        lock_node: r.lock_node,
+        lock_receipt: r.lock_receipt,
+        aux: r.aux,
+        in_flight: false,
+    }
+}

@@ -1,0 +1,140 @@
+//! The slot table: what a streaming session keeps between turns.
+//!
+//! A slot always holds exactly one row, and a row belongs to at most one slot, so slots live
+//! in a table indexed by row (its size is fixed by `num_rows`). Sessions index their slots'
+//! rows in the order the slots were created, which is the order `release_session` frees them.
+
+use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
+use smallvec::SmallVec;
+
+/// The KV fields of a session's last finished turn, plus its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot {
+    pub session: u64,
+    pub branch: u64,
+    pub committed: u32,
+    pub allocated: u32,
+    pub protected: u32,
+    pub swa: u32,
+    pub lock_node: u64,
+    pub lock_receipt: u64,
+    pub aux: i64,
+    /// Restored by a `match_prefix` hit and not yet finished: its KV is being read by a
+    /// running request, so releasing it would free pages under that request.
+    pub in_flight: bool,
+}
+
+/// Slots keyed by `(session_id, branch_id)`.
+pub struct Slots {
+    by_row: Vec<Option<Slot>>,
+    sessions: HashMap<u64, SmallVec<[u32; 2]>, RandomState>,
+    len: usize,
+}
+
+impl Slots {
+    pub fn new(num_rows: u32) -> Self {
+        Slots { by_row: vec![None; num_rows as usize], sessions: HashMap::default(), len: 0 }
+    }
+
+    /// The row and slot of `(session, branch)`.
+    pub fn find(&self, session: u64, branch: u64) -> Option<(u32, &Slot)> {
+        let rows = self.sessions.get(&session)?;
+        rows.iter().find_map(|&r| {
+            let s = self.by_row[r as usize].as_ref()?;
+            (s.branch == branch).then_some((r, s))
+        })
+    }
+
+    /// The slot holding `row`, if any.
+    pub fn of_row(&self, row: u32) -> Option<&Slot> {
+        self.by_row.get(row as usize)?.as_ref()
+    }
+
+    pub fn of_row_mut(&mut self, row: u32) -> Option<&mut Slot> {
+        self.by_row.get_mut(row as usize)?.as_mut()
+    }
+
+    /// A session's rows, oldest slot first.
+    pub fn rows_of(&self, session: u64) -> &[u32] {
+        self.sessions.get(&session).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Stores a new slot for `row`; the caller has checked the row is free of slots and the
+    /// key is new.
+    pub fn insert(&mut self, row: u32, slot: Slot) {
+        debug_assert!(self.by_row[row as usize].is_none());
+        self.sessions.entry(slot.session).or_default().push(row);
+        self.by_row[row as usize] = Some(slot);
+        self.len += 1;
+    }
+
+    /// Drops the slot holding `row` and returns it.
+    pub fn remove(&mut self, row: u32) -> Option<Slot> {
+        let slot = self.by_row.get_mut(row as usize)?.take()?;
+        if let Some(rows) = self.sessions.get_mut(&slot.session) {
+            rows.retain(|r| *r != row);
+            if rows.is_empty() {
+                self.sessions.remove(&slot.session);
+            }
+        }
+        self.len -= 1;
+        Some(slot)
+    }
+
+    /// Every slot with its row, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &Slot)> {
+        self.sessions
+            .values()
+            .flat_map(|rows| rows.iter())
+            .filter_map(|&r| Some((r, self.by_row[r as usize].as_ref()?)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(session: u64, branch: u64) -> Slot {
+        Slot {
+            session,
+            branch,
+            committed: 0,
+            allocated: 0,
+            protected: 0,
+            swa: 0,
+            lock_node: 0,
+            lock_receipt: 0,
+            aux: -1,
+            in_flight: false,
+        }
+    }
+
+    #[test]
+    fn branches_keep_creation_order() {
+        let mut t = Slots::new(8);
+        t.insert(5, slot(1, 9));
+        t.insert(2, slot(1, 0));
+        t.insert(7, slot(2, 0));
+        assert_eq!(t.rows_of(1), &[5, 2]);
+        assert_eq!(t.find(1, 0).map(|(r, _)| r), Some(2));
+        assert_eq!(t.find(2, 9), None);
+        t.remove(5);
+        t.insert(3, slot(1, 9));
+        assert_eq!(t.rows_of(1), &[2, 3], "a branch saved again goes last");
+        assert_eq!(t.len(), 3);
+        t.remove(2);
+        t.remove(3);
+        assert!(t.rows_of(1).is_empty());
+        assert_eq!(t.iter().count(), 1);
+    }
+}

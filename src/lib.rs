@@ -1,0 +1,9 @@
+//! libskv: streaming-session KV-cache management for LLM serving engines.
+//!
+//! `core` is the model in safe Rust; `capi` is the C ABI over it (re-exported here, so Rust
+//! programs can drive the same entry points C engines use).
+
+pub mod core;
+mod capi;
+
+pub use capi::*;
