@@ -34,3 +34,6 @@ impl Cache {
         Ok(Cache::new(cfg, Box::new(OwnedPool::new(&cfg))))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,416 @@
+//! Unit tests of the session operations over a recording pool, the golden cases of
+//! SEMANTICS.md among them, and of owned mode's allocator.
+
+use super::*;
+
+use std::sync::{Arc, Mutex};
+
+/// An engine pool that records what it is asked to free; `req_to_token[r][p] = r*cols + p`.
+#[derive(Default)]
+struct Recorder {
+    cols: i32,
+    /// Each effect as the engine would see it, with the freed indices spelled out.
+    log: Arc<Mutex<Vec<String>>>,
+    fail_prepare: bool,
+}
+
+impl Pool for Recorder {
+    fn mapped_len(&self, _row: u32) -> Option<u32> {
+        None
+    }
+    fn check_req(&self, _req: &Req) -> Result<()> {
+        Ok(())
+    }
+    fn check_free(&self, _row: u32, _target: u32, _end: u32) -> Result<()> {
+        Ok(())
+    }
+    fn prepare(&mut self, _effects: &[Effect]) -> Result<()> {
+        if self.fail_prepare {
+            return Err(Error::Callback("read_row failed".into()));
+        }
+        Ok(())
+    }
+    fn apply(&mut self, effects: &[Effect]) -> Result<()> {
+        let mut log = self.log.lock().unwrap();
+        for e in effects {
+            log.push(match *e {
+                Effect::FreeKv { row, start, end, .. } if start < end => {
+                    let base = row as i32 * self.cols;
+                    format!("free_kv {}..{}", base + start as i32, base + end as i32)
+                }
+                Effect::FreeKv { .. } => continue,
+                Effect::FreeRow { row } => format!("free_row {row}"),
+                Effect::DecLockRef { node, receipt } => format!("dec_lock_ref {node} {receipt}"),
+                Effect::FreeAux { aux } => format!("free_aux {aux}"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// An external-mode cache over a fresh recorder, with the recorder's log.
+struct Engine {
+    cache: Cache,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl std::ops::Deref for Engine {
+    type Target = Cache;
+    fn deref(&self) -> &Cache {
+        &self.cache
+    }
+}
+
+impl std::ops::DerefMut for Engine {
+    fn deref_mut(&mut self) -> &mut Cache {
+        &mut self.cache
+    }
+}
+
+fn external(ps: u32, cols: i32, aligned_reuse: bool) -> Engine {
+    let cfg = Config { page_size: ps, num_token_slots: 0, num_rows: 8, max_context_len: cols as u32, aligned_reuse };
+    let rec = Recorder { cols, ..Recorder::default() };
+    let log = rec.log.clone();
+    Engine { cache: Cache::new(cfg, Box::new(rec)), log }
+}
+
+/// The recorded effects since the last call of `log`.
+fn log(c: &mut Engine) -> Vec<String> {
+    std::mem::take(&mut *c.log.lock().unwrap())
+}
+
+fn req(row: i32, committed: u32, allocated: u32) -> Req {
+    Req { row, committed, allocated, ..Req::default() }
+}
+
+#[test]
+fn golden_1_trim_postcondition() {
+    let mut c = external(1, 128, false);
+    let mut r = Req { origin_input_len: 26, output_len: 14, swa: 42, ..req(0, 40, 44) };
+    c.trim_overshoot(&mut r, 12).unwrap();
+    assert_eq!((r.committed, r.allocated, r.swa, r.output_len), (38, 38, 38, 12));
+    assert_eq!(log(&mut c), ["free_kv 38..44"]);
+    assert_eq!(c.trimmed_tokens, 6);
+}
+
+#[test]
+fn golden_2_finish_with_over_allocated_tail() {
+    let mut c = external(16, 128, false);
+    let mut r = Req { origin_input_len: 17, ..req(0, 17, 40) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 32..40"], "the partial page 16..31 stays");
+    let (row, s) = c.slots().find(1, 0).unwrap();
+    assert_eq!((row, s.committed, s.allocated, s.in_flight), (0, 17, 17, false));
+    assert_eq!(r.row, -1);
+}
+
+#[test]
+fn golden_3_first_turn_mid_abort() {
+    let mut c = external(1, 128, false);
+    let mut r = req(0, 0, 20);
+    c.cache_finished_req(1, 0, &mut r, true).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..20", "free_row 0"]);
+    assert!(c.slots().is_empty());
+    assert_eq!(r, Req::default());
+}
+
+#[test]
+fn golden_4_nth_turn_mid_abort() {
+    let mut c = external(1, 128, false);
+    let mut first = Req { origin_input_len: 50, ..req(0, 50, 50) };
+    c.cache_finished_req(1, 0, &mut first, false).unwrap();
+    log(&mut c);
+    let mut r = req(0, 60, 65);
+    c.cache_finished_req(1, 0, &mut r, true).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..65", "free_row 0"]);
+    assert!(c.slots().is_empty());
+}
+
+#[test]
+fn golden_5_pre_abort() {
+    let mut c = external(16, 128, false);
+    let mut first = Req { origin_input_len: 48, protected: 16, ..req(0, 48, 48) };
+    c.cache_finished_req(1, 0, &mut first, false).unwrap();
+    let before = *c.slots().find(1, 0).unwrap().1;
+    let mut r = Req::default();
+    let m = c.match_prefix(1, 0, &mut r, 64, true).unwrap();
+    assert_eq!(m, Match { hit: false, prefix_len: 0 });
+    assert_eq!(*c.slots().find(1, 0).unwrap().1, before);
+    assert_eq!(r, Req::default());
+}
+
+#[test]
+fn golden_6_branches_release_in_creation_order() {
+    let mut c = external(16, 256, false);
+    let mut plan = Req { origin_input_len: 48, ..req(0, 48, 48) };
+    let mut tool = Req { origin_input_len: 64, ..req(1, 64, 64) };
+    c.cache_finished_req(7, 1, &mut plan, false).unwrap();
+    c.cache_finished_req(7, 2, &mut tool, false).unwrap();
+    log(&mut c);
+    c.release_session(7).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..48", "free_row 0", "free_kv 256..320", "free_row 1"]);
+}
+
+#[test]
+fn match_restores_and_frees_the_tail() {
+    let mut c = external(4, 128, false);
+    let mut r = Req { origin_input_len: 10, output_len: 6, finished_len: 4, lock_node: 9, lock_receipt: 3, aux: 5, ..req(2, 12, 16) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    assert_eq!(log(&mut c), Vec::<String>::new(), "14..16 lies in the page holding token 13");
+    let mut next = Req { origin_input_len: 20, ..Req::default() };
+    let m = c.match_prefix(1, 0, &mut next, 10, false).unwrap();
+    assert_eq!(m, Match { hit: true, prefix_len: 10 });
+    assert_eq!(log(&mut c), ["free_kv 268..270"], "positions 12..14 go; 10..12 share a page with 9");
+    assert_eq!((next.row, next.committed, next.allocated), (2, 10, 10));
+    assert_eq!((next.lock_node, next.lock_receipt, next.aux), (9, 3, 5));
+    assert!(c.slots().find(1, 0).unwrap().1.in_flight);
+    assert_eq!(c.tail_freed_tokens, 4);
+}
+
+#[test]
+fn swa_cursor_past_the_prefix_aligns_it() {
+    let mut c = external(4, 128, false);
+    let mut r = Req { origin_input_len: 10, output_len: 4, swa: 12, ..req(0, 14, 14) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let s = *c.slots().find(1, 0).unwrap().1;
+    assert_eq!((s.allocated, s.committed, s.swa), (14, 14, 12));
+    let mut next = Req::default();
+    let m = c.match_prefix(1, 0, &mut next, 11, false).unwrap();
+    assert_eq!(m.prefix_len, 8, "the cursor at 12 lies past 11: reuse whole pages only");
+    assert_eq!((next.committed, next.allocated, next.swa), (8, 8, 8));
+    assert_eq!(log(&mut c), ["free_kv 8..14"]);
+}
+
+#[test]
+fn swa_past_target_floors_the_trim() {
+    let mut c = external(4, 128, false);
+    let mut r = Req { origin_input_len: 9, output_len: 6, finished_len: 1, swa: 12, ..req(0, 14, 16) };
+    c.trim_overshoot(&mut r, 1).unwrap();
+    assert_eq!((r.allocated, r.committed, r.swa), (8, 8, 8), "target 10 floors to the page boundary 8");
+    assert_eq!(log(&mut c), ["free_kv 8..16"]);
+}
+
+#[test]
+fn aligned_reuse_releases_a_slot_with_nothing_whole_to_reuse() {
+    let mut c = external(16, 128, true);
+    let mut r = Req { origin_input_len: 10, ..req(3, 10, 10) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut next = Req::default();
+    assert!(!c.match_prefix(1, 0, &mut next, 100, false).unwrap().hit);
+    assert_eq!(log(&mut c), ["free_kv 384..394", "free_row 3"]);
+    assert!(c.slots().is_empty());
+}
+
+#[test]
+fn in_flight_slots_refuse_release() {
+    let mut c = external(1, 128, false);
+    let mut r = Req { origin_input_len: 5, ..req(0, 5, 5) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut other = Req { origin_input_len: 3, ..req(1, 3, 3) };
+    c.cache_finished_req(1, 1, &mut other, false).unwrap();
+    let mut next = Req::default();
+    c.match_prefix(1, 0, &mut next, 5, false).unwrap();
+    log(&mut c);
+    assert!(matches!(c.release_session(1), Err(Error::State(_))));
+    assert!(matches!(c.release_branch(1, 0), Err(Error::State(_))));
+    assert_eq!(log(&mut c), Vec::<String>::new());
+    assert_eq!(c.slots().len(), 2);
+    c.release_branch(1, 1).unwrap();
+    c.release_branch(9, 9).unwrap();
+}
+
+#[test]
+fn retried_match_and_row_ownership() {
+    let mut c = external(1, 128, false);
+    let mut r = Req { origin_input_len: 8, ..req(0, 8, 8) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut next = Req::default();
+    c.match_prefix(1, 0, &mut next, 8, false).unwrap();
+    next.allocated = 12;
+    let again = c.match_prefix(1, 0, &mut next, 6, false).unwrap();
+    assert_eq!(again.prefix_len, 6);
+    assert_eq!(log(&mut c), ["free_kv 6..12"], "the retry also frees what the first try extended");
+    let mut stranger = req(4, 0, 0);
+    assert!(matches!(c.match_prefix(1, 0, &mut stranger, 6, false), Err(Error::State(_))));
+    let mut thief = Req { origin_input_len: 2, ..req(0, 2, 2) };
+    assert!(matches!(c.cache_finished_req(2, 0, &mut thief, false), Err(Error::State(_))));
+}
+
+#[test]
+fn failing_prepare_changes_nothing() {
+    let mut c = external(1, 128, false);
+    let mut r = Req { origin_input_len: 8, output_len: 2, finished_len: 0, ..req(0, 8, 10) };
+    c.cache.pool = Box::new(Recorder { cols: 128, fail_prepare: true, ..Recorder::default() });
+    let before = r;
+    assert!(matches!(c.cache_finished_req(1, 0, &mut r, false), Err(Error::Callback(_))));
+    assert_eq!(r, before);
+    assert!(c.slots().is_empty());
+    assert_eq!(c.trimmed_tokens, 0);
+}
+
+#[test]
+fn protected_prefix_is_never_freed() {
+    let mut c = external(4, 128, false);
+    let mut r = Req { protected: 8, ..req(0, 10, 12) };
+    assert!(matches!(c.free_tail(&mut r, 4), Err(Error::State(_))));
+    assert!(matches!(c.trim_overshoot(&mut Req { origin_input_len: 4, ..r }, 0), Err(Error::InvalidArg(_))));
+}
+
+#[test]
+fn session_held_skips_active_rows() {
+    let mut c = external(4, 128, false);
+    let mut a = Req { origin_input_len: 9, protected: 4, swa: 8, aux: 1, ..req(0, 9, 9) };
+    let mut b = Req { origin_input_len: 4, ..req(1, 4, 4) };
+    c.cache_finished_req(1, 0, &mut a, false).unwrap();
+    c.cache_finished_req(2, 0, &mut b, false).unwrap();
+    let all = c.session_held(&[]);
+    assert_eq!(all, Held { full_tokens: 8 + 4, swa_tokens: 4 + 4, rows: 2, aux_states: 1, sessions: 2 });
+    let some = c.session_held(&[1, 1, 7]);
+    assert_eq!(some, Held { full_tokens: 8, swa_tokens: 4, rows: 1, aux_states: 1, sessions: 2 });
+}
+
+// ---- owned mode ----
+
+fn owned(ps: u32, pages: u64) -> Cache {
+    Cache::new_owned(Config { page_size: ps, num_token_slots: pages * ps as u64, num_rows: 4, max_context_len: 1024, aligned_reuse: false })
+        .unwrap()
+}
+
+fn indices(c: &Cache, r: &Req) -> Vec<i32> {
+    let mut out = vec![0; r.allocated as usize];
+    c.row_indices(r.row as u32, 0, r.allocated, &mut out).unwrap();
+    out
+}
+
+fn clean(c: &Cache) {
+    let rep = c.check().unwrap();
+    assert_eq!(rep.violations, 0, "{}", rep.first_violation);
+}
+
+#[test]
+fn extend_continues_inside_the_kept_partial_page() {
+    let mut c = owned(4, 16);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 6).unwrap();
+    assert_eq!(indices(&c, &r), [4, 5, 6, 7, 8, 9]);
+    c.commit(&mut r, 5).unwrap();
+    r.origin_input_len = 5;
+    r.output_len = 1;
+    c.alloc_extend(&mut r, 6).unwrap();
+    c.trim_overshoot(&mut r, 1).unwrap();
+    assert_eq!(r.allocated, 6);
+    assert_eq!(c.stats().unwrap().used_pages, 2, "pages 1 and 2 stay: page 2 holds token 5");
+    c.alloc_extend(&mut r, 3).unwrap();
+    assert_eq!(indices(&c, &r), [4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    clean(&c);
+}
+
+#[test]
+fn oom_changes_nothing_and_allocation_is_deterministic() {
+    let run = || {
+        let mut c = owned(2, 6);
+        let (mut a, mut b) = (Req::default(), Req::default());
+        c.alloc_row(&mut a).unwrap();
+        c.alloc_row(&mut b).unwrap();
+        c.alloc_extend(&mut a, 3).unwrap();
+        let before = (b, c.stats().unwrap());
+        assert!(matches!(c.alloc_extend(&mut b, 7), Err(Error::OutOfMemory(_))));
+        assert_eq!((b, c.stats().unwrap()), before);
+        c.alloc_extend(&mut b, 5).unwrap();
+        c.free_req(&mut a).unwrap();
+        c.alloc_row(&mut a).unwrap();
+        c.alloc_extend(&mut a, 4).unwrap();
+        clean(&c);
+        (indices(&c, &a), indices(&c, &b))
+    };
+    assert_eq!(run(), run());
+    assert_eq!(run().1, [6, 7, 8, 9, 10]);
+}
+
+#[test]
+fn pool_pages_refuse_double_free_and_mapped_frees() {
+    let mut c = owned(2, 8);
+    let mut tree = [0i32; 4];
+    c.pool_alloc(&mut tree).unwrap();
+    assert_eq!(tree, [2, 3, 4, 5]);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.map_prefix(&mut r, &tree).unwrap();
+    assert_eq!((r.allocated, r.protected), (4, 4));
+    let mut refs = [9u32; 2];
+    c.page_refs(&[2, 5], &mut refs).unwrap();
+    assert_eq!(refs, [1, 1]);
+    assert!(matches!(c.pool_free(&tree), Err(Error::State(_))));
+    c.free_req(&mut r).unwrap();
+    c.pool_free(&tree).unwrap();
+    assert!(matches!(c.pool_free(&tree[..1]), Err(Error::State(_))), "double free");
+    assert!(matches!(c.pool_free(&[0]), Err(Error::InvalidArg(_))), "page 0 is padding");
+    assert_eq!(c.stats().unwrap().free_pages, 7);
+    clean(&c);
+}
+
+#[test]
+fn publish_hands_pages_to_the_tree() {
+    let mut c = owned(2, 8);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 5).unwrap();
+    c.commit(&mut r, 5).unwrap();
+    c.publish_prefix(&mut r, 4).unwrap();
+    let prefix = indices(&c, &r)[..4].to_vec();
+    let mut s = Req::default();
+    c.alloc_row(&mut s).unwrap();
+    c.map_prefix(&mut s, &prefix).unwrap();
+    let mut refs = [0u32; 1];
+    c.page_refs(&prefix[..1], &mut refs).unwrap();
+    assert_eq!(refs, [2]);
+    assert!(matches!(c.publish_prefix(&mut r, 2), Err(Error::State(_))));
+    c.free_req(&mut r).unwrap();
+    c.free_req(&mut s).unwrap();
+    c.pool_free(&prefix).unwrap();
+    assert_eq!(c.stats().unwrap().free_pages, 7);
+    clean(&c);
+}
+
+#[test]
+fn owned_session_turns_conserve_pages() {
+    let mut c = owned(4, 32);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 10).unwrap();
+    c.commit(&mut r, 10).unwrap();
+    (r.origin_input_len, r.output_len) = (9, 1);
+    c.cache_finished_req(5, 0, &mut r, false).unwrap();
+    assert!(matches!(c.alloc_extend(&mut Req { row: 0, allocated: 10, committed: 10, ..Req::default() }, 1), Err(Error::State(_))));
+    let mut next = Req { origin_input_len: 14, ..Req::default() };
+    let m = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
+    assert_eq!((m.hit, m.prefix_len, next.allocated), (true, 10, 10));
+    c.alloc_extend(&mut next, 8).unwrap();
+    c.commit(&mut next, 4).unwrap();
+    let again = c.match_prefix(5, 0, &mut Req::default(), 13, false).unwrap();
+    assert_eq!(again.prefix_len, 10, "a retried match frees what the first try extended");
+    clean(&c);
+    c.cache_finished_req(5, 0, &mut Req { row: 0, committed: 10, allocated: 10, origin_input_len: 10, ..Req::default() }, false)
+        .unwrap();
+    c.release_session(5).unwrap();
+    let s = c.stats().unwrap();
+    assert_eq!((s.free_pages, s.free_rows, s.sessions), (31, 4, 0));
+    clean(&c);
+}
+
+#[test]
+fn flashinfer_layout() {
+    let mut c = owned(4, 16);
+    let (mut a, mut b, mut e) = (Req::default(), Req::default(), Req::default());
+    for r in [&mut a, &mut b, &mut e] {
+        c.alloc_row(r).unwrap();
+    }
+    c.alloc_extend(&mut a, 6).unwrap();
+    c.alloc_extend(&mut b, 4).unwrap();
+    let rows = [a.row, e.row, b.row];
+    assert_eq!(c.flashinfer_len(&rows).unwrap(), 3);
+    let (mut indptr, mut idx, mut last) = ([0; 4], [0; 3], [0; 3]);
+    c.flashinfer_fill(&rows, &mut indptr, &mut idx, &mut last);
+    assert_eq!((indptr, idx, last), ([0, 2, 2, 3], [1, 2, 3], [2, 0, 4]));
+}
