@@ -10,7 +10,9 @@
  *   a failure, and is "" after a success.
  * - When several things are wrong, the first of these wins: SKV_ERR_NULL_ARG,
  *   SKV_ERR_INVALID_ARG (the arguments alone), SKV_ERR_NOT_FOUND, SKV_ERR_INVALID_ARG (owned
- *   mode: a req disagreeing with libskv's record of its row), SKV_ERR_STATE, then the rest.
+ *   mode: a req disagreeing with libskv's record of its row), SKV_ERR_STATE, then the rest;
+ *   an owned-mode function on an external-mode handle is SKV_ERR_UNSUPPORTED whatever its
+ *   arguments (after the NULL checks).
  * - (NULL, 0) is an empty array. A handle may be used from any thread; calls on one handle
  *   are serialized. Callbacks must not call back into the handle that invoked them.
  *
@@ -208,6 +210,46 @@ typedef struct skv_req {
 } skv_req;
 
 /**
+ * The result of skv_match_prefix.
+ */
+typedef struct skv_match {
+  /**
+   * 1: the session slot was restored into the req.
+   */
+  uint32_t hit;
+  /**
+   * Reusable prefix length in tokens (0 when hit == 0).
+   */
+  uint32_t prefix_len;
+} skv_match;
+
+/**
+ * What idle session slots hold, for the engine's memory accounting.
+ */
+typedef struct skv_held {
+  /**
+   * Sum over idle slots of ceil_align(allocated) - protected.
+   */
+  uint64_t full_tokens;
+  /**
+   * The same, minus max(protected, swa_evicted_seqlen) instead of protected.
+   */
+  uint64_t swa_tokens;
+  /**
+   * Idle slots holding a row.
+   */
+  uint64_t rows;
+  /**
+   * Idle slots holding aux_state != -1.
+   */
+  uint64_t aux_states;
+  /**
+   * (session, branch) slots, idle or not.
+   */
+  uint64_t sessions;
+} skv_held;
+
+/**
  * Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
  * free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
  * used_pages == total_pages - 1 - free_pages.
@@ -293,48 +335,203 @@ typedef struct skv_engine_hooks {
 } skv_engine_hooks;
 
 /**
- * The result of skv_match_prefix.
+ * Every exported function of ABI version 1, in the order of the C API's sections; each
+ * field is named like its function without the skv_ prefix (abi_version_fn is
+ * skv_abi_version, the plain name being this table's own version field). Append-only: a
+ * function joins the end of the table when it joins the library, nothing is removed or
+ * reordered, and struct_size tells a caller how far the table it was given reaches.
  */
-typedef struct skv_match {
+typedef struct skv_api_v1 {
   /**
-   * 1: the session slot was restored into the req.
+   * sizeof(skv_api_v1) of the library that made the table: a field lies inside the
+   * table when offsetof(field) + sizeof(field) <= struct_size.
    */
-  uint32_t hit;
+  uint32_t struct_size;
   /**
-   * Reusable prefix length in tokens (0 when hit == 0).
+   * The ABI version the table implements (SKV_ABI_VERSION).
    */
-  uint32_t prefix_len;
-} skv_match;
-
-/**
- * What idle session slots hold, for the engine's memory accounting.
- */
-typedef struct skv_held {
+  uint32_t abi_version;
   /**
-   * Sum over idle slots of ceil_align(allocated) - protected.
+   * Same as skv_status_str.
    */
-  uint64_t full_tokens;
+  const char *(*status_str)(skv_status s);
   /**
-   * The same, minus max(protected, swa_evicted_seqlen) instead of protected.
+   * Same as skv_last_error.
    */
-  uint64_t swa_tokens;
+  const char *(*last_error)(void);
   /**
-   * Idle slots holding a row.
+   * Same as skv_abi_version.
    */
-  uint64_t rows;
+  uint32_t (*abi_version_fn)(void);
   /**
-   * Idle slots holding aux_state != -1.
+   * Same as skv_version.
    */
-  uint64_t aux_states;
+  const char *(*version)(void);
   /**
-   * (session, branch) slots, idle or not.
+   * Same as skv_cache_new.
    */
-  uint64_t sessions;
-} skv_held;
+  enum skv_status (*cache_new)(const struct skv_cache_config *cfg, struct skv_cache **out);
+  /**
+   * Same as skv_cache_new_external.
+   */
+  enum skv_status (*cache_new_external)(const struct skv_cache_config *cfg,
+                                        const struct skv_pool_ops *ops,
+                                        void *user_data,
+                                        struct skv_cache **out);
+  /**
+   * Same as skv_cache_free.
+   */
+  void (*cache_free)(struct skv_cache *cache);
+  /**
+   * Same as skv_req_init.
+   */
+  enum skv_status (*req_init)(struct skv_req *req);
+  /**
+   * Same as skv_match_prefix.
+   */
+  enum skv_status (*match_prefix)(struct skv_cache *c,
+                                  uint64_t session_id,
+                                  uint64_t branch_id,
+                                  struct skv_req *req,
+                                  uint32_t key_len,
+                                  uint32_t pre_aborted,
+                                  struct skv_match *out);
+  /**
+   * Same as skv_cache_finished_req.
+   */
+  enum skv_status (*cache_finished_req)(struct skv_cache *c,
+                                        uint64_t session_id,
+                                        uint64_t branch_id,
+                                        struct skv_req *req,
+                                        uint32_t aborted);
+  /**
+   * Same as skv_checkpoint.
+   */
+  enum skv_status (*checkpoint)(struct skv_cache *c,
+                                uint64_t session_id,
+                                uint64_t branch_id,
+                                const struct skv_req *req,
+                                uint32_t *handled);
+  /**
+   * Same as skv_release_session.
+   */
+  enum skv_status (*release_session)(struct skv_cache *c, uint64_t session_id);
+  /**
+   * Same as skv_release_branch.
+   */
+  enum skv_status (*release_branch)(struct skv_cache *c, uint64_t session_id, uint64_t branch_id);
+  /**
+   * Same as skv_free_aligned.
+   */
+  enum skv_status (*free_aligned)(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
+  /**
+   * Same as skv_trim_overshoot.
+   */
+  enum skv_status (*trim_overshoot)(struct skv_cache *c, struct skv_req *req, uint32_t finished_len);
+  /**
+   * Same as skv_free_tail.
+   */
+  enum skv_status (*free_tail)(struct skv_cache *c, struct skv_req *req, uint32_t prefix_len);
+  /**
+   * Same as skv_session_held.
+   */
+  enum skv_status (*session_held)(struct skv_cache *c,
+                                  const int32_t *active_rows,
+                                  size_t n_active,
+                                  struct skv_held *out);
+  /**
+   * Same as skv_alloc_row.
+   */
+  enum skv_status (*alloc_row)(struct skv_cache *c, struct skv_req *req);
+  /**
+   * Same as skv_alloc_extend.
+   */
+  enum skv_status (*alloc_extend)(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
+  /**
+   * Same as skv_commit.
+   */
+  enum skv_status (*commit)(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
+  /**
+   * Same as skv_free_req.
+   */
+  enum skv_status (*free_req)(struct skv_cache *c, struct skv_req *req);
+  /**
+   * Same as skv_pool_alloc.
+   */
+  enum skv_status (*pool_alloc)(struct skv_cache *c, uint32_t n_tokens, int32_t *out_indices);
+  /**
+   * Same as skv_pool_free.
+   */
+  enum skv_status (*pool_free)(struct skv_cache *c, const int32_t *indices, size_t n);
+  /**
+   * Same as skv_page_refs.
+   */
+  enum skv_status (*page_refs)(struct skv_cache *c,
+                               const int32_t *indices,
+                               size_t n,
+                               uint32_t *out_counts);
+  /**
+   * Same as skv_map_prefix.
+   */
+  enum skv_status (*map_prefix)(struct skv_cache *c,
+                                struct skv_req *req,
+                                const int32_t *indices,
+                                uint32_t n_tokens);
+  /**
+   * Same as skv_publish_prefix.
+   */
+  enum skv_status (*publish_prefix)(struct skv_cache *c,
+                                    struct skv_req *req,
+                                    uint32_t new_protected_len);
+  /**
+   * Same as skv_row_indices.
+   */
+  enum skv_status (*row_indices)(struct skv_cache *c,
+                                 int32_t row,
+                                 uint32_t start,
+                                 uint32_t end,
+                                 int32_t *out);
+  /**
+   * Same as skv_cache_stats.
+   */
+  enum skv_status (*cache_stats)(struct skv_cache *c, struct skv_stats *out);
+  /**
+   * Same as skv_cache_check.
+   */
+  enum skv_status (*cache_check)(struct skv_cache *c, struct skv_check_report *out);
+  /**
+   * Same as skv_cache_set_hooks.
+   */
+  enum skv_status (*cache_set_hooks)(struct skv_cache *c,
+                                     const struct skv_engine_hooks *hooks,
+                                     void *user_data);
+  /**
+   * Same as skv_build_flashinfer.
+   */
+  enum skv_status (*build_flashinfer)(struct skv_cache *c,
+                                      const int32_t *rows,
+                                      size_t n,
+                                      int32_t *kv_indptr,
+                                      int32_t *kv_indices,
+                                      int32_t *kv_last_page_len,
+                                      size_t cap,
+                                      size_t *needed);
+  /**
+   * Same as skv_get_api.
+   */
+  const struct skv_api_v1 *(*get_api)(uint32_t abi_version);
+} skv_api_v1;
 
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
+
+/**
+ * The function table of ABI version `abi_version`, or NULL when this library does not
+ * implement that version (skv_last_error() then says which it does). The table is static:
+ * valid until the library is unloaded, never freed by the caller.
+ */
+const struct skv_api_v1 *skv_get_api(uint32_t abi_version);
 
 /**
  * Creates a cache over libskv's own paged pool and rows (owned mode).

@@ -2,8 +2,9 @@
 //!
 //! Policy (deterministic, so tensor-parallel ranks running the same calls get the same
 //! indices): free pages form a LIFO stack that starts as `1, 2, 3, …` from the top; an
-//! allocation pops pages, a free pushes them back in the order given. Page 0 is the padding
-//! page and never leaves the `Padding` state.
+//! allocation pops pages, a free pushes them back in the order the caller frees them (a
+//! row's tail from its lowest position up; `pool_free`'s distinct pages in ascending order).
+//! Page 0 is the padding page and never leaves the `Padding` state.
 
 /// Who a page belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

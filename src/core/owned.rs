@@ -110,21 +110,28 @@ impl OwnedPool {
     fn truncate(&mut self, row: u32, keep: u32) {
         let ps = self.ps;
         let r = self.rows[row as usize].as_mut().expect("row in use");
-        let kept = pages_for(keep, ps) as usize;
-        let freed = r.pages.split_off(kept.min(r.pages.len()));
+        let kept = (pages_for(keep, ps) as usize).min(r.pages.len());
         r.len = r.len.min(keep);
-        if !freed.is_empty() {
-            r.pages.shrink_to_fit();
+        if kept == r.pages.len() {
+            return;
         }
-        for page in freed {
+        for &page in &r.pages[kept..] {
             self.pages.free(page);
         }
+        r.pages.truncate(kept);
+        // Held rows cost 4 bytes per mapped page, not per page they ever mapped.
+        r.pages.shrink_to_fit();
     }
 
-    fn hook(&mut self, failures: &mut Vec<String>, call: impl FnOnce(&mut dyn EngineHooks) -> Result<(), i32>, what: String) {
+    fn hook(
+        &mut self,
+        failures: &mut Vec<String>,
+        call: impl FnOnce(&mut dyn EngineHooks) -> Result<(), i32>,
+        what: impl FnOnce() -> String,
+    ) {
         if let Some(h) = self.hooks.as_deref_mut() {
             if let Err(code) = call(h) {
-                failures.push(format!("{what} returned {code}"));
+                failures.push(format!("{} returned {code}", what()));
             }
         }
     }
@@ -167,11 +174,11 @@ impl Pool for OwnedPool {
         for e in effects {
             match *e {
                 Effect::DecLockRef { node, receipt } => {
-                    self.hook(&mut failures, |h| h.dec_lock_ref(node, receipt), format!("dec_lock_ref({node}, {receipt})"))
+                    self.hook(&mut failures, |h| h.dec_lock_ref(node, receipt), || format!("dec_lock_ref({node}, {receipt})"))
                 }
                 Effect::FreeKv { row, keep, .. } => self.truncate(row, keep),
                 Effect::FreeRow { row } => self.free_row(row),
-                Effect::FreeAux { aux } => self.hook(&mut failures, |h| h.free_aux(aux), format!("free_aux({aux})")),
+                Effect::FreeAux { aux } => self.hook(&mut failures, |h| h.free_aux(aux), || format!("free_aux({aux})")),
             }
         }
         if failures.is_empty() {

@@ -69,13 +69,14 @@ impl Cache {
     /// Maps `n` more positions: the partial last page first, then whole new pages.
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32) -> Result<()> {
         self.owned_pool()?;
-        self.check_req(req)?;
+        req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let max = self.cfg.max_context_len;
         let new_len = match req.allocated.checked_add(n) {
             Some(l) if l <= max => l,
             _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
         };
+        self.pool.check_req(req)?;
         self.guard_idle_session_row(row)?;
         let ps = self.cfg.page_size;
         let pool = self.owned_pool_mut()?;
@@ -97,16 +98,16 @@ impl Cache {
     /// Marks `n` more allocated tokens as final.
     pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
         self.owned_pool()?;
-        self.check_req(req)?;
+        req.validate(&self.cfg)?;
         let row = req.require_row()?;
-        match req.committed.checked_add(n) {
-            Some(c) if c <= req.allocated => {
-                self.guard_idle_session_row(row)?;
-                req.committed = c;
-                Ok(())
-            }
+        let committed = match req.committed.checked_add(n) {
+            Some(c) if c <= req.allocated => c,
             _ => bail!(InvalidArg, "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}", req.committed, req.allocated),
-        }
+        };
+        self.pool.check_req(req)?;
+        self.guard_idle_session_row(row)?;
+        req.committed = committed;
+        Ok(())
     }
 
     /// A non-session finish: frees `[protected, allocated)` and the row. The req's tree lock
@@ -191,7 +192,7 @@ impl Cache {
         let ps = self.cfg.page_size;
         let max = self.cfg.max_context_len;
         self.owned_pool()?;
-        self.check_req(req)?;
+        req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let n = indices.len();
         if req.allocated != 0 {
@@ -217,6 +218,7 @@ impl Cache {
         if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
             bail!(InvalidArg, "page {} appears twice in the prefix", w[0]);
         }
+        self.pool.check_req(req)?;
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
         for &p in &pages {
@@ -239,7 +241,7 @@ impl Cache {
     pub fn publish_prefix(&mut self, req: &mut Req, new_protected: u32) -> Result<()> {
         let ps = self.cfg.page_size;
         self.owned_pool()?;
-        self.check_req(req)?;
+        req.validate(&self.cfg)?;
         let row = req.require_row()?;
         if new_protected % ps != 0 || new_protected > req.committed {
             bail!(
@@ -248,6 +250,7 @@ impl Cache {
                 req.committed
             );
         }
+        self.pool.check_req(req)?;
         if new_protected < req.protected {
             bail!(State, "new_protected_len {new_protected} < cache_protected_len {}: a prefix never shrinks", req.protected);
         }
@@ -266,8 +269,11 @@ impl Cache {
     /// Copies `req_to_token[row, start..end)`.
     pub fn row_indices(&self, row: u32, start: u32, end: u32, out: &mut [i32]) -> Result<()> {
         let pool = self.owned_pool()?;
+        if start > end {
+            bail!(InvalidArg, "range {start}..{end} runs backwards");
+        }
         let r = pool.row(row)?;
-        if start > end || end > r.len {
+        if end > r.len {
             bail!(InvalidArg, "range {start}..{end} outside the {} tokens row {row} maps", r.len);
         }
         let ps = self.cfg.page_size;
