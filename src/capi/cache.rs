@@ -185,12 +185,12 @@ impl Pool for ExternalPool {
         let mut failures = Vec::new();
         let (mut at, mut handed) = (0usize, 0usize);
         for e in effects {
-            let (rc, what) = match *e {
+            let rc = match *e {
                 Effect::DecLockRef { node, receipt } => match self.ops.dec_lock_ref {
-                    Some(f) => (unsafe { f(ud, node, receipt) }, format!("dec_lock_ref({node}, {receipt})")),
+                    Some(f) => unsafe { f(ud, node, receipt) },
                     None => continue,
                 },
-                Effect::FreeKv { row, start, end, .. } => {
+                Effect::FreeKv { start, end, .. } => {
                     if start >= end {
                         continue;
                     }
@@ -198,19 +198,19 @@ impl Pool for ExternalPool {
                     at += idx.len();
                     handed += idx.len();
                     let free_kv = self.ops.free_kv.expect("checked at creation");
-                    (unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }, format!("free_kv({} indices of row {row})", idx.len()))
+                    unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }
                 }
                 Effect::FreeRow { row } => {
                     let free_row = self.ops.free_row.expect("checked at creation");
-                    (unsafe { free_row(ud, row as i32) }, format!("free_row({row})"))
+                    unsafe { free_row(ud, row as i32) }
                 }
                 Effect::FreeAux { aux } => match self.ops.free_aux {
-                    Some(f) => (unsafe { f(ud, aux) }, format!("free_aux({aux})")),
+                    Some(f) => unsafe { f(ud, aux) },
                     None => continue,
                 },
             };
             if rc != 0 {
-                failures.push(format!("{what} returned {rc}"));
+                failures.push(format!("{} returned {rc}", describe(e)));
             }
         }
         if failures.is_empty() {
@@ -221,5 +221,15 @@ impl Pool for ExternalPool {
                 failures.join(", ")
             )))
         }
+    }
+}
+
+/// An effect as the callback it became, for error messages.
+fn describe(e: &Effect) -> String {
+    match *e {
+        Effect::DecLockRef { node, receipt } => format!("dec_lock_ref({node}, {receipt})"),
+        Effect::FreeKv { row, start, end, .. } => format!("free_kv({} indices of row {row})", end - start),
+        Effect::FreeRow { row } => format!("free_row({row})"),
+        Effect::FreeAux { aux } => format!("free_aux({aux})"),
     }
 }

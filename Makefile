@@ -1,0 +1,42 @@
+# libskv's commands. `make test` is the one test command; `make sim` runs the main job.
+PREFIX ?= /usr/local
+CARGO ?= cargo
+
+.PHONY: all build test test-rust test-c test-integration sim bench install header-check clean
+
+all: build
+
+build:
+	$(CARGO) build --release
+
+# Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
+# AddressSanitizer and under valgrind; the installed-package consumers.
+test: test-rust test-c test-integration
+
+test-rust:
+	$(CARGO) test
+	$(CARGO) test --benches
+
+test-c: build
+	ctests/run.sh target/release
+	SKV_CTEST_SANITIZE=address ctests/run.sh target/release
+	SKV_CTEST_VALGRIND=1 ctests/run.sh target/release
+
+test-integration: build
+	ctests/integration.sh --no-build
+
+sim:
+	$(CARGO) run --release --bin skv-sim
+
+bench:
+	$(CARGO) bench
+
+install:
+	scripts/install.sh $(PREFIX)
+
+# The committed header must be what cbindgen generates from src/capi.
+header-check: build
+	git diff --exit-code -- include/skv.h
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# Installs libskv into a staging prefix and checks it the way its users consume it:
+# the install layout and SONAME, the exported symbols, the headers alone and in two
+# translation units, a CMake find_package consumer (ctest), a pkg-config consumer and a
+# dlopen consumer. Ends with "integration: N passed, N failed"; non-zero on any failure.
+#
+# usage: ctests/integration.sh [--no-build]   (--no-build: the release build exists)
+# needs: cc, c++, cmake >= 3.16, pkg-config, readelf, nm, valgrind
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+work="${CARGO_TARGET_DIR:-$root/target}/integration"
+prefix="$work/stage"
+logs="$work/logs"
+install_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) install_args+=(--no-build) ;;
+    *) echo "usage: ctests/integration.sh [--no-build]" >&2; exit 2 ;;
+  esac
+done
+
+rm -rf "$work"
+mkdir -p "$logs"
+passed=0
+failed=0
+
+# step NAME COMMAND...: runs COMMAND with its output in logs/NAME.log, shown on failure.
+step() {
+  local name=$1
+  shift
+  if "$@" >"$logs/$name.log" 2>&1; then
+    passed=$((passed + 1))
+    echo "ok   $name"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name"
+    tail -n 60 "$logs/$name.log" | sed 's/^/     /'
+  fi
+}
+
+finish() {
+  echo "integration: $passed passed, $failed failed"
+  exit $((failed > 0))
+}
+
+CC=${CC:-cc}
+CXX=${CXX:-c++}
+strict=(-Wall -Wextra -Werror -pedantic)
+inc="$prefix/include"
+lib="$prefix/lib"
+
+step install "$root/scripts/install.sh" "${install_args[@]}" "$prefix"
+[ "$failed" -eq 0 ] || finish # nothing below can work without the install
+
+version=$(cd "$root" && cargo pkgid)
+version=${version##*[@#]}
+full=$(echo "$version" | grep -oE '^[0-9]+\.[0-9]+\.[0-9]+')
+soname="libskv.so.${full%%.*}"
+real="$lib/libskv.so.$full"
+
+layout() {
+  local f
+  for f in "$real" "$lib/libskv.a" "$inc/skv.h" "$inc/skv.hpp" "$lib/pkgconfig/skv.pc" \
+           "$lib/cmake/skv/skvConfig.cmake" "$lib/cmake/skv/skvConfigVersion.cmake"; do
+    [ -f "$f" ] || { echo "missing $f"; return 1; }
+  done
+  [ "$(readlink "$lib/$soname")" = "libskv.so.$full" ] || { echo "$soname does not name libskv.so.$full"; return 1; }
+  [ "$(readlink "$lib/libskv.so")" = "$soname" ] || { echo "libskv.so does not name $soname"; return 1; }
+  grep -q "prefix=$prefix\$" "$lib/pkgconfig/skv.pc" || { echo "skv.pc names another prefix"; return 1; }
+}
+step layout layout
+
+soname_check() {
+  readelf -d "$real"
+  readelf -d "$real" | grep -qF "Library soname: [$soname]"
+}
+step soname soname_check
+
+# A cdylib's version script exports only its #[no_mangle] functions; anything else
+# (Rust std, allocator shims, dependencies' symbols) is a leak.
+exports() {
+  local names leaks
+  names=$(nm -D --defined-only "$real" | awk '{print $NF}' | sed 's/@.*//' | sort -u)
+  leaks=$(echo "$names" | grep -vE '^(skv_[A-Za-z0-9_]+|_init|_fini|__bss_start|_edata|_end)$' || true)
+  echo "$names" | grep -c '^skv_' | sed 's/^/skv_* symbols exported: /'
+  [ -z "$leaks" ] || { echo "non-skv symbols exported:"; echo "$leaks"; return 1; }
+  echo "$names" | grep -qx skv_get_api || { echo "skv_get_api not exported"; return 1; }
+}
+step exports exports
+
+# The dlopen table has one entry per exported function: its fields, as skv.h declares
+# them, against the library's skv_* symbols (abi_version_fn is skv_abi_version, the
+# plain name being the table's own version field).
+api_table() {
+  local fields syms
+  fields=$(sed -n '/^typedef struct skv_api_v1 {/,/^} skv_api_v1;/p' "$inc/skv.h" |
+           grep -oE '\(\*[a-z0-9_]+\)' | tr -d '(*)' | sed 's/^abi_version_fn$/abi_version/' | sort)
+  syms=$(nm -D --defined-only "$real" | awk '{print $NF}' | sed -n 's/@.*//; s/^skv_//p' | sort -u)
+  [ -n "$fields" ] || { echo "no function pointer fields in skv_api_v1"; return 1; }
+  diff <(echo "$fields") <(echo "$syms") && echo "$(echo "$fields" | wc -l) entries"
+}
+step api_table api_table
+
+header_alone() {
+  echo '#include <skv.h>' | "$CC" -x c -std=c99 "${strict[@]}" -fsyntax-only -I"$inc" - &&
+  echo '#include <skv.h>' | "$CXX" -x c++ -std=c++17 "${strict[@]}" -fsyntax-only -I"$inc" - &&
+  echo '#include <skv.hpp>' | "$CXX" -x c++ -std=c++17 "${strict[@]}" -Wshadow -Wconversion \
+    -fsyntax-only -I"$inc" -
+}
+step header_alone header_alone
+
+# The three TUs of header_twice as one program; $1: c or c++.
+header_twice() {
+  local out="$work/header_twice_$1" src="$root/ctests/header_twice" compiler flags
+  if [ "$1" = c ]; then compiler=$CC; flags=(-x c -std=c99); else compiler=$CXX; flags=(-x c++ -std=c++17); fi
+  "$compiler" "${flags[@]}" "${strict[@]}" -I"$inc" "$src/tu_a.c" "$src/tu_b.c" "$src/main.c" \
+    -x none -L"$lib" -lskv -Wl,-rpath,"$lib" -o "$out" && "$out"
+}
+step header_twice_c99 header_twice c
+step header_twice_cxx17 header_twice c++
+
+cmake_consumer() {
+  local build="$work/cmake"
+  command -v cmake >/dev/null || { echo "cmake is not installed (apt-get install -y cmake)"; return 1; }
+  cmake -S "$root/ctests/cmake" -B "$build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug &&
+  cmake --build "$build" -j 2 &&
+  ctest --test-dir "$build" --output-on-failure
+}
+step cmake cmake_consumer
+
+pkgconfig_consumer() {
+  local out="$work/pkgconfig_test"
+  local -x PKG_CONFIG_PATH="$lib/pkgconfig"
+  pkg-config --modversion skv &&
+  [ "$(pkg-config --modversion skv)" = "$version" ] &&
+  pkg-config --static --libs skv &&
+  # shellcheck disable=SC2046 # pkg-config's output is meant to be split
+  "$CC" -std=c99 "${strict[@]}" "$root/ctests/pkgconfig/main.c" $(pkg-config --cflags --libs skv) \
+    -Wl,-rpath,"$(pkg-config --variable=libdir skv)" -o "$out" &&
+  "$out"
+}
+step pkgconfig pkgconfig_consumer
+
+dlopen_consumer() {
+  local out="$work/dlopen_test"
+  "$CC" -std=c99 "${strict[@]}" -I"$inc" "$root/ctests/dlopen/main.c" -ldl -o "$out" || return 1
+  if readelf -d "$out" | grep -q 'NEEDED.*libskv'; then echo "dlopen_test links libskv"; return 1; fi
+  LD_LIBRARY_PATH="$lib" "$out" && "$out" "$real"
+}
+step dlopen dlopen_consumer
+
+# The same programs under valgrind: no invalid access, no leak across the boundary.
+vg=(valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,possible -q)
+step valgrind_dlopen env LD_LIBRARY_PATH="$lib" "${vg[@]}" "$work/dlopen_test"
+step valgrind_cmake_cpp "${vg[@]}" "$work/cmake/turn_cpp"
+
+# skvConfig.cmake finds the prefix from its own location: a moved install still works.
+relocated() {
+  local moved="$work/moved" build="$work/cmake_moved"
+  mv "$prefix" "$moved" &&
+  cmake -S "$root/ctests/cmake" -B "$build" -DCMAKE_PREFIX_PATH="$moved" &&
+  grep -q "skv_DIR:PATH=$moved/lib/cmake/skv" "$build/CMakeCache.txt" &&
+  cmake --build "$build" -j 2 &&
+  ctest --test-dir "$build" --output-on-failure
+}
+step cmake_relocated relocated
+
+finish

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Install libskv under PREFIX:
+#   lib/libskv.so.X.Y.Z (+ libskv.so.X, libskv.so), lib/libskv.a,
+#   include/skv.h, include/skv.hpp, lib/pkgconfig/skv.pc,
+#   lib/cmake/skv/skvConfig.cmake, lib/cmake/skv/skvConfigVersion.cmake
+#
+# usage: scripts/install.sh [--no-build] PREFIX
+#   --no-build  install what `cargo build --release` already produced
+#   DESTDIR     staged install: files go to $DESTDIR$PREFIX, paths inside them name PREFIX
+set -euo pipefail
+
+build=1
+prefix=
+for arg in "$@"; do
+  case "$arg" in
+    --no-build) build=0 ;;
+    -h|--help) sed -n '2,9s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -*) echo "install.sh: unknown option $arg" >&2; exit 2 ;;
+    *) [ -z "$prefix" ] || { echo "install.sh: one PREFIX only" >&2; exit 2; }; prefix=$arg ;;
+  esac
+done
+[ -n "$prefix" ] || { echo "usage: scripts/install.sh [--no-build] PREFIX" >&2; exit 2; }
+case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
+prefix=${prefix%/}
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+if [ "$build" = 1 ]; then
+  cargo build --release --lib
+fi
+
+# The crate version is the one fact everything below derives from.
+pkgid=$(cargo pkgid)
+version=${pkgid##*[@#]}
+[[ "$version" =~ ^([0-9]+)\.([0-9]+)\.([0-9]+) ]] || {
+  echo "install.sh: cannot read the crate version from '$pkgid'" >&2; exit 1; }
+major=${BASH_REMATCH[1]}
+pointer_bits=$(rustc --print cfg | sed -n 's/^target_pointer_width="\([0-9]*\)"/\1/p')
+full="${BASH_REMATCH[1]}.${BASH_REMATCH[2]}.${BASH_REMATCH[3]}"
+soname="libskv.so.$major"
+
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+release="$target_dir/release"
+for f in "$release/libskv.so" "$release/libskv.a" include/skv.h include/skv.hpp; do
+  [ -f "$f" ] || { echo "install.sh: missing $f (run without --no-build?)" >&2; exit 1; }
+done
+
+# What a C linker must add for the Rust standard library inside libskv.a. libskv has no
+# native dependencies of its own, so the list rustc reports for an empty staticlib
+# built by the same toolchain is the list for libskv.a.
+probe=$(mktemp -d)
+trap 'rm -rf "$probe"' EXIT
+native_libs=$(rustc --crate-type staticlib --crate-name probe --print native-static-libs \
+    -o "$probe/libprobe.a" - </dev/null 2>&1 | sed -n 's/.*native-static-libs: //p')
+[ -n "$native_libs" ] || { echo "install.sh: rustc did not report native-static-libs" >&2; exit 1; }
+# The same list as CMake link items: -lfoo -> foo, anything else verbatim.
+cmake_libs=
+for lib in $native_libs; do
+  case "$lib" in -l*) lib=${lib#-l} ;; esac
+  cmake_libs="${cmake_libs:+$cmake_libs;}$lib"
+done
+
+dest="${DESTDIR:-}$prefix"
+install -d "$dest/lib/pkgconfig" "$dest/lib/cmake/skv" "$dest/include"
+install -m 0755 "$release/libskv.so" "$dest/lib/libskv.so.$full"
+ln -sfn "libskv.so.$full" "$dest/lib/$soname"
+ln -sfn "$soname" "$dest/lib/libskv.so"
+install -m 0644 "$release/libskv.a" "$dest/lib/libskv.a"
+install -m 0644 include/skv.h include/skv.hpp "$dest/include/"
+
+subst() {
+  sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" \
+      -e "s|@VERSION_FULL@|$full|g" -e "s|@VERSION_MAJOR@|$major|g" -e "s|@SONAME@|$soname|g" \
+      -e "s|@POINTER_BITS@|$pointer_bits|g" -e "s|@POINTER_BYTES@|$((pointer_bits / 8))|g" \
+      -e "s|@NATIVE_STATIC_LIBS@|$native_libs|g" -e "s|@CMAKE_NATIVE_LIBS@|$cmake_libs|g" \
+      "$1" > "$2"
+  chmod 0644 "$2"
+  if grep -n '@[A-Z_]*@' "$2" >&2; then echo "install.sh: unfilled field in $2" >&2; exit 1; fi
+}
+subst cmake/skv.pc.in "$dest/lib/pkgconfig/skv.pc"
+subst cmake/skvConfig.cmake.in "$dest/lib/cmake/skv/skvConfig.cmake"
+subst cmake/skvConfigVersion.cmake.in "$dest/lib/cmake/skv/skvConfigVersion.cmake"
+
+echo "installed libskv $version into $dest"
