@@ -1,0 +1,152 @@
+//! Command line and the workload checks that turn bad options into a one-line error.
+
+use clap::Parser;
+
+/// Branches a session may fork (each a separate slot with its own row).
+pub const MAX_BRANCHES: u32 = 4;
+
+/// Drive libskv through its C ABI as a serving engine would.
+///
+/// Multi-turn streaming sessions under speculative decoding, overshoot trimmed at every
+/// finish, pages audited, per-call latencies reported.
+///
+/// Exit status: 0 clean; 1 audit violation, unexpected status or leaked page; 2 bad options.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "skv-sim", version, max_term_width = 100, args_override_self = true)]
+pub struct Args {
+    /// Sessions to run in total
+    #[arg(long, default_value_t = 10_000)]
+    pub sessions: u64,
+    /// Turns per session
+    #[arg(long, default_value_t = 8)]
+    pub turns: u32,
+    /// Sessions open at once; an open session keeps its KV between turns
+    #[arg(long, default_value_t = 256)]
+    pub concurrency: u32,
+    /// Requests running at once (the engine's batch); the other open sessions wait idle
+    #[arg(long, default_value_t = 64)]
+    pub batch: u32,
+    /// Tokens per KV page
+    #[arg(long, default_value_t = 16)]
+    pub page_size: u32,
+    /// KV pool capacity in tokens, rounded down to whole pages (page 0 is padding)
+    #[arg(long, default_value_t = 1 << 19)]
+    pub pool_tokens: u64,
+    /// Draft tokens proposed per verify round (k); each round allocates k+1 slots ahead
+    #[arg(long, default_value_t = 4)]
+    pub draft_len: u32,
+    /// Probability that a draft token is accepted (a round stops at the first rejection)
+    #[arg(long, default_value_t = 0.7)]
+    pub accept_rate: f64,
+    /// Generation limit of a turn; half the turns stop earlier at a stop token
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: u32,
+    /// Shortest new user prompt of a turn, in tokens
+    #[arg(long, default_value_t = 32)]
+    pub prompt_min: u32,
+    /// Longest new user prompt of a turn, in tokens
+    #[arg(long, default_value_t = 512)]
+    pub prompt_max: u32,
+    /// Fraction of turns the client aborts mid-generation
+    #[arg(long, default_value_t = 0.05)]
+    pub abort_rate: f64,
+    /// Fraction of turns the scheduler rejects once after matching (matched twice)
+    #[arg(long, default_value_t = 0.1)]
+    pub retry_rate: f64,
+    /// Chance that a turn forks a new branch of its session (at most 4 branches)
+    #[arg(long, default_value_t = 0.05)]
+    pub branch_rate: f64,
+    /// Sliding window in tokens: the SWA cursor is len - W, page-aligned, moving forward only
+    #[arg(long, default_value_t = 128)]
+    pub swa_window: u32,
+    /// Fraction of sessions whose sliding-window cursor advances
+    #[arg(long, default_value_t = 0.25)]
+    pub swa_fraction: f64,
+    /// Pages of a system prompt held by the engine's prefix tree and shared by sessions
+    #[arg(long, default_value_t = 4)]
+    pub shared_prefix_pages: u32,
+    /// Fraction of sessions that start from the shared system prompt
+    #[arg(long, default_value_t = 0.5)]
+    pub prefix_fraction: f64,
+    /// Reuse a session prefix only in whole pages (SKV_FLAG_ALIGNED_REUSE)
+    #[arg(long)]
+    pub aligned_reuse: bool,
+    /// Run skv_cache_check every N finished turns (0: only at the end)
+    #[arg(long, default_value_t = 500)]
+    pub check_every: u64,
+    /// Seed of the workload's random stream (same seed, same calls)
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Print a machine-readable summary (one flat JSON object) instead of the table
+    #[arg(long, conflicts_with = "bench")]
+    pub json: bool,
+    /// Print only the timing line (no progress bar, no table)
+    #[arg(long)]
+    pub bench: bool,
+}
+
+/// The options after validation, with what follows from them.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub args: Args,
+    pub shared_tokens: u32,
+    pub total_pages: u64,
+    pub num_rows: u32,
+    /// Longest row a session branch can need: its prompt history at the last turn plus a
+    /// generation that overshoots by a full draft, plus the slots allocated ahead.
+    pub max_context_len: u32,
+}
+
+impl Config {
+    pub fn from_args(a: Args) -> Result<Config, String> {
+        let ps = a.page_size as u64;
+        if ps == 0 {
+            return Err("--page-size 0: must be at least 1".into());
+        }
+        for (name, v) in [("--sessions", a.sessions), ("--turns", a.turns as u64),
+                          ("--concurrency", a.concurrency as u64), ("--batch", a.batch as u64),
+                          ("--max-new-tokens", a.max_new_tokens as u64),
+                          ("--prompt-min", a.prompt_min as u64)] {
+            if v == 0 {
+                return Err(format!("{name} 0: must be at least 1"));
+            }
+        }
+        if a.prompt_min > a.prompt_max {
+            return Err(format!("--prompt-min {} exceeds --prompt-max {}", a.prompt_min, a.prompt_max));
+        }
+        for (name, v) in [("--accept-rate", a.accept_rate), ("--abort-rate", a.abort_rate),
+                          ("--retry-rate", a.retry_rate), ("--branch-rate", a.branch_rate),
+                          ("--swa-fraction", a.swa_fraction),
+                          ("--prefix-fraction", a.prefix_fraction)] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} {v}: must be within [0, 1]"));
+            }
+        }
+        let shared = a.shared_prefix_pages as u64 * ps;
+        let k = a.draft_len as u64;
+        let per_turn = a.prompt_max as u64 + a.max_new_tokens as u64;
+        let max_ctx = shared + a.turns as u64 * per_turn + 2 * k + 1;
+        let max_ctx = max_ctx.div_ceil(ps) * ps;
+        if max_ctx > i32::MAX as u64 / 2 {
+            return Err(format!("a session can reach {max_ctx} tokens: too long for int32 token indices"));
+        }
+        let num_rows = a.concurrency as u64 * MAX_BRANCHES as u64;
+        // libskv keeps req_to_token on the host: rows x max_context_len int32 entries.
+        if num_rows * max_ctx > 1 << 28 {
+            return Err(format!(
+                "req_to_token would need {num_rows} rows x {max_ctx} tokens: lower --concurrency or the session length"));
+        }
+        let total_pages = a.pool_tokens / ps;
+        let need = max_ctx / ps + a.shared_prefix_pages as u64 + 1;
+        if total_pages < need {
+            return Err(format!(
+                "--pool-tokens {}: too small for one session ({} tokens, {} shared-prefix pages and the padding page need {} pages of {})",
+                a.pool_tokens, max_ctx, a.shared_prefix_pages, need, ps));
+        }
+        if total_pages * ps > 1 << 31 {
+            return Err(format!("--pool-tokens {}: exceeds 2^31 (token indices are int32)", a.pool_tokens));
+        }
+        Ok(Config { shared_tokens: shared as u32, total_pages, num_rows: num_rows as u32,
+                    max_context_len: max_ctx as u32, args: a })
+    }
+}

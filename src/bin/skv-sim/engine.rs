@@ -1,0 +1,510 @@
+//! A continuous-batching serving engine in miniature. Open sessions wait idle with their
+//! KV held by libskv between turns; up to `batch` turns run at once, one verify round per
+//! tick each; memory pressure evicts the least recently used idle branch, and a request
+//! that still cannot grow is preempted (aborted) and re-queued.
+//!
+//! The engine mirrors which (session, branch) slots libskv should hold and what each
+//! match should return, so every answer from the library is checked, not just its status.
+
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use skv::skv_status::{self, SKV_ERR_OUT_OF_MEMORY, SKV_OK};
+use skv::{skv_cache_config, skv_match, skv_req, SKV_FLAG_ALIGNED_REUSE};
+
+use crate::cli::{Config, MAX_BRANCHES};
+use crate::ffi::{self, Cache, SHARED_NODE};
+use crate::workload::{Rng, TurnPlan};
+
+mod audit;
+
+/// Why a run stopped early: an unexpected status, a wrong answer, or an audit violation.
+pub type Fault = String;
+
+#[derive(Default)]
+pub struct Metrics {
+    pub turns: u64,
+    pub aborted: u64,
+    pub preempted: u64,
+    pub retried: u64,
+    pub branches: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub aligned_releases: u64,
+    pub evictions: u64,
+    pub sessions_closed: u64,
+    pub rounds: u64,
+    pub drafted: u64,
+    pub accepted: u64,
+    /// Tokens verified by decode rounds, overshoot included.
+    pub generated: u64,
+    /// Tokens the finished turns kept (`finished_len`).
+    pub kept: u64,
+    pub prefilled: u64,
+    pub freed_trim: u64,
+    pub freed_abort: u64,
+    pub freed_release: u64,
+    pub freed_evict: u64,
+    pub freed_tail: u64,
+    pub peak_used_pages: u64,
+    pub peak_held_tokens: u64,
+    pub peak_held_swa_tokens: u64,
+    pub peak_held_rows: u64,
+    pub audits: u64,
+    pub violations: u64,
+    pub first_violation: String,
+    pub locks_taken: u64,
+    pub locks_returned: u64,
+    pub trimmed_tokens: u64,
+    pub tail_freed_tokens: u64,
+    pub total_pages: u64,
+    pub leaked_pages: u64,
+    pub leaked_rows: u64,
+    pub elapsed: Duration,
+}
+
+struct Branch {
+    id: u64,
+    /// Conversation tokens on this branch (what the next prompt starts with).
+    history: u32,
+    /// libskv should hold a slot for this branch.
+    has_slot: bool,
+    /// The slot's committed length (the history, or less when a finish floored it for SWA).
+    kv_len: u32,
+    protected: u32,
+    idle_since: u64,
+}
+
+struct Turn {
+    branch: usize,
+    req: skv_req,
+    plan: TurnPlan,
+}
+
+struct Session {
+    id: u64,
+    turns_left: u32,
+    swa: bool,
+    shared: bool,
+    branches: Vec<Branch>,
+    /// The branch whose turn is running (its slot, if any, is in flight).
+    busy: Option<usize>,
+    turn: Option<Turn>,
+}
+
+pub struct Engine<'a> {
+    cfg: &'a Config,
+    cache: Cache,
+    rng: Rng,
+    open: Vec<Session>,
+    opened: u64,
+    running: usize,
+    tick: u64,
+    shared: Vec<i32>,
+    next_audit: u64,
+    receipts: u64,
+    pub m: Metrics,
+    bar: ProgressBar,
+}
+
+fn floor_to(x: u32, ps: u32) -> u32 {
+    x / ps * ps
+}
+
+fn unexpected(what: &str, s: skv_status) -> Fault {
+    format!("{what}: unexpected {} ({})", ffi::status_name(s), ffi::last_error())
+}
+
+fn expect_ok(what: &str, s: skv_status) -> Result<(), Fault> {
+    if s == SKV_OK { Ok(()) } else { Err(unexpected(what, s)) }
+}
+
+impl<'a> Engine<'a> {
+    /// Creates the cache; an error here is a configuration libskv refuses (exit status 2).
+    pub fn new(cfg: &'a Config, bar: ProgressBar) -> Result<Engine<'a>, String> {
+        let a = &cfg.args;
+        let c = skv_cache_config {
+            struct_size: size_of::<skv_cache_config>() as u32,
+            page_size: a.page_size,
+            num_token_slots: cfg.total_pages * a.page_size as u64,
+            num_rows: cfg.num_rows,
+            max_context_len: cfg.max_context_len,
+            flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
+        };
+        let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", ffi::status_name(s)))?;
+        let check_every = a.check_every;
+        Ok(Engine {
+            cfg, cache, rng: Rng::new(a.seed), open: Vec::new(), opened: 0, running: 0, tick: 0,
+            shared: Vec::new(), next_audit: if check_every == 0 { u64::MAX } else { check_every },
+            receipts: 0, m: Metrics { total_pages: cfg.total_pages, ..Metrics::default() }, bar,
+        })
+    }
+
+    pub fn latency_samples(&mut self) -> &mut [Vec<u32>] {
+        &mut self.cache.samples
+    }
+
+    /// Runs the whole workload, then the end-of-run leak checks.
+    pub fn run(&mut self) -> Result<(), Fault> {
+        let start = Instant::now();
+        let r = self.serve();
+        self.m.elapsed = start.elapsed();
+        r?;
+        self.close_out()
+    }
+
+    fn serve(&mut self) -> Result<(), Fault> {
+        if self.cfg.shared_tokens > 0 {
+            self.shared = self.cache.pool_alloc(self.cfg.shared_tokens)
+                .map_err(|s| unexpected("skv_pool_alloc(shared prefix)", s))?;
+        }
+        loop {
+            self.arrive();
+            if self.open.is_empty() {
+                return Ok(());
+            }
+            self.tick += 1;
+            for i in 0..self.open.len() {
+                if self.open[i].turn.is_some() {
+                    self.decode_round(i)?;
+                }
+            }
+            self.close_done()?;
+            self.arrive();
+            self.admit()?;
+            if self.m.turns >= self.next_audit {
+                self.audit()?;
+                self.next_audit = self.m.turns + self.cfg.args.check_every;
+            }
+            // With nothing running every idle slot could be evicted, so a request that
+            // still does not fit never will.
+            if self.running == 0 && !self.open.is_empty() {
+                return Err("no progress: the pool cannot hold one request".into());
+            }
+        }
+    }
+
+    fn arrive(&mut self) {
+        let a = &self.cfg.args;
+        while self.open.len() < a.concurrency as usize && self.opened < a.sessions {
+            self.opened += 1;
+            let shared = self.cfg.shared_tokens > 0 && self.rng.chance(a.prefix_fraction);
+            let swa = self.rng.chance(a.swa_fraction);
+            self.open.push(Session {
+                id: self.opened,
+                turns_left: a.turns,
+                swa,
+                shared,
+                branches: vec![Branch { id: 0, history: if shared { self.cfg.shared_tokens } else { 0 },
+                                        has_slot: false, kv_len: 0, protected: 0, idle_since: 0 }],
+                busy: None,
+                turn: None,
+            });
+        }
+    }
+
+    fn free_pages(&self) -> Result<u64, Fault> {
+        self.cache.stats().map(|s| s.free_pages).map_err(|s| unexpected("skv_cache_stats", s))
+    }
+
+    fn note_peak(&mut self) -> Result<(), Fault> {
+        let st = self.cache.stats().map_err(|s| unexpected("skv_cache_stats", s))?;
+        self.m.peak_used_pages = self.m.peak_used_pages.max(st.used_pages);
+        Ok(())
+    }
+
+    /// Runs an allocating call, evicting idle branches while the pool is out of pages or
+    /// rows. Ok(false): nothing left to evict, the caller preempts its request.
+    fn with_memory(&mut self, what: &str, req: &mut skv_req,
+                   mut call: impl FnMut(&mut Cache, &mut skv_req) -> skv_status) -> Result<bool, Fault> {
+        loop {
+            match call(&mut self.cache, req) {
+                SKV_OK => {
+                    self.note_peak()?;
+                    return Ok(true);
+                }
+                SKV_ERR_OUT_OF_MEMORY => {
+                    if !self.evict_one()? {
+                        return Ok(false);
+                    }
+                }
+                s => return Err(unexpected(what, s)),
+            }
+        }
+    }
+
+    /// Releases the least recently used idle slot (never one in flight).
+    fn evict_one(&mut self) -> Result<bool, Fault> {
+        let mut victim: Option<(u64, usize, usize)> = None;
+        for (i, s) in self.open.iter().enumerate() {
+            for (b, br) in s.branches.iter().enumerate() {
+                if br.has_slot && s.busy != Some(b) && victim.is_none_or(|(t, _, _)| br.idle_since < t) {
+                    victim = Some((br.idle_since, i, b));
+                }
+            }
+        }
+        let Some((_, i, b)) = victim else { return Ok(false) };
+        let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
+        let before = self.free_pages()?;
+        expect_ok(&format!("skv_release_branch(session {sid}, branch {bid})"),
+                  self.cache.release_branch(sid, bid))?;
+        self.m.freed_evict += self.free_pages()? - before;
+        self.open[i].branches[b].has_slot = false;
+        self.m.evictions += 1;
+        Ok(true)
+    }
+
+    /// Starts turns on waiting sessions until the batch is full.
+    fn admit(&mut self) -> Result<(), Fault> {
+        while self.running < self.cfg.args.batch as usize {
+            let waiting: Vec<usize> = (0..self.open.len())
+                .filter(|&i| self.open[i].turn.is_none() && self.open[i].turns_left > 0)
+                .collect();
+            if waiting.is_empty() {
+                return Ok(());
+            }
+            let i = waiting[self.rng.below(waiting.len())];
+            if !self.start_turn(i)? {
+                return Ok(()); // preempted for lack of memory: wait for running turns to finish
+            }
+        }
+        Ok(())
+    }
+
+    fn pick_branch(&mut self, i: usize) -> usize {
+        let a = &self.cfg.args;
+        let s = &self.open[i];
+        let n = s.branches.len();
+        let started = s.turns_left < a.turns;
+        if started && n < MAX_BRANCHES as usize && self.rng.chance(a.branch_rate) {
+            // A fork continues the conversation of an existing branch in a slot of its own,
+            // prefilled from scratch.
+            let from = self.rng.below(n);
+            let history = self.open[i].branches[from].history;
+            self.open[i].branches.push(Branch { id: n as u64, history, has_slot: false, kv_len: 0,
+                                                protected: 0, idle_since: 0 });
+            self.m.branches += 1;
+            return n;
+        }
+        self.rng.below(n)
+    }
+
+    /// The slot's answer to a match, as libskv must give it (SEMANTICS.md match_prefix).
+    fn expected_match(&self, br: &Branch, key_len: u32) -> (bool, u32) {
+        if !br.has_slot {
+            return (false, 0);
+        }
+        let ps = self.cfg.args.page_size;
+        let prefix = br.kv_len.min(key_len);
+        if self.cfg.args.aligned_reuse && ps > 1 {
+            let a = floor_to(prefix, ps);
+            if a < br.protected || a == 0 {
+                return (false, 0); // the slot is released: no page-aligned prefix left to reuse
+            }
+            return (true, a);
+        }
+        (true, prefix)
+    }
+
+    fn do_match(&mut self, i: usize, b: usize, req: &mut skv_req, key_len: u32) -> Result<bool, Fault> {
+        let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
+        let (want_hit, want_len) = self.expected_match(&self.open[i].branches[b], key_len);
+        let mut out = skv_match { hit: 0, prefix_len: 0 };
+        let before = self.free_pages()?;
+        let what = format!("skv_match_prefix(session {sid}, branch {bid})");
+        expect_ok(&what, self.cache.match_prefix(sid, bid, req, key_len, &mut out))?;
+        let freed = self.free_pages()? - before;
+        let hit = out.hit == 1;
+        if hit != want_hit || (hit && out.prefix_len != want_len) || (hit && req.kv_allocated_len != want_len) {
+            return Err(format!("{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len}",
+                               out.hit, out.prefix_len, req.kv_allocated_len, want_hit as u32));
+        }
+        let br = &mut self.open[i].branches[b];
+        if br.has_slot && !hit {
+            br.has_slot = false;
+            self.m.aligned_releases += 1;
+            self.m.freed_release += freed;
+        } else {
+            self.m.freed_tail += freed;
+        }
+        Ok(hit)
+    }
+
+    /// Match, then (on a miss) a fresh row with the shared prefix, then prefill. Ok(false)
+    /// when the pool could not hold the prompt and the turn went back to the queue.
+    fn start_turn(&mut self, i: usize) -> Result<bool, Fault> {
+        let b = self.pick_branch(i);
+        let plan = TurnPlan::draw(&self.cfg.args, &mut self.rng);
+        let origin = self.open[i].branches[b].history + plan.user_tokens;
+        let key_len = origin - 1; // the last prompt token is recomputed for its logits
+        let mut req = ffi::new_req();
+        req.origin_input_len = origin;
+        self.open[i].busy = Some(b);
+        self.running += 1;
+
+        let hit = self.do_match(i, b, &mut req, key_len)?;
+        if hit { self.m.hits += 1 } else { self.m.misses += 1 }
+        if !hit {
+            if !self.with_memory("skv_alloc_row", &mut req, |c, r| c.alloc_row(r))? {
+                return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
+            }
+            if self.open[i].shared {
+                expect_ok("skv_map_prefix", self.cache.map_prefix(&mut req, &self.shared))?;
+                self.receipts += 1;
+                req.lock_node = SHARED_NODE;
+                req.lock_receipt = self.receipts;
+                self.m.locks_taken += 1;
+            }
+        }
+        if !self.prefill(i, &mut req, origin)? {
+            return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
+        }
+        if plan.retry {
+            // Rejected this cycle after its prefill was allocated; the next cycle's match
+            // restores the slot again and frees what this one extended.
+            self.m.retried += 1;
+            let again = self.do_match(i, b, &mut req, key_len)?;
+            if again != hit {
+                return Err(format!("retried match of session {}: hit {} then {}", self.open[i].id, hit, again));
+            }
+            if !self.prefill(i, &mut req, origin)? {
+                return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
+            }
+        }
+        let n = origin - req.kv_committed_len;
+        expect_ok("skv_commit(prefill)", self.cache.commit(&mut req, n))?;
+        self.m.prefilled += n as u64;
+        self.advance_swa(i, &mut req);
+        self.open[i].turn = Some(Turn { branch: b, req, plan });
+        Ok(true)
+    }
+
+    fn prefill(&mut self, _i: usize, req: &mut skv_req, origin: u32) -> Result<bool, Fault> {
+        let n = origin - req.kv_allocated_len;
+        if n == 0 {
+            return Ok(true);
+        }
+        self.with_memory("skv_alloc_extend(prefill)", req, |c, r| c.alloc_extend(r, n))
+    }
+
+    /// The sliding-window cursor: everything before `len - W` is out of the window; it
+    /// moves only forward and in whole pages.
+    fn advance_swa(&self, i: usize, req: &mut skv_req) {
+        if self.open[i].swa {
+            let c = floor_to(req.kv_committed_len.saturating_sub(self.cfg.args.swa_window), self.cfg.args.page_size);
+            req.swa_evicted_seqlen = req.swa_evicted_seqlen.max(c);
+        }
+    }
+
+    /// One speculative verify round: k+1 slots ahead of the committed tokens, the accepted
+    /// drafts plus the bonus token committed.
+    fn decode_round(&mut self, i: usize) -> Result<(), Fault> {
+        let mut t = self.open[i].turn.take().expect("running turn");
+        let a = &self.cfg.args;
+        let (k, p) = (a.draft_len, a.accept_rate);
+        let need = (t.req.kv_committed_len + k + 1).saturating_sub(t.req.kv_allocated_len);
+        if need > 0 && !self.with_memory("skv_alloc_extend(decode)", &mut t.req, |c, r| c.alloc_extend(r, need))? {
+            return self.preempt(i, t);
+        }
+        let accepted = self.rng.accepted(k, p);
+        expect_ok("skv_commit(decode)", self.cache.commit(&mut t.req, accepted + 1))?;
+        t.req.output_len += accepted + 1;
+        self.m.rounds += 1;
+        self.m.drafted += k as u64;
+        self.m.accepted += accepted as u64;
+        self.m.generated += accepted as u64 + 1;
+        self.advance_swa(i, &mut t.req);
+        // The client goes away with a verify round's slots still allocated ahead.
+        if t.plan.abort_at.is_some_and(|at| t.req.output_len >= at) {
+            return self.finish(i, t, true);
+        }
+        if t.req.output_len >= t.plan.finish_at {
+            return self.finish(i, t, false);
+        }
+        self.open[i].turn = Some(t);
+        Ok(())
+    }
+
+    fn finish(&mut self, i: usize, mut t: Turn, aborted: bool) -> Result<(), Fault> {
+        let (sid, bid) = (self.open[i].id, self.open[i].branches[t.branch].id);
+        let ps = self.cfg.args.page_size;
+        let target = t.req.origin_input_len + t.plan.finish_at;
+        // Trim floors the boundary to a page when the SWA cursor is past it (SEMANTICS.md).
+        let kv_len = if ps > 1 && t.req.swa_evicted_seqlen > target { floor_to(target, ps) } else { target };
+        let (protected, output) = (t.req.cache_protected_len, t.req.output_len);
+        if !aborted {
+            t.req.finished_len = t.plan.finish_at as i32;
+        }
+        let before = self.free_pages()?;
+        let what = format!("skv_cache_finished_req(session {sid}, branch {bid}, aborted {})", aborted as u32);
+        expect_ok(&what, self.cache.finished_req(sid, bid, &mut t.req, aborted))?;
+        let freed = self.free_pages()? - before;
+        let want_output = if aborted { output } else { output.min(t.plan.finish_at) };
+        if t.req.req_pool_idx != -1 || t.req.kv_allocated_len != 0 || t.req.output_len != want_output {
+            return Err(format!("{what}: req left with row {} allocated {} output {} (expected -1, 0, {want_output})",
+                               t.req.req_pool_idx, t.req.kv_allocated_len, t.req.output_len));
+        }
+        let tick = self.tick;
+        let br = &mut self.open[i].branches[t.branch];
+        if aborted {
+            br.has_slot = false;
+            self.m.aborted += 1;
+            self.m.freed_abort += freed;
+        } else {
+            if !br.has_slot {
+                br.protected = protected; // a new slot keeps its first turn's tree prefix
+            }
+            br.has_slot = true;
+            br.history = target;
+            br.kv_len = kv_len;
+            br.idle_since = tick;
+            self.m.kept += t.plan.finish_at as u64;
+            self.m.freed_trim += freed;
+        }
+        let s = &mut self.open[i];
+        s.busy = None;
+        s.turns_left -= 1;
+        self.running -= 1;
+        self.m.turns += 1;
+        self.bar.inc(1);
+        Ok(())
+    }
+
+    /// The pool cannot hold this request: abort it (freeing its row and pages, its slot
+    /// included) and queue the same turn again.
+    fn preempt(&mut self, i: usize, mut t: Turn) -> Result<(), Fault> {
+        let s = &mut self.open[i];
+        let (sid, bid) = (s.id, s.branches[t.branch].id);
+        s.busy = None;
+        self.running -= 1;
+        self.m.preempted += 1;
+        if t.req.req_pool_idx < 0 {
+            return Ok(()); // no row yet: nothing was allocated
+        }
+        let before = self.free_pages()?;
+        expect_ok(&format!("skv_cache_finished_req(session {sid}, branch {bid}, preempted)"),
+                  self.cache.finished_req(sid, bid, &mut t.req, true))?;
+        self.m.freed_abort += self.free_pages()? - before;
+        self.open[i].branches[t.branch].has_slot = false;
+        Ok(())
+    }
+
+    /// Sessions whose last turn finished close: every branch released.
+    fn close_done(&mut self) -> Result<(), Fault> {
+        let mut i = 0;
+        while i < self.open.len() {
+            let s = &self.open[i];
+            if s.turns_left > 0 || s.turn.is_some() {
+                i += 1;
+                continue;
+            }
+            let sid = s.id;
+            let before = self.free_pages()?;
+            expect_ok(&format!("skv_release_session({sid})"), self.cache.release_session(sid))?;
+            self.m.freed_release += self.free_pages()? - before;
+            self.m.sessions_closed += 1;
+            self.open.swap_remove(i);
+        }
+        Ok(())
+    }
+}

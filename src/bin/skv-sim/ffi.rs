@@ -1,0 +1,227 @@
+//! The simulator's one door into libskv: every call goes through the exported C ABI, as
+//! an engine's would, and the session operations are timed one by one.
+
+use std::cell::Cell;
+use std::ffi::{c_int, c_void, CStr};
+use std::time::Instant;
+
+use skv::skv_status::{self, SKV_OK};
+use skv::{skv_cache, skv_cache_config, skv_check_report, skv_engine_hooks, skv_held, skv_match,
+          skv_req, skv_stats};
+
+/// The timed operations, in report order.
+#[derive(Clone, Copy)]
+pub enum Op {
+    Match,
+    AllocRow,
+    MapPrefix,
+    Extend,
+    Commit,
+    Finish,
+    Release,
+    Evict,
+}
+
+pub const OPS: [(Op, &str); 8] = [
+    (Op::Match, "match"),
+    (Op::AllocRow, "alloc_row"),
+    (Op::MapPrefix, "map_prefix"),
+    (Op::Extend, "extend"),
+    (Op::Commit, "commit"),
+    (Op::Finish, "finish"),
+    (Op::Release, "release"),
+    (Op::Evict, "evict"),
+];
+
+/// What the engine hooks saw: every prefix-tree lock a session took must come back
+/// exactly once, through `dec_lock_ref`, when libskv releases the session.
+#[derive(Default)]
+pub struct Locks {
+    pub returned: Cell<u64>,
+    pub receipt_sum: Cell<u64>,
+    pub wrong_node: Cell<u64>,
+}
+
+/// The prefix-tree node of the shared system prompt.
+pub const SHARED_NODE: u64 = 7;
+
+extern "C" fn dec_lock_ref(user_data: *mut c_void, node: u64, receipt: u64) -> c_int {
+    // SAFETY: user_data is the `Locks` that `Cache` owns and outlives the handle.
+    let locks = unsafe { &*(user_data as *const Locks) };
+    locks.returned.set(locks.returned.get() + 1);
+    locks.receipt_sum.set(locks.receipt_sum.get().wrapping_add(receipt));
+    if node != SHARED_NODE {
+        locks.wrong_node.set(locks.wrong_node.get() + 1);
+    }
+    0
+}
+
+pub fn status_name(s: skv_status) -> String {
+    // SAFETY: skv_status_str returns a static NUL-terminated string.
+    unsafe { CStr::from_ptr(skv::skv_status_str(s as c_int)) }.to_string_lossy().into_owned()
+}
+
+/// The calling thread's message for the last failed call.
+pub fn last_error() -> String {
+    // SAFETY: skv_last_error never returns NULL; the string lives until the next call.
+    unsafe { CStr::from_ptr(skv::skv_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// An owned-mode cache handle plus the per-operation latency samples (nanoseconds).
+pub struct Cache {
+    ptr: *mut skv_cache,
+    pub locks: Box<Locks>,
+    pub samples: Vec<Vec<u32>>,
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // SAFETY: ptr came from skv_cache_new and is freed once, before `locks` drops.
+        unsafe { skv::skv_cache_free(self.ptr) };
+    }
+}
+
+impl Cache {
+    /// An owned-pool cache with the lock hook installed; the error carries libskv's message.
+    pub fn new(cfg: &skv_cache_config) -> Result<Cache, (skv_status, String)> {
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: cfg and the out-pointer are valid for the call.
+        let s = unsafe { skv::skv_cache_new(cfg, &mut ptr) };
+        if s != SKV_OK {
+            return Err((s, last_error()));
+        }
+        let cache = Cache { ptr, locks: Box::default(), samples: vec![Vec::new(); OPS.len()] };
+        let hooks = skv_engine_hooks {
+            struct_size: size_of::<skv_engine_hooks>() as u32,
+            dec_lock_ref: Some(dec_lock_ref),
+            free_aux: None,
+        };
+        let user_data = &*cache.locks as *const Locks as *mut c_void;
+        // SAFETY: the handle is live; `locks` is boxed, so its address outlives the handle.
+        let s = unsafe { skv::skv_cache_set_hooks(cache.ptr, &hooks, user_data) };
+        if s != SKV_OK {
+            return Err((s, last_error()));
+        }
+        Ok(cache)
+    }
+
+    fn timed(&mut self, op: Op, call: impl FnOnce() -> skv_status) -> skv_status {
+        let t = Instant::now();
+        let s = call();
+        let ns = t.elapsed().as_nanos().min(u32::MAX as u128) as u32;
+        self.samples[op as usize].push(ns);
+        s
+    }
+
+    // SAFETY (every call below): `self.ptr` is a live handle and every pointer passed is a
+    // reference or a slice valid for the call's duration.
+
+    pub fn match_prefix(&mut self, sid: u64, bid: u64, req: &mut skv_req, key_len: u32,
+                        out: &mut skv_match) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::Match, || unsafe { skv::skv_match_prefix(c, sid, bid, req, key_len, 0, out) })
+    }
+
+    pub fn alloc_row(&mut self, req: &mut skv_req) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::AllocRow, || unsafe { skv::skv_alloc_row(c, req) })
+    }
+
+    pub fn map_prefix(&mut self, req: &mut skv_req, indices: &[i32]) -> skv_status {
+        let c = self.ptr;
+        let n = indices.len() as u32;
+        self.timed(Op::MapPrefix, || unsafe { skv::skv_map_prefix(c, req, indices.as_ptr(), n) })
+    }
+
+    pub fn alloc_extend(&mut self, req: &mut skv_req, n: u32) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::Extend, || unsafe { skv::skv_alloc_extend(c, req, n) })
+    }
+
+    pub fn commit(&mut self, req: &mut skv_req, n: u32) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::Commit, || unsafe { skv::skv_commit(c, req, n) })
+    }
+
+    pub fn finished_req(&mut self, sid: u64, bid: u64, req: &mut skv_req, aborted: bool) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::Finish, || unsafe { skv::skv_cache_finished_req(c, sid, bid, req, aborted as u32) })
+    }
+
+    pub fn release_session(&mut self, sid: u64) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::Release, || unsafe { skv::skv_release_session(c, sid) })
+    }
+
+    pub fn release_branch(&mut self, sid: u64, bid: u64) -> skv_status {
+        let c = self.ptr;
+        self.timed(Op::Evict, || unsafe { skv::skv_release_branch(c, sid, bid) })
+    }
+
+    pub fn stats(&self) -> Result<skv_stats, skv_status> {
+        let mut out = std::mem::MaybeUninit::<skv_stats>::zeroed();
+        match unsafe { skv::skv_cache_stats(self.ptr, out.as_mut_ptr()) } {
+            // SAFETY: written by libskv on success; all-zero is a valid skv_stats anyway.
+            SKV_OK => Ok(unsafe { out.assume_init() }),
+            s => Err(s),
+        }
+    }
+
+    pub fn check(&self) -> Result<skv_check_report, skv_status> {
+        let mut out = std::mem::MaybeUninit::<skv_check_report>::zeroed();
+        match unsafe { skv::skv_cache_check(self.ptr, out.as_mut_ptr()) } {
+            // SAFETY: as in `stats`.
+            SKV_OK => Ok(unsafe { out.assume_init() }),
+            s => Err(s),
+        }
+    }
+
+    pub fn held(&self, active_rows: &[i32]) -> Result<skv_held, skv_status> {
+        let mut out = std::mem::MaybeUninit::<skv_held>::zeroed();
+        let s = unsafe {
+            skv::skv_session_held(self.ptr, active_rows.as_ptr(), active_rows.len(), out.as_mut_ptr())
+        };
+        match s {
+            // SAFETY: as in `stats`.
+            SKV_OK => Ok(unsafe { out.assume_init() }),
+            s => Err(s),
+        }
+    }
+
+    /// Pages for the engine's prefix tree (the shared system prompt).
+    pub fn pool_alloc(&mut self, n_tokens: u32) -> Result<Vec<i32>, skv_status> {
+        let mut out = vec![0i32; n_tokens as usize];
+        match unsafe { skv::skv_pool_alloc(self.ptr, n_tokens, out.as_mut_ptr()) } {
+            SKV_OK => Ok(out),
+            s => Err(s),
+        }
+    }
+
+    pub fn pool_free(&mut self, indices: &[i32]) -> skv_status {
+        unsafe { skv::skv_pool_free(self.ptr, indices.as_ptr(), indices.len()) }
+    }
+
+    pub fn page_refs(&self, indices: &[i32]) -> Result<Vec<u32>, skv_status> {
+        let mut out = vec![0u32; indices.len()];
+        match unsafe { skv::skv_page_refs(self.ptr, indices.as_ptr(), indices.len(), out.as_mut_ptr()) } {
+            SKV_OK => Ok(out),
+            s => Err(s),
+        }
+    }
+}
+
+/// A fresh request record, as the engine makes one per turn.
+pub fn new_req() -> skv_req {
+    let mut req = std::mem::MaybeUninit::<skv_req>::zeroed();
+    // SAFETY: a valid out-pointer; skv_req_init cannot fail on one.
+    unsafe {
+        skv::skv_req_init(req.as_mut_ptr());
+        req.assume_init()
+    }
+}
+
+/// The audit's first violation as text.
+pub fn violation_text(r: &skv_check_report) -> String {
+    let bytes: Vec<u8> = r.first_violation.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

@@ -1,0 +1,106 @@
+//! Runs the built `skv-sim` binary on small workloads: a clean run must exit 0 with a clean
+//! audit and real trimming; bad options must exit 2 with one line on stderr.
+#![cfg(feature = "sim")]
+
+use std::process::{Command, Output};
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_skv-sim")).args(args).output().expect("skv-sim runs")
+}
+
+/// The value of `"key":` in skv-sim's flat JSON summary.
+fn field<'a>(json: &'a str, key: &str) -> &'a str {
+    let pat = format!("\"{key}\":");
+    let at = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
+    let rest = &json[at..];
+    &rest[..rest.find([',', '}']).unwrap_or(rest.len())]
+}
+
+fn num(json: &str, key: &str) -> u64 {
+    field(json, key).parse().unwrap_or_else(|_| panic!("{key} is not a count in {json}"))
+}
+
+const SMALL: &[&str] = &["--json", "--sessions", "60", "--turns", "3", "--concurrency", "12",
+                         "--batch", "4", "--prompt-max", "96", "--max-new-tokens", "40",
+                         "--check-every", "20"];
+
+fn run_json(extra: &[&str]) -> String {
+    let args: Vec<&str> = SMALL.iter().chain(extra).copied().collect();
+    let out = sim(&args);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "skv-sim {args:?} failed: {}\n{stdout}",
+               String::from_utf8_lossy(&out.stderr));
+    assert_eq!(stdout.lines().count(), 1, "--json prints one line: {stdout}");
+    stdout
+}
+
+#[test]
+fn small_workload_is_clean() {
+    let j = run_json(&[]);
+    assert_eq!(field(&j, "ok"), "true");
+    assert_eq!(num(&j, "turns"), 180);
+    assert_eq!(num(&j, "sessions_closed"), 60);
+    assert_eq!(num(&j, "audit_violations"), 0);
+    assert!(num(&j, "audits") >= 9, "periodic audits ran: {j}");
+    assert_eq!(num(&j, "leaked_pages"), 0);
+    assert_eq!(num(&j, "leaked_rows"), 0);
+    assert!(num(&j, "trimmed_tokens") > 0, "overshoot was trimmed: {j}");
+    assert!(num(&j, "tokens_generated") > num(&j, "tokens_kept"), "rounds overshoot: {j}");
+    assert!(num(&j, "hits") > 0 && num(&j, "aborted") + num(&j, "retried") > 0, "{j}");
+    assert!(num(&j, "pages_freed_release") > 0 && num(&j, "peak_pages") > 0, "{j}");
+    assert_eq!(num(&j, "locks_taken"), num(&j, "locks_returned"));
+    assert!(num(&j, "finish_calls") >= 180 && num(&j, "match_p50_ns") > 0, "{j}");
+}
+
+#[test]
+fn same_seed_same_run() {
+    let (a, b) = (run_json(&["--seed", "7"]), run_json(&["--seed", "7"]));
+    let c = run_json(&["--seed", "8"]);
+    for key in ["tokens_generated", "trimmed_tokens", "tail_freed_tokens", "peak_pages", "pages_freed_trim", "hits"] {
+        assert_eq!(num(&a, key), num(&b, key), "{key} differs between two runs of seed 7");
+    }
+    assert_ne!(num(&a, "tokens_generated"), num(&c, "tokens_generated"), "seeds 7 and 8 ran the same workload");
+}
+
+#[test]
+fn memory_pressure_evicts_preempts_and_stays_clean() {
+    // A pool a few sessions fill: idle branches are evicted and growing requests preempted.
+    let j = run_json(&["--pool-tokens", "1024", "--page-size", "8", "--shared-prefix-pages", "2",
+                       "--swa-window", "4", "--swa-fraction", "1", "--branch-rate", "0.3"]);
+    assert_eq!(field(&j, "ok"), "true");
+    assert!(num(&j, "evictions") > 0 && num(&j, "pages_freed_evict") > 0, "the small pool forced evictions: {j}");
+    assert!(num(&j, "preempted") > 0, "the small pool forced preemptions: {j}");
+    assert!(num(&j, "branches") > 0, "{j}");
+    assert_eq!(num(&j, "turns"), 180, "every preempted turn ran again: {j}");
+    assert_eq!(num(&j, "leaked_pages") + num(&j, "leaked_rows") + num(&j, "audit_violations"), 0);
+}
+
+#[test]
+fn aligned_reuse_releases_short_sessions() {
+    // Histories shorter than a page leave no whole page to reuse: the match releases the slot.
+    let j = run_json(&["--aligned-reuse", "--prompt-min", "1", "--prompt-max", "8", "--max-new-tokens", "8",
+                       "--shared-prefix-pages", "0"]);
+    assert!(num(&j, "aligned_releases") > 0, "{j}");
+    assert_eq!(num(&j, "leaked_pages") + num(&j, "audit_violations"), 0);
+}
+
+#[test]
+fn page_size_one_and_no_drafts() {
+    let j = run_json(&["--page-size", "1", "--draft-len", "0", "--shared-prefix-pages", "0"]);
+    assert_eq!(num(&j, "drafted"), 0);
+    assert_eq!(num(&j, "tokens_generated"), num(&j, "rounds"));
+    assert_eq!(num(&j, "leaked_pages"), 0);
+}
+
+#[test]
+fn bad_options_exit_2_with_one_line() {
+    for args in [&["--page-size", "0"][..], &["--accept-rate", "1.5"], &["--abort-rate", "-0.1"],
+                 &["--pool-tokens", "256"], &["--prompt-min", "50", "--prompt-max", "10"],
+                 &["--sessions", "0"], &["--no-such-option"], &["--turns", "many"]] {
+        let out = sim(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line expected, got {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+}
