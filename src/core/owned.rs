@@ -34,6 +34,8 @@ pub struct OwnedPool {
     pub(crate) rows: Vec<Option<Row>>,
     free_rows: Vec<u32>,
     hooks: Option<Box<dyn EngineHooks>>,
+    /// Page lists a call sorts to find duplicates, kept to reuse the allocation.
+    pub(crate) scratch: Vec<u32>,
 }
 
 impl OwnedPool {
@@ -47,6 +49,7 @@ impl OwnedPool {
             rows,
             free_rows: (0..cfg.num_rows).rev().collect(),
             hooks: None,
+            scratch: Vec::new(),
         }
     }
 

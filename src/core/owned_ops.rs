@@ -136,12 +136,17 @@ impl Cache {
             bail!(InvalidArg, "n_tokens {n} is not a multiple of page_size {ps}");
         }
         let need = (n / ps as usize) as u32;
-        let mut pages = Vec::new();
-        if !pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages) {
-            bail!(OutOfMemory, "n_tokens {n} needs {need} pages, {} free", pool.pages.free_pages());
+        let mut pages = std::mem::take(&mut pool.scratch);
+        pages.clear();
+        let ok = pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages);
+        if ok {
+            for (i, slot) in out.iter_mut().enumerate() {
+                *slot = (pages[i / ps as usize] * ps + (i as u32 % ps)) as i32;
+            }
         }
-        for (i, slot) in out.iter_mut().enumerate() {
-            *slot = (pages[i / ps as usize] * ps + (i as u32 % ps)) as i32;
+        pool.scratch = pages;
+        if !ok {
+            bail!(OutOfMemory, "n_tokens {n} needs {need} pages, {} free", pool.pages.free_pages());
         }
         Ok(())
     }
@@ -150,25 +155,15 @@ impl Cache {
     /// still maps, or one already free, refuses the whole call.
     pub fn pool_free(&mut self, indices: &[i32]) -> Result<()> {
         let pool = self.owned_pool_mut()?;
-        let mut pages = Vec::with_capacity(indices.len());
-        for &i in indices {
-            pages.push(page_of(pool, i)?);
-        }
-        pages.sort_unstable();
-        pages.dedup();
-        for &p in &pages {
-            match pool.pages.state(p) {
-                PageState::Held { maps: 0 } => {}
-                PageState::Free => bail!(State, "page {p} is already free (double free)"),
-                PageState::Owned => bail!(State, "page {p} is owned by a row"),
-                PageState::Held { maps } => bail!(State, "page {p} is still mapped by {maps} rows"),
-                PageState::Padding => unreachable!("page_of refuses page 0"),
+        let mut pages = std::mem::take(&mut pool.scratch);
+        let checked = distinct_held_pages(pool, indices, &mut pages);
+        if checked.is_ok() {
+            for &p in &pages {
+                pool.pages.free(p);
             }
         }
-        for p in pages {
-            pool.pages.free(p);
-        }
-        Ok(())
+        pool.scratch = pages;
+        checked
     }
 
     /// For each index, how many rows map its page (0: the tree may evict it).
@@ -213,10 +208,15 @@ impl Cache {
                 pages.push(page);
             }
         }
-        let mut sorted = pages.clone();
+        let pool = self.owned_pool_mut()?;
+        let mut sorted = std::mem::take(&mut pool.scratch);
+        sorted.clear();
+        sorted.extend_from_slice(&pages);
         sorted.sort_unstable();
-        if let Some(w) = sorted.windows(2).find(|w| w[0] == w[1]) {
-            bail!(InvalidArg, "page {} appears twice in the prefix", w[0]);
+        let twice = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+        pool.scratch = sorted;
+        if let Some(p) = twice {
+            bail!(InvalidArg, "page {p} appears twice in the prefix");
         }
         self.pool.check_req(req)?;
         self.guard_session_row(row)?;
@@ -327,6 +327,27 @@ impl Cache {
             last_page_len[i] = if n == 0 { 0 } else { (r.len - (n as u32 - 1) * ps) as i32 };
         }
     }
+}
+
+/// The distinct pages of `indices`, ascending, into `pages`; every one must be engine-held
+/// and mapped by no row.
+fn distinct_held_pages(pool: &OwnedPool, indices: &[i32], pages: &mut Vec<u32>) -> Result<()> {
+    pages.clear();
+    for &i in indices {
+        pages.push(page_of(pool, i)?);
+    }
+    pages.sort_unstable();
+    pages.dedup();
+    for &p in pages.iter() {
+        match pool.pages.state(p) {
+            PageState::Held { maps: 0 } => {}
+            PageState::Free => bail!(State, "page {p} is already free (double free)"),
+            PageState::Owned => bail!(State, "page {p} is owned by a row"),
+            PageState::Held { maps } => bail!(State, "page {p} is still mapped by {maps} rows"),
+            PageState::Padding => unreachable!("page_of refuses page 0"),
+        }
+    }
+    Ok(())
 }
 
 /// The page an engine-supplied token index falls in; page 0 and indices past the pool are
