@@ -1,16 +1,21 @@
 //! Handles and configuration: creating a cache over libskv's own pools or the engine's.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::{arg, guard, out_mut, skv_status};
+use super::{arg, guard, out_mut, skv_status, CallbackScope};
 use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
 /// may use it, calls on one handle are serialized inside.
 pub struct skv_cache {
+    /// Names the handle to its callbacks' re-entry check.
+    pub(crate) id: u64,
     pub(crate) inner: Mutex<Cache>,
 }
+
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A session prefix is reused only in whole pages (SEMANTICS.md, match_prefix steps 3, 6).
 pub const SKV_FLAG_ALIGNED_REUSE: u32 = 0x1;
@@ -73,8 +78,10 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
     })
 }
 
-fn boxed(cache: Cache) -> *mut skv_cache {
-    Box::into_raw(Box::new(skv_cache { inner: Mutex::new(cache) }))
+/// A new handle; `cache` is given the handle's id.
+fn boxed(cache: impl FnOnce(u64) -> Result<Cache>) -> Result<*mut skv_cache> {
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache(id)?) })))
 }
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).
@@ -87,7 +94,7 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
         let cfg = arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
         let cfg = config(cfg)?;
-        *slot = boxed(Cache::new_owned(cfg)?);
+        *slot = boxed(|_| Cache::new_owned(cfg))?;
         Ok(())
     })
 }
@@ -117,8 +124,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
         };
         let cfg = config(cfg_ref)?;
         cfg.validate()?;
-        let pool = ExternalPool { ops, user_data, staging: Vec::new() };
-        *slot = boxed(Cache::new(cfg, Box::new(pool)));
+        *slot = boxed(|id| Ok(Cache::new(cfg, Box::new(ExternalPool { id, ops, user_data, staging: Vec::new() }))))?;
         Ok(())
     })
 }
@@ -137,6 +143,8 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 
 /// The engine's pools, reached through `skv_pool_ops`.
 struct ExternalPool {
+    /// The handle's id, for the callbacks' re-entry check.
+    id: u64,
     ops: skv_pool_ops,
     user_data: *mut c_void,
     /// The indices read for the call in progress, in effect order.
@@ -161,6 +169,7 @@ impl Pool for ExternalPool {
 
     fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
         self.staging.clear();
+        let _scope = CallbackScope::enter(self.id);
         let read_row = self.ops.read_row.expect("checked at creation");
         for e in effects {
             if let Effect::FreeKv { row, start, end, .. } = *e {
@@ -182,6 +191,7 @@ impl Pool for ExternalPool {
 
     fn apply(&mut self, effects: &[Effect]) -> Result<()> {
         let ud = self.user_data;
+        let _scope = CallbackScope::enter(self.id);
         let mut failures = Vec::new();
         let (mut at, mut handed) = (0usize, 0usize);
         for e in effects {

@@ -10,7 +10,7 @@ mod owned;
 mod session;
 mod status;
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::MutexGuard;
 
@@ -73,46 +73,44 @@ pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result
 }
 
 thread_local! {
-    /// Handles whose lock this thread holds: an engine callback calling back into the same
-    /// handle would otherwise deadlock.
-    static HELD: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// The handles whose engine callbacks this thread is running, innermost last: a
+    /// callback calling back into its own handle would otherwise deadlock on the lock.
+    static IN_CALLBACK: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
+    static CALLBACK_DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
-/// The locked model behind a handle, released (and unmarked) on drop.
-pub(crate) struct Locked<'a> {
-    cache: MutexGuard<'a, Cache>,
-    key: usize,
-}
+/// Marks the thread as inside one of handle `id`'s callbacks until dropped.
+pub(crate) struct CallbackScope;
 
-impl std::ops::Deref for Locked<'_> {
-    type Target = Cache;
-    fn deref(&self) -> &Cache {
-        &self.cache
+impl CallbackScope {
+    pub(crate) fn enter(id: u64) -> CallbackScope {
+        let depth = CALLBACK_DEPTH.get();
+        if depth < 8 {
+            let mut ids = IN_CALLBACK.get();
+            ids[depth] = id;
+            IN_CALLBACK.set(ids);
+        }
+        CALLBACK_DEPTH.set(depth + 1);
+        CallbackScope
     }
 }
 
-impl std::ops::DerefMut for Locked<'_> {
-    fn deref_mut(&mut self) -> &mut Cache {
-        &mut self.cache
-    }
-}
-
-impl Drop for Locked<'_> {
+impl Drop for CallbackScope {
     fn drop(&mut self) {
-        HELD.with_borrow_mut(|h| h.retain(|&k| k != self.key));
+        CALLBACK_DEPTH.set(CALLBACK_DEPTH.get() - 1);
     }
+}
+
+fn in_callback_of(id: u64) -> bool {
+    let depth = CALLBACK_DEPTH.get();
+    depth > 0 && IN_CALLBACK.get()[..depth.min(8)].contains(&id)
 }
 
 /// Locks a handle for one call.
-pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<Locked<'a>> {
+pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<MutexGuard<'a, Cache>> {
     let handle = arg(c.cast_const(), "cache")?;
-    let key = c as usize;
-    if HELD.with_borrow(|h| h.contains(&key)) {
+    if in_callback_of(handle.id) {
         return Err(Error::State("called from inside one of this handle's own callbacks".into()));
     }
-    let cache = handle.inner.lock().map_err(|_| {
-        Error::Internal("the handle is unusable after an earlier internal error".into())
-    })?;
-    HELD.with_borrow_mut(|h| h.push(key));
-    Ok(Locked { cache, key })
+    handle.inner.lock().map_err(|_| Error::Internal("the handle is unusable after an earlier internal error".into()))
 }

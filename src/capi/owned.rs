@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::session::on_req;
-use super::{guard, lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut};
+use super::{guard, CallbackScope, lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut};
 use crate::core::{EngineHooks, Error};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -235,6 +235,8 @@ pub struct skv_engine_hooks {
 }
 
 struct Hooks {
+    /// The handle's id, for the callbacks' re-entry check.
+    id: u64,
     hooks: skv_engine_hooks,
     user_data: *mut c_void,
 }
@@ -252,10 +254,12 @@ fn rc(code: c_int) -> Result<(), i32> {
 
 impl EngineHooks for Hooks {
     fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
+        let _scope = CallbackScope::enter(self.id);
         self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
     }
 
     fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
+        let _scope = CallbackScope::enter(self.id);
         self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
     }
 }
@@ -273,6 +277,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
     user_data: *mut c_void,
 ) -> skv_status {
     guard("skv_cache_set_hooks", || {
+        let id = super::arg(c.cast_const(), "cache")?.id;
         let mut c = lock(c)?;
         let hooks = match hooks.as_ref() {
             None => None,
@@ -284,7 +289,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
                         h.struct_size
                     )));
                 }
-                Some(Box::new(Hooks { hooks: *h, user_data }) as Box<dyn EngineHooks>)
+                Some(Box::new(Hooks { id, hooks: *h, user_data }) as Box<dyn EngineHooks>)
             }
         };
         c.set_hooks(hooks)

@@ -1,6 +1,6 @@
 //! Status codes, the thread-local last error, and version queries.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int};
 
 use crate::core::Error;
@@ -57,9 +57,12 @@ pub(crate) fn status_of(e: &Error) -> skv_status {
 thread_local! {
     /// The last failed call's message, NUL-terminated; empty after a success.
     static LAST_ERROR: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// Whether LAST_ERROR holds a message: a success then costs one flag read.
+    static HAS_ERROR: Cell<bool> = const { Cell::new(false) };
 }
 
 pub(crate) fn set_last_error(function: &str, message: &str) {
+    HAS_ERROR.set(true);
     LAST_ERROR.with_borrow_mut(|buf| {
         buf.clear();
         buf.extend(format!("{function}: {message}").bytes().filter(|&b| b != 0 && b != b'\n'));
@@ -68,7 +71,9 @@ pub(crate) fn set_last_error(function: &str, message: &str) {
 }
 
 pub(crate) fn clear_last_error() {
-    LAST_ERROR.with_borrow_mut(|buf| buf.clear());
+    if HAS_ERROR.replace(false) {
+        LAST_ERROR.with_borrow_mut(|buf| buf.clear());
+    }
 }
 
 /// The status code as a constant string naming it, e.g. "SKV_ERR_STATE"; never NULL, also

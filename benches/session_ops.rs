@@ -1,0 +1,633 @@
+//! Latency of the streaming-session hot paths, called through the C ABI on an owned
+//! pool with page size 16, while 1,000 / 100,000 / 1,000,000 idle sessions are held.
+//!
+//! Each held session is an idle slot whose row maps `HELD_TOKENS` (3 pages). Every
+//! measured iteration is exactly one call of the named function: the state it needs
+//! (a re-grown tail, a fresh 4096-token session) is rebuilt outside the timed region,
+//! and `CHUNK` calls on distinct sessions are timed together so the clock's own cost
+//! is spread thin.
+//!
+//! After criterion's runs, a second pass times every call on its own and prints p50 /
+//! p99 per operation and session count, followed by a table that joins criterion's
+//! medians to those percentiles.
+//!
+//! This machine is shared: a chunk that took far longer than any chunk runs (the thread
+//! was descheduled) is timed again, and the count of those is printed.
+//!
+//! `SKV_BENCH_SESSIONS=1000,100000` limits the session counts.
+
+use std::ffi::CStr;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use skv::*;
+
+const PAGE_SIZE: u32 = 16;
+const HELD_TOKENS: u32 = 3 * PAGE_SIZE;
+/// Overshoot past the finish boundary, and the prompt a rejected turn extended.
+const TAIL_TOKENS: u32 = 4 * PAGE_SIZE;
+const RELEASE_TOKENS: u32 = 4096;
+const MAX_CONTEXT: u32 = 8192;
+/// Calls timed together; also the number of sessions prepared at once.
+const CHUNK: usize = 32;
+/// Running requests in the decode benchmark; each step extends every one by a token.
+const DECODE_BATCH: usize = 64;
+// The per-call timing buffer holds a decode batch.
+const _: () = assert!(CHUNK <= DECODE_BATCH);
+/// Decode steps before the batch is finished (trimmed back) and a new one matched.
+const DECODE_STEPS: u32 = 128;
+/// Longer than any chunk of calls takes while the thread runs (the slowest, 32 releases
+/// of 4096 tokens, takes about 10 µs).
+const DESCHEDULED: Duration = Duration::from_micros(250);
+
+const DEFAULT_SIZES: [u64; 3] = [1_000, 100_000, 1_000_000];
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    FinishTrim,
+    MatchTailFree,
+    Release,
+    Extend,
+}
+
+impl Op {
+    const ALL: [Op; 4] = [Op::FinishTrim, Op::MatchTailFree, Op::Release, Op::Extend];
+
+    fn group(self) -> &'static str {
+        match self {
+            Op::FinishTrim => "finished_req_trim_4_pages",
+            Op::MatchTailFree => "match_prefix_hit_tail_free",
+            Op::Release => "release_session_4096_tokens",
+            Op::Extend => "alloc_extend_1_token",
+        }
+    }
+
+    fn target_ns(self) -> f64 {
+        match self {
+            Op::FinishTrim | Op::MatchTailFree => 150.0,
+            Op::Release => 1000.0,
+            Op::Extend => 50.0,
+        }
+    }
+
+    /// Calls timed one by one in the percentile pass.
+    fn latency_calls(self) -> u64 {
+        match self {
+            Op::Release => 20_000,
+            Op::Extend => 400_000,
+            _ => 200_000,
+        }
+    }
+}
+
+fn check(st: skv_status, what: &str) {
+    if !matches!(st, skv_status::SKV_OK) {
+        // SAFETY: both functions return static or thread-local NUL-terminated strings.
+        let (name, msg) = unsafe {
+            (
+                CStr::from_ptr(skv_status_str(st as i32)).to_string_lossy(),
+                CStr::from_ptr(skv_last_error()).to_string_lossy(),
+            )
+        };
+        panic!("{what}: {name}: {msg}");
+    }
+}
+
+fn new_req() -> skv_req {
+    // SAFETY: skv_req is plain integers; skv_req_init then sets every field.
+    let mut req: skv_req = unsafe { std::mem::zeroed() };
+    check(unsafe { skv_req_init(&mut req) }, "skv_req_init");
+    req
+}
+
+/// A cache holding `sessions` idle slots, plus the in-flight state of the benchmarks.
+struct Bed {
+    cache: *mut skv_cache,
+    sessions: u64,
+    /// Round-robin cursor over the held sessions.
+    next: u64,
+    /// Ids of the sessions the release benchmark creates, past the held ones.
+    fresh: u64,
+    batch: Vec<(u64, skv_req)>,
+    decode: Vec<(u64, skv_req)>,
+    decode_pos: usize,
+    decode_step: u32,
+    /// Chunks timed again because the thread was descheduled during one.
+    retimed: u64,
+}
+
+impl Bed {
+    fn new(sessions: u64) -> Bed {
+        let held_pages = sessions * u64::from(HELD_TOKENS / PAGE_SIZE);
+        let page = |tokens: u32| u64::from(tokens.div_ceil(PAGE_SIZE));
+        let spare_pages = CHUNK as u64 * page(RELEASE_TOKENS)
+            + DECODE_BATCH as u64 * (page(DECODE_STEPS) + 1)
+            + CHUNK as u64 * page(TAIL_TOKENS)
+            + 1024;
+        let cfg = skv_cache_config {
+            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+            page_size: PAGE_SIZE,
+            // + 1: page 0 is the padding page
+            num_token_slots: (1 + held_pages + spare_pages) * u64::from(PAGE_SIZE),
+            num_rows: u32::try_from(sessions).unwrap() + (CHUNK + DECODE_BATCH) as u32 + 16,
+            max_context_len: MAX_CONTEXT,
+            flags: 0,
+        };
+        let mut cache: *mut skv_cache = std::ptr::null_mut();
+        check(unsafe { skv_cache_new(&cfg, &mut cache) }, "skv_cache_new");
+        let mut bed = Bed {
+            cache,
+            sessions,
+            next: 0,
+            fresh: 1 << 40,
+            batch: vec![(0, new_req()); CHUNK],
+            decode: Vec::with_capacity(DECODE_BATCH),
+            decode_pos: 0,
+            decode_step: 0,
+            retimed: 0,
+        };
+        let t = Instant::now();
+        for id in 0..sessions {
+            bed.hold_new(id, HELD_TOKENS);
+        }
+        eprintln!(
+            "setup: {sessions} held sessions of {HELD_TOKENS} tokens in {:.2} s",
+            t.elapsed().as_secs_f64()
+        );
+        bed.audit();
+        bed
+    }
+
+    /// A first turn of `tokens` prompt tokens, finished: the session holds its row idle.
+    fn hold_new(&mut self, id: u64, tokens: u32) {
+        let c = self.cache;
+        let mut req = new_req();
+        unsafe {
+            check(skv_alloc_row(c, &mut req), "skv_alloc_row");
+            check(skv_alloc_extend(c, &mut req, tokens), "skv_alloc_extend");
+            check(skv_commit(c, &mut req, tokens), "skv_commit");
+            req.origin_input_len = tokens;
+            check(
+                skv_cache_finished_req(c, id, 0, &mut req, 0),
+                "skv_cache_finished_req",
+            );
+        }
+    }
+
+    fn next_session(&mut self) -> u64 {
+        let id = self.next;
+        self.next = (self.next + 1) % self.sessions;
+        id
+    }
+
+    /// Restores held session `id` into a fresh req (a hit with nothing to free).
+    fn restore(&mut self, id: u64) -> skv_req {
+        let mut req = new_req();
+        let mut m = skv_match {
+            hit: 0,
+            prefix_len: 0,
+        };
+        check(
+            unsafe { skv_match_prefix(self.cache, id, 0, &mut req, HELD_TOKENS, 0, &mut m) },
+            "skv_match_prefix",
+        );
+        assert_eq!((m.hit, m.prefix_len), (1, HELD_TOKENS));
+        req
+    }
+
+    /// Finishes a running turn of a held session so that its slot is back to
+    /// `HELD_TOKENS`: the turn's output ends exactly there, whatever was allocated past it.
+    fn finish_back(&mut self, id: u64, req: &mut skv_req) {
+        let produced = req.kv_allocated_len - HELD_TOKENS;
+        req.origin_input_len = HELD_TOKENS;
+        req.output_len = produced;
+        req.finished_len = 0;
+        check(
+            unsafe { skv_cache_finished_req(self.cache, id, 0, req, 0) },
+            "skv_cache_finished_req",
+        );
+        assert_eq!(req.req_pool_idx, -1);
+    }
+
+    /// Runs `iters` calls of `op`: the sum of their times, and with `lat`, each call's
+    /// time in nanoseconds.
+    fn run(&mut self, op: Op, iters: u64, mut lat: Option<&mut Vec<u64>>) -> Duration {
+        if op == Op::Extend {
+            return self.run_extend(iters, lat);
+        }
+        let mut total = Duration::ZERO;
+        let mut left = iters;
+        while left > 0 {
+            let n = left.min(CHUNK as u64) as usize;
+            for k in 0..n {
+                self.prepare(op, k);
+            }
+            let c = self.cache;
+            let batch = &mut self.batch[..n];
+            let elapsed = match op {
+                Op::FinishTrim => time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
+                    skv_cache_finished_req(c, id, 0, req, 0)
+                }),
+                Op::MatchTailFree => time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
+                    let mut m = skv_match {
+                        hit: 0,
+                        prefix_len: 0,
+                    };
+                    let st = skv_match_prefix(c, id, 0, req, HELD_TOKENS, 0, &mut m);
+                    if m.hit == 1 && m.prefix_len == HELD_TOKENS {
+                        st
+                    } else {
+                        skv_status::SKV_ERR_INTERNAL
+                    }
+                }),
+                Op::Release => time_calls(batch, lat.as_deref_mut(), |id, _| unsafe {
+                    skv_release_session(c, id)
+                }),
+                Op::Extend => unreachable!(),
+            };
+            for k in 0..n {
+                self.after(op, k);
+            }
+            if self.descheduled(elapsed, &lat) {
+                continue;
+            }
+            total += elapsed;
+            left -= n as u64;
+        }
+        total
+    }
+
+    /// A timed chunk takes microseconds; one that took far longer spent most of it with the
+    /// thread descheduled (this machine is shared), so criterion's runs time another chunk
+    /// instead. The percentile pass keeps every call.
+    fn descheduled(&mut self, elapsed: Duration, lat: &Option<&mut Vec<u64>>) -> bool {
+        let out = lat.is_none() && elapsed > DESCHEDULED;
+        self.retimed += u64::from(out);
+        out
+    }
+
+    fn prepare(&mut self, op: Op, k: usize) {
+        match op {
+            // A turn whose speculative rounds ran 4 pages past origin + finished_len.
+            Op::FinishTrim => {
+                let id = self.next_session();
+                let mut req = self.restore(id);
+                unsafe {
+                    check(
+                        skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS),
+                        "extend",
+                    );
+                    check(skv_commit(self.cache, &mut req, TAIL_TOKENS), "commit");
+                }
+                req.origin_input_len = HELD_TOKENS - 8;
+                req.output_len = 8 + TAIL_TOKENS;
+                req.finished_len = 8;
+                self.batch[k] = (id, req);
+            }
+            // A turn that extended its prompt and was then rejected by the scheduler:
+            // its retried match frees the 4 pages the first try extended.
+            Op::MatchTailFree => {
+                let id = self.next_session();
+                let mut req = self.restore(id);
+                check(
+                    unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS) },
+                    "extend",
+                );
+                self.batch[k] = (id, req);
+            }
+            Op::Release => {
+                let id = self.fresh;
+                self.fresh += 1;
+                self.hold_new(id, RELEASE_TOKENS);
+                self.batch[k] = (id, new_req());
+            }
+            Op::Extend => unreachable!(),
+        }
+    }
+
+    fn after(&mut self, op: Op, k: usize) {
+        let (id, mut req) = self.batch[k];
+        match op {
+            Op::FinishTrim => {
+                assert_eq!(req.kv_allocated_len, 0);
+                assert_eq!(req.output_len, 8);
+            }
+            Op::MatchTailFree => {
+                assert_eq!(req.kv_allocated_len, HELD_TOKENS);
+                self.finish_back(id, &mut req);
+            }
+            Op::Release => {}
+            Op::Extend => unreachable!(),
+        }
+    }
+
+    /// Decode: each step extends every running request of the batch by one token, so
+    /// one call in 16 opens a new page.
+    fn run_extend(&mut self, iters: u64, mut lat: Option<&mut Vec<u64>>) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut left = iters;
+        while left > 0 {
+            if self.decode.is_empty() || self.decode_step == DECODE_STEPS {
+                self.drain_decode();
+                for _ in 0..DECODE_BATCH {
+                    let id = self.next_session();
+                    let req = self.restore(id);
+                    self.decode.push((id, req));
+                }
+            }
+            let n = (left as usize).min(DECODE_BATCH - self.decode_pos);
+            let c = self.cache;
+            let batch = &mut self.decode[self.decode_pos..self.decode_pos + n];
+            let elapsed = time_calls(batch, lat.as_deref_mut(), |_, req| unsafe {
+                skv_alloc_extend(c, req, 1)
+            });
+            self.decode_pos += n;
+            if self.decode_pos == DECODE_BATCH {
+                self.decode_pos = 0;
+                self.decode_step += 1;
+            }
+            if self.descheduled(elapsed, &lat) {
+                continue;
+            }
+            total += elapsed;
+            left -= n as u64;
+        }
+        total
+    }
+
+    /// Finishes the running decode batch, trimming each session back to its held length.
+    fn drain_decode(&mut self) {
+        let mut decode = std::mem::take(&mut self.decode);
+        for (id, req) in &mut decode {
+            self.finish_back(*id, req);
+        }
+        decode.clear();
+        self.decode = decode;
+        self.decode_pos = 0;
+        self.decode_step = 0;
+    }
+
+    /// Everything but the held sessions has been handed back, and the audit is clean.
+    fn audit(&mut self) {
+        unsafe {
+            let mut report: skv_check_report = std::mem::zeroed();
+            check(skv_cache_check(self.cache, &mut report), "skv_cache_check");
+            let first = CStr::from_ptr(report.first_violation.as_ptr()).to_string_lossy();
+            assert_eq!(report.violations, 0, "audit: {first}");
+            let mut stats: skv_stats = std::mem::zeroed();
+            check(skv_cache_stats(self.cache, &mut stats), "skv_cache_stats");
+            let held = self.sessions * u64::from(HELD_TOKENS / PAGE_SIZE);
+            assert_eq!(stats.used_pages, held, "pages leaked by the benchmark loop");
+            assert_eq!(stats.sessions, self.sessions);
+        }
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        unsafe { skv_cache_free(self.cache) };
+    }
+}
+
+/// Calls `f` once per batch entry; with `lat`, each call is timed alone.
+#[inline(always)]
+fn time_calls(
+    batch: &mut [(u64, skv_req)],
+    lat: Option<&mut Vec<u64>>,
+    mut f: impl FnMut(u64, &mut skv_req) -> skv_status,
+) -> Duration {
+    let mut failed = false;
+    let elapsed = match lat {
+        None => {
+            let t = Instant::now();
+            for (id, req) in batch.iter_mut() {
+                failed |= !matches!(f(black_box(*id), req), skv_status::SKV_OK);
+            }
+            t.elapsed()
+        }
+        Some(lat) => {
+            // Timings go to a buffer that stays in cache: storing each into a long vector
+            // would add a cache miss to every eighth call once the sessions' data has
+            // evicted that vector.
+            let mut buf = [0u64; DECODE_BATCH];
+            let mut sum = Duration::ZERO;
+            for ((id, req), slot) in batch.iter_mut().zip(&mut buf) {
+                let t = Instant::now();
+                let st = f(black_box(*id), req);
+                let d = t.elapsed();
+                failed |= !matches!(st, skv_status::SKV_OK);
+                *slot = d.as_nanos() as u64;
+                sum += d;
+            }
+            lat.extend_from_slice(&buf[..batch.len()]);
+            sum
+        }
+    };
+    if failed {
+        // SAFETY: thread-local NUL-terminated string.
+        let msg = unsafe { CStr::from_ptr(skv_last_error()) }.to_string_lossy();
+        panic!("a timed call failed: {msg}");
+    }
+    elapsed
+}
+
+/// The median cost of reading the clock twice, subtracted from per-call timings.
+fn clock_overhead_ns() -> u64 {
+    let mut v: Vec<u64> = (0..100_000)
+        .map(|_| {
+            let t = Instant::now();
+            black_box(());
+            t.elapsed().as_nanos() as u64
+        })
+        .collect();
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Criterion's median estimate for `group/id`, from the estimates.json it writes.
+fn criterion_median_ns(group: &str, id: u64) -> Option<f64> {
+    let dir = std::env::var_os("CRITERION_HOME")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("criterion"))
+        })
+        .unwrap_or_else(|| PathBuf::from("target/criterion"));
+    let text = std::fs::read_to_string(
+        dir.join(group)
+            .join(id.to_string())
+            .join("new/estimates.json"),
+    )
+    .ok()?;
+    let median = &text[text.find("\"median\"")?..];
+    let value = &median[median.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
+    let end = value.find([',', '}'])?;
+    value[..end].trim().parse().ok()
+}
+
+/// Criterion's positional filter argument, which the percentile pass honours too.
+fn criterion_filter(args: &[String]) -> Option<String> {
+    const TAKES_VALUE: [&str; 19] = [
+        "-s",
+        "--save-baseline",
+        "-b",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "--format",
+        "--profile-time",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--plotting-backend",
+        "--output-format",
+        "-c",
+        "--color",
+    ];
+    let mut it = args.iter().skip(1);
+    while let Some(a) = it.next() {
+        if TAKES_VALUE.contains(&a.as_str()) {
+            it.next();
+        } else if !a.starts_with('-') {
+            return Some(a.clone());
+        }
+    }
+    None
+}
+
+struct Row {
+    op: Op,
+    sessions: u64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let has = |flag: &str| args.iter().any(|a| a == flag);
+    let benchmarking = has("--bench") && !has("--test") && !has("--list") && !has("--profile-time");
+    let filter = criterion_filter(&args);
+    let selected = |op: Op, n: u64| {
+        filter
+            .as_deref()
+            .is_none_or(|f| format!("{}/{n}", op.group()).contains(f))
+    };
+
+    let sizes: Vec<u64> = match std::env::var("SKV_BENCH_SESSIONS") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| s.trim().parse().expect("SKV_BENCH_SESSIONS"))
+            .collect(),
+        // `cargo test --benches` runs each benchmark once: the smallest cache will do.
+        Err(_) if has("--test") || !has("--bench") => vec![DEFAULT_SIZES[0]],
+        Err(_) => DEFAULT_SIZES.to_vec(),
+    };
+
+    let mut c = Criterion::default()
+        .sample_size(50)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .nresamples(10_000)
+        .without_plots()
+        .configure_from_args();
+
+    let overhead = clock_overhead_ns();
+    let mut rows = Vec::new();
+    for &n in &sizes {
+        // Built on first use, so listing or filtering out a session count costs nothing.
+        let mut bed: Option<Bed> = None;
+        for op in Op::ALL {
+            let mut group = c.benchmark_group(op.group());
+            group.bench_function(BenchmarkId::from_parameter(n), |b| {
+                let bed = bed.get_or_insert_with(|| Bed::new(n));
+                b.iter_custom(|iters| bed.run(op, iters, None))
+            });
+            group.finish();
+            if !(benchmarking && selected(op, n)) {
+                continue;
+            }
+            let bed = bed.get_or_insert_with(|| Bed::new(n));
+            bed.drain_decode();
+            let mut lat = Vec::with_capacity(op.latency_calls() as usize);
+            bed.run(op, op.latency_calls(), Some(&mut lat));
+            bed.drain_decode();
+            lat.iter_mut().for_each(|t| *t = t.saturating_sub(overhead));
+            lat.sort_unstable();
+            rows.push(Row {
+                op,
+                sessions: n,
+                p50: percentile(&lat, 0.50),
+                p99: percentile(&lat, 0.99),
+                p999: percentile(&lat, 0.999),
+            });
+        }
+        if let Some(bed) = bed.as_mut() {
+            bed.drain_decode();
+            bed.audit();
+            if benchmarking {
+                eprintln!(
+                    "{n} sessions: {} chunks timed again after a descheduling",
+                    bed.retimed
+                );
+            }
+        }
+    }
+    c.final_summary();
+
+    if rows.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "per-call latency, ns (clock overhead of {overhead} ns subtracted from p50/p99/p99.9)"
+    );
+    println!(
+        "{:<30} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  median<=target",
+        "operation", "sessions", "median", "p50", "p99", "p99.9", "target"
+    );
+    for r in &rows {
+        let median = criterion_median_ns(r.op.group(), r.sessions);
+        let shown = median.map_or("-".to_string(), |m| format!("{m:.1}"));
+        let verdict = median.map_or("-", |m| if m <= r.op.target_ns() { "yes" } else { "NO" });
+        println!(
+            "{:<30} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
+            r.op.group(),
+            r.sessions,
+            shown,
+            r.p50,
+            r.p99,
+            r.p999,
+            r.op.target_ns(),
+            verdict
+        );
+    }
+    // The p99 claim compares the largest session count against the smallest.
+    let (lo, hi) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+    if lo != hi {
+        println!();
+        for op in Op::ALL {
+            let p99 = |n: u64| {
+                rows.iter()
+                    .find(|r| r.op == op && r.sessions == n)
+                    .map(|r| r.p99)
+            };
+            if let (Some(a), Some(b)) = (p99(*lo), p99(*hi)) {
+                let ratio = b as f64 / a.max(1) as f64;
+                println!(
+                    "{:<30} p99 at {hi} / p99 at {lo} = {ratio:.2} (claim: <= 2)",
+                    op.group()
+                );
+            }
+        }
+    }
+}
