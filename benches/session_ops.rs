@@ -152,10 +152,7 @@ impl Bed {
         for id in 0..sessions {
             bed.hold_new(id, HELD_TOKENS);
         }
-        eprintln!(
-            "setup: {sessions} held sessions of {HELD_TOKENS} tokens in {:.2} s",
-            t.elapsed().as_secs_f64()
-        );
+        eprintln!("setup: {sessions} held sessions of {HELD_TOKENS} tokens in {:.2} s", t.elapsed().as_secs_f64());
         bed.audit();
         bed
     }
@@ -169,10 +166,7 @@ impl Bed {
             check(skv_alloc_extend(c, &mut req, tokens), "skv_alloc_extend");
             check(skv_commit(c, &mut req, tokens), "skv_commit");
             req.origin_input_len = tokens;
-            check(
-                skv_cache_finished_req(c, id, 0, &mut req, 0),
-                "skv_cache_finished_req",
-            );
+            check(skv_cache_finished_req(c, id, 0, &mut req, 0), "skv_cache_finished_req");
         }
     }
 
@@ -185,14 +179,8 @@ impl Bed {
     /// Restores held session `id` into a fresh req (a hit with nothing to free).
     fn restore(&mut self, id: u64) -> skv_req {
         let mut req = new_req();
-        let mut m = skv_match {
-            hit: 0,
-            prefix_len: 0,
-        };
-        check(
-            unsafe { skv_match_prefix(self.cache, id, 0, &mut req, HELD_TOKENS, 0, &mut m) },
-            "skv_match_prefix",
-        );
+        let mut m = skv_match { hit: 0, prefix_len: 0 };
+        check(unsafe { skv_match_prefix(self.cache, id, 0, &mut req, HELD_TOKENS, 0, &mut m) }, "skv_match_prefix");
         assert_eq!((m.hit, m.prefix_len), (1, HELD_TOKENS));
         req
     }
@@ -204,10 +192,7 @@ impl Bed {
         req.origin_input_len = HELD_TOKENS;
         req.output_len = produced;
         req.finished_len = 0;
-        check(
-            unsafe { skv_cache_finished_req(self.cache, id, 0, req, 0) },
-            "skv_cache_finished_req",
-        );
+        check(unsafe { skv_cache_finished_req(self.cache, id, 0, req, 0) }, "skv_cache_finished_req");
         assert_eq!(req.req_pool_idx, -1);
     }
 
@@ -227,14 +212,11 @@ impl Bed {
             let c = self.cache;
             let batch = &mut self.batch[..n];
             let elapsed = match op {
-                Op::FinishTrim => time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
-                    skv_cache_finished_req(c, id, 0, req, 0)
-                }),
+                Op::FinishTrim => {
+                    time_calls(batch, lat.as_deref_mut(), |id, req| unsafe { skv_cache_finished_req(c, id, 0, req, 0) })
+                }
                 Op::MatchTailFree => time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
-                    let mut m = skv_match {
-                        hit: 0,
-                        prefix_len: 0,
-                    };
+                    let mut m = skv_match { hit: 0, prefix_len: 0 };
                     let st = skv_match_prefix(c, id, 0, req, HELD_TOKENS, 0, &mut m);
                     if m.hit == 1 && m.prefix_len == HELD_TOKENS {
                         st
@@ -242,9 +224,7 @@ impl Bed {
                         skv_status::SKV_ERR_INTERNAL
                     }
                 }),
-                Op::Release => time_calls(batch, lat.as_deref_mut(), |id, _| unsafe {
-                    skv_release_session(c, id)
-                }),
+                Op::Release => time_calls(batch, lat.as_deref_mut(), |id, _| unsafe { skv_release_session(c, id) }),
                 Op::Extend => unreachable!(),
             };
             for k in 0..n {
@@ -275,10 +255,7 @@ impl Bed {
                 let id = self.next_session();
                 let mut req = self.restore(id);
                 unsafe {
-                    check(
-                        skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS),
-                        "extend",
-                    );
+                    check(skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS), "extend");
                     check(skv_commit(self.cache, &mut req, TAIL_TOKENS), "commit");
                 }
                 req.origin_input_len = HELD_TOKENS - 8;
@@ -291,10 +268,7 @@ impl Bed {
             Op::MatchTailFree => {
                 let id = self.next_session();
                 let mut req = self.restore(id);
-                check(
-                    unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS) },
-                    "extend",
-                );
+                check(unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS) }, "extend");
                 self.batch[k] = (id, req);
             }
             Op::Release => {
@@ -340,9 +314,7 @@ impl Bed {
             let n = (left as usize).min(DECODE_BATCH - self.decode_pos);
             let c = self.cache;
             let batch = &mut self.decode[self.decode_pos..self.decode_pos + n];
-            let elapsed = time_calls(batch, lat.as_deref_mut(), |_, req| unsafe {
-                skv_alloc_extend(c, req, 1)
-            });
+            let elapsed = time_calls(batch, lat.as_deref_mut(), |_, req| unsafe { skv_alloc_extend(c, req, 1) });
             self.decode_pos += n;
             if self.decode_pos == DECODE_BATCH {
                 self.decode_pos = 0;
@@ -454,16 +426,9 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
 fn criterion_median_ns(group: &str, id: u64) -> Option<f64> {
     let dir = std::env::var_os("CRITERION_HOME")
         .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("criterion"))
-        })
+        .or_else(|| std::env::var_os("CARGO_TARGET_DIR").map(|t| PathBuf::from(t).join("criterion")))
         .unwrap_or_else(|| PathBuf::from("target/criterion"));
-    let text = std::fs::read_to_string(
-        dir.join(group)
-            .join(id.to_string())
-            .join("new/estimates.json"),
-    )
-    .ok()?;
+    let text = std::fs::read_to_string(dir.join(group).join(id.to_string()).join("new/estimates.json")).ok()?;
     let median = &text[text.find("\"median\"")?..];
     let value = &median[median.find("\"point_estimate\":")? + "\"point_estimate\":".len()..];
     let end = value.find([',', '}'])?;
@@ -517,17 +482,10 @@ fn main() {
     let has = |flag: &str| args.iter().any(|a| a == flag);
     let benchmarking = has("--bench") && !has("--test") && !has("--list") && !has("--profile-time");
     let filter = criterion_filter(&args);
-    let selected = |op: Op, n: u64| {
-        filter
-            .as_deref()
-            .is_none_or(|f| format!("{}/{n}", op.group()).contains(f))
-    };
+    let selected = |op: Op, n: u64| filter.as_deref().is_none_or(|f| format!("{}/{n}", op.group()).contains(f));
 
     let sizes: Vec<u64> = match std::env::var("SKV_BENCH_SESSIONS") {
-        Ok(list) => list
-            .split(',')
-            .map(|s| s.trim().parse().expect("SKV_BENCH_SESSIONS"))
-            .collect(),
+        Ok(list) => list.split(',').map(|s| s.trim().parse().expect("SKV_BENCH_SESSIONS")).collect(),
         // `cargo test --benches` runs each benchmark once: the smallest cache will do.
         Err(_) if has("--test") || !has("--bench") => vec![DEFAULT_SIZES[0]],
         Err(_) => DEFAULT_SIZES.to_vec(),
@@ -575,10 +533,7 @@ fn main() {
             bed.drain_decode();
             bed.audit();
             if benchmarking {
-                eprintln!(
-                    "{n} sessions: {} chunks timed again after a descheduling",
-                    bed.retimed
-                );
+                eprintln!("{n} sessions: {} chunks timed again after a descheduling", bed.retimed);
             }
         }
     }
@@ -588,9 +543,7 @@ fn main() {
         return;
     }
     println!();
-    println!(
-        "per-call latency, ns (clock overhead of {overhead} ns subtracted from p50/p99/p99.9)"
-    );
+    println!("per-call latency, ns (clock overhead of {overhead} ns subtracted from p50/p99/p99.9)");
     println!(
         "{:<30} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  median<=target",
         "operation", "sessions", "median", "p50", "p99", "p99.9", "target"
@@ -616,17 +569,10 @@ fn main() {
     if lo != hi {
         println!();
         for op in Op::ALL {
-            let p99 = |n: u64| {
-                rows.iter()
-                    .find(|r| r.op == op && r.sessions == n)
-                    .map(|r| r.p99)
-            };
+            let p99 = |n: u64| rows.iter().find(|r| r.op == op && r.sessions == n).map(|r| r.p99);
             if let (Some(a), Some(b)) = (p99(*lo), p99(*hi)) {
                 let ratio = b as f64 / a.max(1) as f64;
-                println!(
-                    "{:<30} p99 at {hi} / p99 at {lo} = {ratio:.2} (claim: <= 2)",
-                    op.group()
-                );
+                println!("{:<30} p99 at {hi} / p99 at {lo} = {ratio:.2} (claim: <= 2)", op.group());
             }
         }
     }

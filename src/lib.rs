@@ -3,7 +3,7 @@
 //! `core` is the model in safe Rust; `capi` is the C ABI over it (re-exported here, so Rust
 //! programs can drive the same entry points C engines use).
 
-pub mod core;
 mod capi;
+pub mod core;
 
 pub use capi::*;

@@ -109,10 +109,7 @@ fn fixed_cost(cfg: &skv_cache_config) -> isize {
     let held = live() - before;
     unsafe { skv_cache_free(cache) };
     let leaked = live() - before;
-    assert!(
-        leaked <= SLACK,
-        "skv_cache_free left {leaked} bytes allocated"
-    );
+    assert!(leaked <= SLACK, "skv_cache_free left {leaked} bytes allocated");
     held
 }
 
@@ -135,14 +132,8 @@ struct Held {
 }
 
 fn hold_sessions(layout: &SessionLayout) -> Held {
-    let own: u64 = (0..SESSIONS)
-        .map(|i| u64::from((layout.own_pages)(i)))
-        .sum();
-    let shared = if layout.shared_prefix {
-        SHARED_PAGES
-    } else {
-        0
-    };
+    let own: u64 = (0..SESSIONS).map(|i| u64::from((layout.own_pages)(i))).sum();
+    let shared = if layout.shared_prefix { SHARED_PAGES } else { 0 };
     let cfg = config(SESSIONS + 16, 1 + own + u64::from(shared) + 64, 4096);
 
     let before = live();
@@ -166,10 +157,7 @@ fn hold_sessions(layout: &SessionLayout) -> Held {
                 let st = skv_map_prefix(cache, &mut req, prefix.as_ptr(), shared * PAGE_SIZE);
                 check(st, "skv_map_prefix");
             }
-            check(
-                skv_alloc_extend(cache, &mut req, tokens),
-                "skv_alloc_extend",
-            );
+            check(skv_alloc_extend(cache, &mut req, tokens), "skv_alloc_extend");
             check(skv_commit(cache, &mut req, tokens), "skv_commit");
             req.origin_input_len = req.kv_allocated_len;
             let st = skv_cache_finished_req(cache, u64::from(i), 0, &mut req, 0);
@@ -192,10 +180,7 @@ fn hold_sessions(layout: &SessionLayout) -> Held {
         assert_eq!(report.pages_engine_held, u64::from(shared));
 
         for i in 0..SESSIONS {
-            check(
-                skv_release_session(cache, u64::from(i)),
-                "skv_release_session",
-            );
+            check(skv_release_session(cache, u64::from(i)), "skv_release_session");
         }
         if shared > 0 {
             let st = skv_pool_free(cache, prefix.as_ptr(), prefix.len());
@@ -207,11 +192,7 @@ fn hold_sessions(layout: &SessionLayout) -> Held {
         skv_cache_free(cache);
     }
     let leaked = live() - before;
-    assert!(
-        leaked <= SLACK,
-        "{}: {leaked} bytes still allocated after skv_cache_free",
-        layout.name
-    );
+    assert!(leaked <= SLACK, "{}: {leaked} bytes still allocated after skv_cache_free", layout.name);
 
     Held {
         name: layout.name,
@@ -243,11 +224,7 @@ fn held_sessions_cost_at_most_4_bytes_per_page_and_96_per_slot() {
     );
 
     let layouts = [
-        SessionLayout {
-            name: "3 own pages each",
-            shared_prefix: false,
-            own_pages: |_| 3,
-        },
+        SessionLayout { name: "3 own pages each", shared_prefix: false, own_pages: |_| 3 },
         SessionLayout {
             name: "2 shared + 1..8 own pages (64 every 100th)",
             shared_prefix: true,

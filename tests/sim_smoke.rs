@@ -20,16 +20,34 @@ fn num(json: &str, key: &str) -> u64 {
     field(json, key).parse().unwrap_or_else(|_| panic!("{key} is not a count in {json}"))
 }
 
-const SMALL: &[&str] = &["--json", "--sessions", "60", "--turns", "3", "--concurrency", "12",
-                         "--batch", "4", "--prompt-max", "96", "--max-new-tokens", "40",
-                         "--check-every", "20"];
+const SMALL: &[&str] = &[
+    "--json",
+    "--sessions",
+    "60",
+    "--turns",
+    "3",
+    "--concurrency",
+    "12",
+    "--batch",
+    "4",
+    "--prompt-max",
+    "96",
+    "--max-new-tokens",
+    "40",
+    "--check-every",
+    "20",
+];
 
 fn run_json(extra: &[&str]) -> String {
     let args: Vec<&str> = SMALL.iter().chain(extra).copied().collect();
     let out = sim(&args);
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert_eq!(out.status.code(), Some(0), "skv-sim {args:?} failed: {}\n{stdout}",
-               String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "skv-sim {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(stdout.lines().count(), 1, "--json prints one line: {stdout}");
     stdout
 }
@@ -65,8 +83,20 @@ fn same_seed_same_run() {
 #[test]
 fn memory_pressure_evicts_preempts_and_stays_clean() {
     // A pool a few sessions fill: idle branches are evicted and growing requests preempted.
-    let j = run_json(&["--pool-tokens", "1024", "--page-size", "8", "--shared-prefix-pages", "2",
-                       "--swa-window", "4", "--swa-fraction", "1", "--branch-rate", "0.3"]);
+    let j = run_json(&[
+        "--pool-tokens",
+        "1024",
+        "--page-size",
+        "8",
+        "--shared-prefix-pages",
+        "2",
+        "--swa-window",
+        "4",
+        "--swa-fraction",
+        "1",
+        "--branch-rate",
+        "0.3",
+    ]);
     assert_eq!(field(&j, "ok"), "true");
     assert!(num(&j, "evictions") > 0 && num(&j, "pages_freed_evict") > 0, "the small pool forced evictions: {j}");
     assert!(num(&j, "preempted") > 0, "the small pool forced preemptions: {j}");
@@ -78,8 +108,17 @@ fn memory_pressure_evicts_preempts_and_stays_clean() {
 #[test]
 fn aligned_reuse_releases_short_sessions() {
     // Histories shorter than a page leave no whole page to reuse: the match releases the slot.
-    let j = run_json(&["--aligned-reuse", "--prompt-min", "1", "--prompt-max", "8", "--max-new-tokens", "8",
-                       "--shared-prefix-pages", "0"]);
+    let j = run_json(&[
+        "--aligned-reuse",
+        "--prompt-min",
+        "1",
+        "--prompt-max",
+        "8",
+        "--max-new-tokens",
+        "8",
+        "--shared-prefix-pages",
+        "0",
+    ]);
     assert!(num(&j, "aligned_releases") > 0, "{j}");
     assert_eq!(num(&j, "leaked_pages") + num(&j, "audit_violations"), 0);
 }
@@ -94,9 +133,16 @@ fn page_size_one_and_no_drafts() {
 
 #[test]
 fn bad_options_exit_2_with_one_line() {
-    for args in [&["--page-size", "0"][..], &["--accept-rate", "1.5"], &["--abort-rate", "-0.1"],
-                 &["--pool-tokens", "256"], &["--prompt-min", "50", "--prompt-max", "10"],
-                 &["--sessions", "0"], &["--no-such-option"], &["--turns", "many"]] {
+    for args in [
+        &["--page-size", "0"][..],
+        &["--accept-rate", "1.5"],
+        &["--abort-rate", "-0.1"],
+        &["--pool-tokens", "256"],
+        &["--prompt-min", "50", "--prompt-max", "10"],
+        &["--sessions", "0"],
+        &["--no-such-option"],
+        &["--turns", "many"],
+    ] {
         let out = sim(args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");

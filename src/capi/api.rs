@@ -5,15 +5,13 @@ use std::ffi::{c_char, c_void};
 use std::ptr;
 
 use super::{
-    clear_last_error, set_last_error, skv_abi_version, skv_alloc_extend, skv_alloc_row,
-    skv_build_flashinfer, skv_cache, skv_cache_check, skv_cache_config, skv_cache_finished_req,
-    skv_cache_free, skv_cache_new, skv_cache_new_external, skv_cache_set_hooks, skv_cache_stats,
-    skv_check_report, skv_checkpoint, skv_commit, skv_engine_hooks, skv_free_aligned, skv_free_req,
-    skv_free_tail, skv_held, skv_last_error, skv_map_prefix, skv_match, skv_match_prefix,
-    skv_page_refs, skv_pool_alloc, skv_pool_free, skv_pool_ops, skv_publish_prefix,
-    skv_release_branch, skv_release_session, skv_req, skv_req_init, skv_row_indices,
-    skv_session_held, skv_stats, skv_status, skv_status_str, skv_trim_overshoot, skv_version,
-    StatusArg, SKV_ABI_VERSION,
+    clear_last_error, set_last_error, skv_abi_version, skv_alloc_extend, skv_alloc_row, skv_build_flashinfer,
+    skv_cache, skv_cache_check, skv_cache_config, skv_cache_finished_req, skv_cache_free, skv_cache_new,
+    skv_cache_new_external, skv_cache_set_hooks, skv_cache_stats, skv_check_report, skv_checkpoint, skv_commit,
+    skv_engine_hooks, skv_free_aligned, skv_free_req, skv_free_tail, skv_held, skv_last_error, skv_map_prefix,
+    skv_match, skv_match_prefix, skv_page_refs, skv_pool_alloc, skv_pool_free, skv_pool_ops, skv_publish_prefix,
+    skv_release_branch, skv_release_session, skv_req, skv_req_init, skv_row_indices, skv_session_held, skv_stats,
+    skv_status, skv_status_str, skv_trim_overshoot, skv_version, StatusArg, SKV_ABI_VERSION,
 };
 
 /// Every exported function of ABI version 1, in the order of the C API's sections; each
@@ -37,9 +35,7 @@ pub struct skv_api_v1 {
     /// Same as skv_version.
     pub version: Option<extern "C" fn() -> *const c_char>,
     /// Same as skv_cache_new.
-    pub cache_new: Option<
-        unsafe extern "C" fn(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status,
-    >,
+    pub cache_new: Option<unsafe extern "C" fn(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status>,
     /// Same as skv_cache_new_external.
     pub cache_new_external: Option<
         unsafe extern "C" fn(
@@ -86,24 +82,16 @@ pub struct skv_api_v1 {
         ) -> skv_status,
     >,
     /// Same as skv_release_session.
-    pub release_session:
-        Option<unsafe extern "C" fn(c: *mut skv_cache, session_id: u64) -> skv_status>,
+    pub release_session: Option<unsafe extern "C" fn(c: *mut skv_cache, session_id: u64) -> skv_status>,
     /// Same as skv_release_branch.
-    pub release_branch: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status,
-    >,
+    pub release_branch: Option<unsafe extern "C" fn(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status>,
     /// Same as skv_free_aligned.
-    pub free_aligned: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status,
-    >,
+    pub free_aligned: Option<unsafe extern "C" fn(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status>,
     /// Same as skv_trim_overshoot.
-    pub trim_overshoot: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status,
-    >,
+    pub trim_overshoot:
+        Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status>,
     /// Same as skv_free_tail.
-    pub free_tail: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status,
-    >,
+    pub free_tail: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status>,
     /// Same as skv_session_held.
     pub session_held: Option<
         unsafe extern "C" fn(
@@ -116,72 +104,36 @@ pub struct skv_api_v1 {
     /// Same as skv_alloc_row.
     pub alloc_row: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req) -> skv_status>,
     /// Same as skv_alloc_extend.
-    pub alloc_extend: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status,
-    >,
+    pub alloc_extend: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status>,
     /// Same as skv_commit.
-    pub commit: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status,
-    >,
+    pub commit: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status>,
     /// Same as skv_free_req.
     pub free_req: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req) -> skv_status>,
     /// Same as skv_pool_alloc.
-    pub pool_alloc: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status,
-    >,
+    pub pool_alloc: Option<unsafe extern "C" fn(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status>,
     /// Same as skv_pool_free.
-    pub pool_free: Option<
-        unsafe extern "C" fn(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status,
-    >,
+    pub pool_free: Option<unsafe extern "C" fn(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status>,
     /// Same as skv_page_refs.
     pub page_refs: Option<
-        unsafe extern "C" fn(
-            c: *mut skv_cache,
-            indices: *const i32,
-            n: usize,
-            out_counts: *mut u32,
-        ) -> skv_status,
+        unsafe extern "C" fn(c: *mut skv_cache, indices: *const i32, n: usize, out_counts: *mut u32) -> skv_status,
     >,
     /// Same as skv_map_prefix.
     pub map_prefix: Option<
-        unsafe extern "C" fn(
-            c: *mut skv_cache,
-            req: *mut skv_req,
-            indices: *const i32,
-            n_tokens: u32,
-        ) -> skv_status,
+        unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, indices: *const i32, n_tokens: u32) -> skv_status,
     >,
     /// Same as skv_publish_prefix.
-    pub publish_prefix: Option<
-        unsafe extern "C" fn(
-            c: *mut skv_cache,
-            req: *mut skv_req,
-            new_protected_len: u32,
-        ) -> skv_status,
-    >,
+    pub publish_prefix:
+        Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, new_protected_len: u32) -> skv_status>,
     /// Same as skv_row_indices.
-    pub row_indices: Option<
-        unsafe extern "C" fn(
-            c: *mut skv_cache,
-            row: i32,
-            start: u32,
-            end: u32,
-            out: *mut i32,
-        ) -> skv_status,
-    >,
+    pub row_indices:
+        Option<unsafe extern "C" fn(c: *mut skv_cache, row: i32, start: u32, end: u32, out: *mut i32) -> skv_status>,
     /// Same as skv_cache_stats.
-    pub cache_stats:
-        Option<unsafe extern "C" fn(c: *mut skv_cache, out: *mut skv_stats) -> skv_status>,
+    pub cache_stats: Option<unsafe extern "C" fn(c: *mut skv_cache, out: *mut skv_stats) -> skv_status>,
     /// Same as skv_cache_check.
-    pub cache_check:
-        Option<unsafe extern "C" fn(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status>,
+    pub cache_check: Option<unsafe extern "C" fn(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status>,
     /// Same as skv_cache_set_hooks.
     pub cache_set_hooks: Option<
-        unsafe extern "C" fn(
-            c: *mut skv_cache,
-            hooks: *const skv_engine_hooks,
-            user_data: *mut c_void,
-        ) -> skv_status,
+        unsafe extern "C" fn(c: *mut skv_cache, hooks: *const skv_engine_hooks, user_data: *mut c_void) -> skv_status,
     >,
     /// Same as skv_build_flashinfer.
     pub build_flashinfer: Option<
@@ -270,9 +222,7 @@ mod tests {
         assert!(skv_get_api(0).is_null());
         assert!(skv_get_api(999).is_null());
         // SAFETY: skv_last_error returns a NUL-terminated thread-local string.
-        let msg = unsafe { std::ffi::CStr::from_ptr(skv_last_error()) }
-            .to_string_lossy()
-            .into_owned();
+        let msg = unsafe { std::ffi::CStr::from_ptr(skv_last_error()) }.to_string_lossy().into_owned();
         assert!(msg.starts_with("skv_get_api: abi_version 999"), "{msg}");
     }
 }

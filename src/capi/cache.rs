@@ -117,7 +117,10 @@ pub unsafe extern "C" fn skv_cache_new_external(
         let slot = out_mut(out, "out")?;
         let need = std::mem::size_of::<skv_pool_ops>() as u32;
         if ops.struct_size < need {
-            return Err(Error::InvalidArg(format!("ops->struct_size {} < sizeof(skv_pool_ops) {need}", ops.struct_size)));
+            return Err(Error::InvalidArg(format!(
+                "ops->struct_size {} < sizeof(skv_pool_ops) {need}",
+                ops.struct_size
+            )));
         }
         let (Some(_), Some(_), Some(_)) = (ops.read_row, ops.free_kv, ops.free_row) else {
             return Err(Error::NullArg("ops->read_row, free_kv and free_row are required".into()));

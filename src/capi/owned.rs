@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::session::on_req;
-use super::{guard, CallbackScope, lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut};
+use super::{guard, lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, CallbackScope};
 use crate::core::{EngineHooks, Error};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -114,7 +114,11 @@ pub unsafe extern "C" fn skv_map_prefix(
 /// # Safety
 /// Pointers must be NULL or valid.
 #[no_mangle]
-pub unsafe extern "C" fn skv_publish_prefix(c: *mut skv_cache, req: *mut skv_req, new_protected_len: u32) -> skv_status {
+pub unsafe extern "C" fn skv_publish_prefix(
+    c: *mut skv_cache,
+    req: *mut skv_req,
+    new_protected_len: u32,
+) -> skv_status {
     guard("skv_publish_prefix", || on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}))
 }
 
@@ -123,7 +127,13 @@ pub unsafe extern "C" fn skv_publish_prefix(c: *mut skv_cache, req: *mut skv_req
 /// # Safety
 /// out must hold end-start values.
 #[no_mangle]
-pub unsafe extern "C" fn skv_row_indices(c: *mut skv_cache, row: i32, start: u32, end: u32, out: *mut i32) -> skv_status {
+pub unsafe extern "C" fn skv_row_indices(
+    c: *mut skv_cache,
+    row: i32,
+    start: u32,
+    end: u32,
+    out: *mut i32,
+) -> skv_status {
     guard("skv_row_indices", || {
         let out = slice_mut(out, end.saturating_sub(start) as usize, "out")?;
         let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };

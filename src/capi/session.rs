@@ -159,12 +159,7 @@ pub unsafe extern "C" fn skv_match_prefix(
 ) -> skv_status {
     guard("skv_match_prefix", || {
         let out = out_mut(out, "out")?;
-        on_req(
-            c,
-            req,
-            |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0),
-            |m| *out = m.into(),
-        )
+        on_req(c, req, |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0), |m| *out = m.into())
     })
 }
 

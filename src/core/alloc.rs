@@ -15,7 +15,9 @@ pub enum PageState {
     /// Mapped by exactly one row, at or past its protected prefix.
     Owned,
     /// Handed to the engine (`pool_alloc`) or inside a protected prefix; `maps` rows map it.
-    Held { maps: u32 },
+    Held {
+        maps: u32,
+    },
 }
 
 pub struct PageAllocator {

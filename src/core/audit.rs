@@ -78,7 +78,9 @@ impl Cache {
                 PageState::Held { maps: m } => {
                     rep.pages_engine_held += 1;
                     if m != maps[p] {
-                        rep.violation(|| format!("engine-held page {p} counts {m} maps, rows map it {} times", maps[p]));
+                        rep.violation(|| {
+                            format!("engine-held page {p} counts {m} maps, rows map it {} times", maps[p])
+                        });
                     }
                 }
             }

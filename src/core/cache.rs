@@ -74,12 +74,9 @@ impl Cache {
             return Ok(());
         }
         match self.slots.of_row(row) {
-            Some(s) if !s.in_flight => bail!(
-                State,
-                "row {row} belongs to the idle slot of session {} branch {}",
-                s.session,
-                s.branch
-            ),
+            Some(s) if !s.in_flight => {
+                bail!(State, "row {row} belongs to the idle slot of session {} branch {}", s.session, s.branch)
+            }
             _ => Ok(()),
         }
     }

@@ -176,9 +176,11 @@ impl Pool for OwnedPool {
         let mut failures = Vec::new();
         for e in effects {
             match *e {
-                Effect::DecLockRef { node, receipt } => {
-                    self.hook(&mut failures, |h| h.dec_lock_ref(node, receipt), || format!("dec_lock_ref({node}, {receipt})"))
-                }
+                Effect::DecLockRef { node, receipt } => self.hook(
+                    &mut failures,
+                    |h| h.dec_lock_ref(node, receipt),
+                    || format!("dec_lock_ref({node}, {receipt})"),
+                ),
                 Effect::FreeKv { row, keep, .. } => self.truncate(row, keep),
                 Effect::FreeRow { row } => self.free_row(row),
                 Effect::FreeAux { aux } => self.hook(&mut failures, |h| h.free_aux(aux), || format!("free_aux({aux})")),

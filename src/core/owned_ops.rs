@@ -102,7 +102,12 @@ impl Cache {
         let row = req.require_row()?;
         let committed = match req.committed.checked_add(n) {
             Some(c) if c <= req.allocated => c,
-            _ => bail!(InvalidArg, "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}", req.committed, req.allocated),
+            _ => bail!(
+                InvalidArg,
+                "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}",
+                req.committed,
+                req.allocated
+            ),
         };
         self.pool.check_req(req)?;
         self.guard_idle_session_row(row)?;
@@ -132,7 +137,7 @@ impl Cache {
         let ps = self.cfg.page_size;
         let pool = self.owned_pool_mut()?;
         let n = out.len();
-        if n % ps as usize != 0 {
+        if !n.is_multiple_of(ps as usize) {
             bail!(InvalidArg, "n_tokens {n} is not a multiple of page_size {ps}");
         }
         let need = (n / ps as usize) as u32;
@@ -193,7 +198,7 @@ impl Cache {
         if req.allocated != 0 {
             bail!(InvalidArg, "map_prefix needs a fresh row: kv_allocated_len {}", req.allocated);
         }
-        if n % ps as usize != 0 || n > max as usize {
+        if !n.is_multiple_of(ps as usize) || n > max as usize {
             bail!(InvalidArg, "n_tokens {n} must be a multiple of page_size {ps} and <= max_context_len {max}");
         }
         let pool = self.owned_pool()?;
@@ -202,7 +207,11 @@ impl Cache {
             let page = page_of(pool, i)?;
             let expected = pages.last().copied().filter(|_| pos % ps as usize != 0).unwrap_or(page);
             if page != expected || i as u32 % ps != pos as u32 % ps {
-                bail!(InvalidArg, "indices[{pos}] = {i} is not page-structured (page {page}, offset {})", i as u32 % ps);
+                bail!(
+                    InvalidArg,
+                    "indices[{pos}] = {i} is not page-structured (page {page}, offset {})",
+                    i as u32 % ps
+                );
             }
             if pos % ps as usize == 0 {
                 pages.push(page);
@@ -243,7 +252,7 @@ impl Cache {
         self.owned_pool()?;
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
-        if new_protected % ps != 0 || new_protected > req.committed {
+        if !new_protected.is_multiple_of(ps) || new_protected > req.committed {
             bail!(
                 InvalidArg,
                 "new_protected_len {new_protected} must be a multiple of page_size {ps} and <= kv_committed_len {}",
@@ -252,7 +261,11 @@ impl Cache {
         }
         self.pool.check_req(req)?;
         if new_protected < req.protected {
-            bail!(State, "new_protected_len {new_protected} < cache_protected_len {}: a prefix never shrinks", req.protected);
+            bail!(
+                State,
+                "new_protected_len {new_protected} < cache_protected_len {}: a prefix never shrinks",
+                req.protected
+            );
         }
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;

@@ -75,7 +75,11 @@ impl Cache {
         }
         self.pool.check_req(req)?;
         if prefix_len < req.protected {
-            bail!(State, "prefix_len {prefix_len} < cache_protected_len {}: the tree's prefix is never freed", req.protected);
+            bail!(
+                State,
+                "prefix_len {prefix_len} < cache_protected_len {}: the tree's prefix is never freed",
+                req.protected
+            );
         }
         self.guard_idle_session_row(row)?;
         self.effects.clear();

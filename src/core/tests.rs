@@ -154,7 +154,15 @@ fn golden_6_branches_release_in_creation_order() {
 #[test]
 fn match_restores_and_frees_the_tail() {
     let mut c = external(4, 128, false);
-    let mut r = Req { origin_input_len: 10, output_len: 6, finished_len: 4, lock_node: 9, lock_receipt: 3, aux: 5, ..req(2, 12, 16) };
+    let mut r = Req {
+        origin_input_len: 10,
+        output_len: 6,
+        finished_len: 4,
+        lock_node: 9,
+        lock_receipt: 3,
+        aux: 5,
+        ..req(2, 12, 16)
+    };
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     assert_eq!(log(&mut c), Vec::<String>::new(), "14..16 lies in the page holding token 13");
     let mut next = Req { origin_input_len: 20, ..Req::default() };
@@ -272,8 +280,14 @@ fn session_held_skips_active_rows() {
 // ---- owned mode ----
 
 fn owned(ps: u32, pages: u64) -> Cache {
-    Cache::new_owned(Config { page_size: ps, num_token_slots: pages * ps as u64, num_rows: 4, max_context_len: 1024, aligned_reuse: false })
-        .unwrap()
+    Cache::new_owned(Config {
+        page_size: ps,
+        num_token_slots: pages * ps as u64,
+        num_rows: 4,
+        max_context_len: 1024,
+        aligned_reuse: false,
+    })
+    .unwrap()
 }
 
 fn indices(c: &Cache, r: &Req) -> Vec<i32> {
@@ -382,7 +396,10 @@ fn owned_session_turns_conserve_pages() {
     c.commit(&mut r, 10).unwrap();
     (r.origin_input_len, r.output_len) = (9, 1);
     c.cache_finished_req(5, 0, &mut r, false).unwrap();
-    assert!(matches!(c.alloc_extend(&mut Req { row: 0, allocated: 10, committed: 10, ..Req::default() }, 1), Err(Error::State(_))));
+    assert!(matches!(
+        c.alloc_extend(&mut Req { row: 0, allocated: 10, committed: 10, ..Req::default() }, 1),
+        Err(Error::State(_))
+    ));
     let mut next = Req { origin_input_len: 14, ..Req::default() };
     let m = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
     assert_eq!((m.hit, m.prefix_len, next.allocated), (true, 10, 10));
@@ -391,8 +408,13 @@ fn owned_session_turns_conserve_pages() {
     let again = c.match_prefix(5, 0, &mut Req::default(), 13, false).unwrap();
     assert_eq!(again.prefix_len, 10, "a retried match frees what the first try extended");
     clean(&c);
-    c.cache_finished_req(5, 0, &mut Req { row: 0, committed: 10, allocated: 10, origin_input_len: 10, ..Req::default() }, false)
-        .unwrap();
+    c.cache_finished_req(
+        5,
+        0,
+        &mut Req { row: 0, committed: 10, allocated: 10, origin_input_len: 10, ..Req::default() },
+        false,
+    )
+    .unwrap();
     c.release_session(5).unwrap();
     let s = c.stats().unwrap();
     assert_eq!((s.free_pages, s.free_rows, s.sessions), (31, 4, 0));

@@ -103,10 +103,14 @@ impl Config {
         if ps == 0 {
             return Err("--page-size 0: must be at least 1".into());
         }
-        for (name, v) in [("--sessions", a.sessions), ("--turns", a.turns as u64),
-                          ("--concurrency", a.concurrency as u64), ("--batch", a.batch as u64),
-                          ("--max-new-tokens", a.max_new_tokens as u64),
-                          ("--prompt-min", a.prompt_min as u64)] {
+        for (name, v) in [
+            ("--sessions", a.sessions),
+            ("--turns", a.turns as u64),
+            ("--concurrency", a.concurrency as u64),
+            ("--batch", a.batch as u64),
+            ("--max-new-tokens", a.max_new_tokens as u64),
+            ("--prompt-min", a.prompt_min as u64),
+        ] {
             if v == 0 {
                 return Err(format!("{name} 0: must be at least 1"));
             }
@@ -114,10 +118,14 @@ impl Config {
         if a.prompt_min > a.prompt_max {
             return Err(format!("--prompt-min {} exceeds --prompt-max {}", a.prompt_min, a.prompt_max));
         }
-        for (name, v) in [("--accept-rate", a.accept_rate), ("--abort-rate", a.abort_rate),
-                          ("--retry-rate", a.retry_rate), ("--branch-rate", a.branch_rate),
-                          ("--swa-fraction", a.swa_fraction),
-                          ("--prefix-fraction", a.prefix_fraction)] {
+        for (name, v) in [
+            ("--accept-rate", a.accept_rate),
+            ("--abort-rate", a.abort_rate),
+            ("--retry-rate", a.retry_rate),
+            ("--branch-rate", a.branch_rate),
+            ("--swa-fraction", a.swa_fraction),
+            ("--prefix-fraction", a.prefix_fraction),
+        ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name} {v}: must be within [0, 1]"));
             }
@@ -134,7 +142,8 @@ impl Config {
         // libskv keeps req_to_token on the host: rows x max_context_len int32 entries.
         if num_rows * max_ctx > 1 << 28 {
             return Err(format!(
-                "req_to_token would need {num_rows} rows x {max_ctx} tokens: lower --concurrency or the session length"));
+                "req_to_token would need {num_rows} rows x {max_ctx} tokens: lower --concurrency or the session length"
+            ));
         }
         let total_pages = a.pool_tokens / ps;
         let need = max_ctx / ps + a.shared_prefix_pages as u64 + 1;
@@ -146,7 +155,12 @@ impl Config {
         if total_pages * ps > 1 << 31 {
             return Err(format!("--pool-tokens {}: exceeds 2^31 (token indices are int32)", a.pool_tokens));
         }
-        Ok(Config { shared_tokens: shared as u32, total_pages, num_rows: num_rows as u32,
-                    max_context_len: max_ctx as u32, args: a })
+        Ok(Config {
+            shared_tokens: shared as u32,
+            total_pages,
+            num_rows: num_rows as u32,
+            max_context_len: max_ctx as u32,
+            args: a,
+        })
     }
 }

@@ -116,7 +116,11 @@ fn unexpected(what: &str, s: skv_status) -> Fault {
 }
 
 fn expect_ok(what: &str, s: skv_status) -> Result<(), Fault> {
-    if s == SKV_OK { Ok(()) } else { Err(unexpected(what, s)) }
+    if s == SKV_OK {
+        Ok(())
+    } else {
+        Err(unexpected(what, s))
+    }
 }
 
 impl<'a> Engine<'a> {
@@ -134,9 +138,18 @@ impl<'a> Engine<'a> {
         let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", ffi::status_name(s)))?;
         let check_every = a.check_every;
         Ok(Engine {
-            cfg, cache, rng: Rng::new(a.seed), open: Vec::new(), opened: 0, running: 0, tick: 0,
-            shared: Vec::new(), next_audit: if check_every == 0 { u64::MAX } else { check_every },
-            receipts: 0, m: Metrics { total_pages: cfg.total_pages, ..Metrics::default() }, bar,
+            cfg,
+            cache,
+            rng: Rng::new(a.seed),
+            open: Vec::new(),
+            opened: 0,
+            running: 0,
+            tick: 0,
+            shared: Vec::new(),
+            next_audit: if check_every == 0 { u64::MAX } else { check_every },
+            receipts: 0,
+            m: Metrics { total_pages: cfg.total_pages, ..Metrics::default() },
+            bar,
         })
     }
 
@@ -155,7 +168,9 @@ impl<'a> Engine<'a> {
 
     fn serve(&mut self) -> Result<(), Fault> {
         if self.cfg.shared_tokens > 0 {
-            self.shared = self.cache.pool_alloc(self.cfg.shared_tokens)
+            self.shared = self
+                .cache
+                .pool_alloc(self.cfg.shared_tokens)
                 .map_err(|s| unexpected("skv_pool_alloc(shared prefix)", s))?;
         }
         loop {
@@ -195,8 +210,14 @@ impl<'a> Engine<'a> {
                 turns_left: a.turns,
                 swa,
                 shared,
-                branches: vec![Branch { id: 0, history: if shared { self.cfg.shared_tokens } else { 0 },
-                                        has_slot: false, kv_len: 0, protected: 0, idle_since: 0 }],
+                branches: vec![Branch {
+                    id: 0,
+                    history: if shared { self.cfg.shared_tokens } else { 0 },
+                    has_slot: false,
+                    kv_len: 0,
+                    protected: 0,
+                    idle_since: 0,
+                }],
                 busy: None,
                 turn: None,
             });
@@ -215,8 +236,12 @@ impl<'a> Engine<'a> {
 
     /// Runs an allocating call, evicting idle branches while the pool is out of pages or
     /// rows. Ok(false): nothing left to evict, the caller preempts its request.
-    fn with_memory(&mut self, what: &str, req: &mut skv_req,
-                   mut call: impl FnMut(&mut Cache, &mut skv_req) -> skv_status) -> Result<bool, Fault> {
+    fn with_memory(
+        &mut self,
+        what: &str,
+        req: &mut skv_req,
+        mut call: impl FnMut(&mut Cache, &mut skv_req) -> skv_status,
+    ) -> Result<bool, Fault> {
         loop {
             match call(&mut self.cache, req) {
                 SKV_OK => {
@@ -246,8 +271,7 @@ impl<'a> Engine<'a> {
         let Some((_, i, b)) = victim else { return Ok(false) };
         let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
         let before = self.free_pages()?;
-        expect_ok(&format!("skv_release_branch(session {sid}, branch {bid})"),
-                  self.cache.release_branch(sid, bid))?;
+        expect_ok(&format!("skv_release_branch(session {sid}, branch {bid})"), self.cache.release_branch(sid, bid))?;
         self.m.freed_evict += self.free_pages()? - before;
         self.open[i].branches[b].has_slot = false;
         self.m.evictions += 1;
@@ -257,9 +281,8 @@ impl<'a> Engine<'a> {
     /// Starts turns on waiting sessions until the batch is full.
     fn admit(&mut self) -> Result<(), Fault> {
         while self.running < self.cfg.args.batch as usize {
-            let waiting: Vec<usize> = (0..self.open.len())
-                .filter(|&i| self.open[i].turn.is_none() && self.open[i].turns_left > 0)
-                .collect();
+            let waiting: Vec<usize> =
+                (0..self.open.len()).filter(|&i| self.open[i].turn.is_none() && self.open[i].turns_left > 0).collect();
             if waiting.is_empty() {
                 return Ok(());
             }
@@ -281,8 +304,14 @@ impl<'a> Engine<'a> {
             // prefilled from scratch.
             let from = self.rng.below(n);
             let history = self.open[i].branches[from].history;
-            self.open[i].branches.push(Branch { id: n as u64, history, has_slot: false, kv_len: 0,
-                                                protected: 0, idle_since: 0 });
+            self.open[i].branches.push(Branch {
+                id: n as u64,
+                history,
+                has_slot: false,
+                kv_len: 0,
+                protected: 0,
+                idle_since: 0,
+            });
             self.m.branches += 1;
             return n;
         }
@@ -316,8 +345,10 @@ impl<'a> Engine<'a> {
         let freed = self.free_pages()? - before;
         let hit = out.hit == 1;
         if hit != want_hit || (hit && out.prefix_len != want_len) || (hit && req.kv_allocated_len != want_len) {
-            return Err(format!("{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len}",
-                               out.hit, out.prefix_len, req.kv_allocated_len, want_hit as u32));
+            return Err(format!(
+                "{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len}",
+                out.hit, out.prefix_len, req.kv_allocated_len, want_hit as u32
+            ));
         }
         let br = &mut self.open[i].branches[b];
         if br.has_slot && !hit {
@@ -343,7 +374,11 @@ impl<'a> Engine<'a> {
         self.running += 1;
 
         let hit = self.do_match(i, b, &mut req, key_len)?;
-        if hit { self.m.hits += 1 } else { self.m.misses += 1 }
+        if hit {
+            self.m.hits += 1
+        } else {
+            self.m.misses += 1
+        }
         if !hit {
             if !self.with_memory("skv_alloc_row", &mut req, |c, r| c.alloc_row(r))? {
                 return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
@@ -441,8 +476,10 @@ impl<'a> Engine<'a> {
         let freed = self.free_pages()? - before;
         let want_output = if aborted { output } else { output.min(t.plan.finish_at) };
         if t.req.req_pool_idx != -1 || t.req.kv_allocated_len != 0 || t.req.output_len != want_output {
-            return Err(format!("{what}: req left with row {} allocated {} output {} (expected -1, 0, {want_output})",
-                               t.req.req_pool_idx, t.req.kv_allocated_len, t.req.output_len));
+            return Err(format!(
+                "{what}: req left with row {} allocated {} output {} (expected -1, 0, {want_output})",
+                t.req.req_pool_idx, t.req.kv_allocated_len, t.req.output_len
+            ));
         }
         let tick = self.tick;
         let br = &mut self.open[i].branches[t.branch];
@@ -482,8 +519,10 @@ impl<'a> Engine<'a> {
             return Ok(()); // no row yet: nothing was allocated
         }
         let before = self.free_pages()?;
-        expect_ok(&format!("skv_cache_finished_req(session {sid}, branch {bid}, preempted)"),
-                  self.cache.finished_req(sid, bid, &mut t.req, true))?;
+        expect_ok(
+            &format!("skv_cache_finished_req(session {sid}, branch {bid}, preempted)"),
+            self.cache.finished_req(sid, bid, &mut t.req, true),
+        )?;
         self.m.freed_abort += self.free_pages()? - before;
         self.open[i].branches[t.branch].has_slot = false;
         Ok(())

@@ -6,8 +6,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::time::Instant;
 
 use skv::skv_status::{self, SKV_OK};
-use skv::{skv_cache, skv_cache_config, skv_check_report, skv_engine_hooks, skv_held, skv_match,
-          skv_req, skv_stats};
+use skv::{skv_cache, skv_cache_config, skv_check_report, skv_engine_hooks, skv_held, skv_match, skv_req, skv_stats};
 
 /// The timed operations, in report order.
 #[derive(Clone, Copy)]
@@ -116,8 +115,14 @@ impl Cache {
     // SAFETY (every call below): `self.ptr` is a live handle and every pointer passed is a
     // reference or a slice valid for the call's duration.
 
-    pub fn match_prefix(&mut self, sid: u64, bid: u64, req: &mut skv_req, key_len: u32,
-                        out: &mut skv_match) -> skv_status {
+    pub fn match_prefix(
+        &mut self,
+        sid: u64,
+        bid: u64,
+        req: &mut skv_req,
+        key_len: u32,
+        out: &mut skv_match,
+    ) -> skv_status {
         let c = self.ptr;
         self.timed(Op::Match, || unsafe { skv::skv_match_prefix(c, sid, bid, req, key_len, 0, out) })
     }
@@ -178,9 +183,7 @@ impl Cache {
 
     pub fn held(&self, active_rows: &[i32]) -> Result<skv_held, skv_status> {
         let mut out = std::mem::MaybeUninit::<skv_held>::zeroed();
-        let s = unsafe {
-            skv::skv_session_held(self.ptr, active_rows.as_ptr(), active_rows.len(), out.as_mut_ptr())
-        };
+        let s = unsafe { skv::skv_session_held(self.ptr, active_rows.as_ptr(), active_rows.len(), out.as_mut_ptr()) };
         match s {
             // SAFETY: as in `stats`.
             SKV_OK => Ok(unsafe { out.assume_init() }),

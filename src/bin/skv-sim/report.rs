@@ -15,11 +15,14 @@ pub struct Latency {
 }
 
 pub fn latencies(samples: &mut [Vec<u32>]) -> Vec<Latency> {
-    OPS.iter().zip(samples.iter_mut()).map(|(&(_, name), s)| {
-        s.sort_unstable();
-        let at = |q: usize| if s.is_empty() { 0 } else { s[(s.len() - 1) * q / 100] };
-        Latency { name, calls: s.len(), p50: at(50), p99: at(99), max: s.last().copied().unwrap_or(0) }
-    }).collect()
+    OPS.iter()
+        .zip(samples.iter_mut())
+        .map(|(&(_, name), s)| {
+            s.sort_unstable();
+            let at = |q: usize| if s.is_empty() { 0 } else { s[(s.len() - 1) * q / 100] };
+            Latency { name, calls: s.len(), p50: at(50), p99: at(99), max: s.last().copied().unwrap_or(0) }
+        })
+        .collect()
 }
 
 fn calls_per_sec(m: &Metrics, lat: &[Latency]) -> (usize, f64) {
@@ -37,34 +40,83 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
     let (calls, rate) = calls_per_sec(m, lat);
     let pct = |x: u64, of: u64| if of == 0 { 0.0 } else { 100.0 * x as f64 / of as f64 };
     let mut t = String::new();
-    let _ = writeln!(t, "skv-sim: {} sessions x {} turns, {} open, batch {}, page {}, draft {}, accept {}, pool {} pages, seed {}",
-                     a.sessions, a.turns, a.concurrency, a.batch, a.page_size, a.draft_len, a.accept_rate,
-                     cfg.total_pages, a.seed);
-    let mut row = |k: &str, v: String| { let _ = writeln!(t, "  {k:<22}{v}"); };
-    row("turns", format!("{:>10}   aborted {}, preempted {}, retried {}, hits {}, misses {}",
-                         m.turns, m.aborted, m.preempted, m.retried, m.hits, m.misses));
-    row("sessions closed", format!("{:>10}   branches forked {}, idle branches evicted {}, aligned-reuse releases {}",
-                                   m.sessions_closed, m.branches, m.evictions, m.aligned_releases));
-    row("tokens generated", format!("{:>10}   kept {} ({} verify rounds, {:.1}% of drafts accepted)",
-                                    m.generated, m.kept, m.rounds, pct(m.accepted, m.drafted)));
+    let _ = writeln!(
+        t,
+        "skv-sim: {} sessions x {} turns, {} open, batch {}, page {}, draft {}, accept {}, pool {} pages, seed {}",
+        a.sessions, a.turns, a.concurrency, a.batch, a.page_size, a.draft_len, a.accept_rate, cfg.total_pages, a.seed
+    );
+    let mut row = |k: &str, v: String| {
+        let _ = writeln!(t, "  {k:<22}{v}");
+    };
+    row(
+        "turns",
+        format!(
+            "{:>10}   aborted {}, preempted {}, retried {}, hits {}, misses {}",
+            m.turns, m.aborted, m.preempted, m.retried, m.hits, m.misses
+        ),
+    );
+    row(
+        "sessions closed",
+        format!(
+            "{:>10}   branches forked {}, idle branches evicted {}, aligned-reuse releases {}",
+            m.sessions_closed, m.branches, m.evictions, m.aligned_releases
+        ),
+    );
+    row(
+        "tokens generated",
+        format!(
+            "{:>10}   kept {} ({} verify rounds, {:.1}% of drafts accepted)",
+            m.generated,
+            m.kept,
+            m.rounds,
+            pct(m.accepted, m.drafted)
+        ),
+    );
     row("tokens prefilled", format!("{:>10}", m.prefilled));
     row("trimmed by overshoot", format!("{:>10}   tokens (skv_cache_stats.trimmed_tokens)", m.trimmed_tokens));
     row("tail-freed", format!("{:>10}   tokens (match after a retry or retraction)", m.tail_freed_tokens));
-    row("pages freed", format!("{:>10}   trim {}, abort {}, release {}, evict {}, match tail {}",
-                               m.freed_trim + m.freed_abort + m.freed_release + m.freed_evict + m.freed_tail,
-                               m.freed_trim, m.freed_abort, m.freed_release, m.freed_evict, m.freed_tail));
-    row("peak pages held", format!("{:>10}   of {} ({:.1}%)", m.peak_used_pages, cfg.total_pages - 1,
-                                   pct(m.peak_used_pages, cfg.total_pages - 1)));
-    row("session-held peak", format!("{:>10}   tokens (swa {}), {} idle rows (skv_session_held at audits)",
-                                     m.peak_held_tokens, m.peak_held_swa_tokens, m.peak_held_rows));
+    row(
+        "pages freed",
+        format!(
+            "{:>10}   trim {}, abort {}, release {}, evict {}, match tail {}",
+            m.freed_trim + m.freed_abort + m.freed_release + m.freed_evict + m.freed_tail,
+            m.freed_trim,
+            m.freed_abort,
+            m.freed_release,
+            m.freed_evict,
+            m.freed_tail
+        ),
+    );
+    row(
+        "peak pages held",
+        format!(
+            "{:>10}   of {} ({:.1}%)",
+            m.peak_used_pages,
+            cfg.total_pages - 1,
+            pct(m.peak_used_pages, cfg.total_pages - 1)
+        ),
+    );
+    row(
+        "session-held peak",
+        format!(
+            "{:>10}   tokens (swa {}), {} idle rows (skv_session_held at audits)",
+            m.peak_held_tokens, m.peak_held_swa_tokens, m.peak_held_rows
+        ),
+    );
     row("calls", format!("{:>10}   in {:.3} s = {:.0} calls/s", calls, m.elapsed.as_secs_f64(), rate));
     let _ = writeln!(t, "  {:<18}{:>10}{:>9}{:>9}{:>10}", "latency (ns)", "calls", "p50", "p99", "max");
     for l in lat.iter().filter(|l| l.calls > 0) {
         let _ = writeln!(t, "    {:<16}{:>10}{:>9}{:>9}{:>10}", l.name, l.calls, l.p50, l.p99, l.max);
     }
-    let verdict = match fault { None => "OK".to_string(), Some(f) => format!("FAIL: {f}") };
-    let _ = writeln!(t, "  {:<22}{} checks, {} violations; prefix locks {}/{} returned; leaked pages {}, rows {}: {verdict}",
-                     "audit", m.audits, m.violations, m.locks_returned, m.locks_taken, m.leaked_pages, m.leaked_rows);
+    let verdict = match fault {
+        None => "OK".to_string(),
+        Some(f) => format!("FAIL: {f}"),
+    };
+    let _ = writeln!(
+        t,
+        "  {:<22}{} checks, {} violations; prefix locks {}/{} returned; leaked pages {}, rows {}: {verdict}",
+        "audit", m.audits, m.violations, m.locks_returned, m.locks_taken, m.leaked_pages, m.leaked_rows
+    );
     t
 }
 
@@ -72,21 +124,46 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
 pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> String {
     let (calls, rate) = calls_per_sec(m, lat);
     let mut fields: Vec<(String, String)> = [
-        ("sessions", cfg.args.sessions), ("turns", m.turns), ("aborted", m.aborted), ("preempted", m.preempted),
-        ("retried", m.retried), ("hits", m.hits), ("misses", m.misses), ("branches", m.branches),
-        ("evictions", m.evictions), ("aligned_releases", m.aligned_releases),
-        ("sessions_closed", m.sessions_closed), ("rounds", m.rounds), ("drafted", m.drafted),
-        ("accepted", m.accepted), ("tokens_generated", m.generated), ("tokens_kept", m.kept),
-        ("tokens_prefilled", m.prefilled), ("trimmed_tokens", m.trimmed_tokens),
-        ("tail_freed_tokens", m.tail_freed_tokens), ("pages_freed_trim", m.freed_trim),
-        ("pages_freed_abort", m.freed_abort), ("pages_freed_release", m.freed_release),
-        ("pages_freed_evict", m.freed_evict), ("pages_freed_tail", m.freed_tail),
-        ("total_pages", m.total_pages), ("peak_pages", m.peak_used_pages),
-        ("peak_held_tokens", m.peak_held_tokens), ("peak_held_swa_tokens", m.peak_held_swa_tokens),
-        ("peak_held_rows", m.peak_held_rows), ("audits", m.audits), ("audit_violations", m.violations),
-        ("locks_taken", m.locks_taken), ("locks_returned", m.locks_returned),
-        ("leaked_pages", m.leaked_pages), ("leaked_rows", m.leaked_rows), ("calls", calls as u64),
-    ].into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        ("sessions", cfg.args.sessions),
+        ("turns", m.turns),
+        ("aborted", m.aborted),
+        ("preempted", m.preempted),
+        ("retried", m.retried),
+        ("hits", m.hits),
+        ("misses", m.misses),
+        ("branches", m.branches),
+        ("evictions", m.evictions),
+        ("aligned_releases", m.aligned_releases),
+        ("sessions_closed", m.sessions_closed),
+        ("rounds", m.rounds),
+        ("drafted", m.drafted),
+        ("accepted", m.accepted),
+        ("tokens_generated", m.generated),
+        ("tokens_kept", m.kept),
+        ("tokens_prefilled", m.prefilled),
+        ("trimmed_tokens", m.trimmed_tokens),
+        ("tail_freed_tokens", m.tail_freed_tokens),
+        ("pages_freed_trim", m.freed_trim),
+        ("pages_freed_abort", m.freed_abort),
+        ("pages_freed_release", m.freed_release),
+        ("pages_freed_evict", m.freed_evict),
+        ("pages_freed_tail", m.freed_tail),
+        ("total_pages", m.total_pages),
+        ("peak_pages", m.peak_used_pages),
+        ("peak_held_tokens", m.peak_held_tokens),
+        ("peak_held_swa_tokens", m.peak_held_swa_tokens),
+        ("peak_held_rows", m.peak_held_rows),
+        ("audits", m.audits),
+        ("audit_violations", m.violations),
+        ("locks_taken", m.locks_taken),
+        ("locks_returned", m.locks_returned),
+        ("leaked_pages", m.leaked_pages),
+        ("leaked_rows", m.leaked_rows),
+        ("calls", calls as u64),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
     fields.push(("elapsed_s".into(), format!("{:.6}", m.elapsed.as_secs_f64())));
     fields.push(("calls_per_sec".into(), format!("{rate:.0}")));
     for l in lat {
@@ -95,11 +172,15 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
         fields.push((format!("{}_p99_ns", l.name), l.p99.to_string()));
     }
     fields.push(("ok".into(), fault.is_none().to_string()));
-    let escaped: String = fault.unwrap_or("").chars().map(|c| match c {
-        '"' | '\\' => format!("\\{c}"),
-        c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32),
-        c => c.to_string(),
-    }).collect();
+    let escaped: String = fault
+        .unwrap_or("")
+        .chars()
+        .map(|c| match c {
+            '"' | '\\' => format!("\\{c}"),
+            c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32),
+            c => c.to_string(),
+        })
+        .collect();
     fields.push(("fault".into(), format!("\"{escaped}\"")));
     let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     format!("{{{}}}", body.join(","))

@@ -64,11 +64,7 @@ pub struct TurnPlan {
 impl TurnPlan {
     pub fn draw(a: &Args, rng: &mut Rng) -> TurnPlan {
         let user_tokens = rng.range(a.prompt_min, a.prompt_max);
-        let finish_at = if rng.chance(STOP_TOKEN_RATE) {
-            rng.range(1, a.max_new_tokens)
-        } else {
-            a.max_new_tokens
-        };
+        let finish_at = if rng.chance(STOP_TOKEN_RATE) { rng.range(1, a.max_new_tokens) } else { a.max_new_tokens };
         let abort_at = rng.chance(a.abort_rate).then(|| rng.range(0, finish_at - 1));
         TurnPlan { user_tokens, finish_at, abort_at, retry: rng.chance(a.retry_rate) }
     }

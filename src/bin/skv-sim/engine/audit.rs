@@ -14,16 +14,20 @@ impl Engine<'_> {
             self.m.first_violation = ffi::violation_text(&r);
             return Err(format!("audit: {} violations, first: {}", r.violations, self.m.first_violation));
         }
-        let active: Vec<i32> = self.open.iter().filter_map(|s| s.turn.as_ref())
-            .map(|t| t.req.req_pool_idx).filter(|&r| r >= 0).collect();
+        let active: Vec<i32> =
+            self.open.iter().filter_map(|s| s.turn.as_ref()).map(|t| t.req.req_pool_idx).filter(|&r| r >= 0).collect();
         let held = self.cache.held(&active).map_err(|s| unexpected("skv_session_held", s))?;
         let slots = self.open.iter().flat_map(|s| s.branches.iter()).filter(|b| b.has_slot).count() as u64;
-        let idle = self.open.iter()
+        let idle = self
+            .open
+            .iter()
             .map(|s| s.branches.iter().enumerate().filter(|&(b, br)| br.has_slot && s.busy != Some(b)).count() as u64)
             .sum::<u64>();
         if held.sessions != slots || held.rows != idle {
-            return Err(format!("skv_session_held: {} slots / {} idle rows, the engine expects {slots} / {idle}",
-                               held.sessions, held.rows));
+            return Err(format!(
+                "skv_session_held: {} slots / {} idle rows, the engine expects {slots} / {idle}",
+                held.sessions, held.rows
+            ));
         }
         self.m.peak_held_tokens = self.m.peak_held_tokens.max(held.full_tokens);
         self.m.peak_held_swa_tokens = self.m.peak_held_swa_tokens.max(held.swa_tokens);
@@ -59,13 +63,19 @@ impl Engine<'_> {
         self.m.locks_returned = l.returned.get();
         let want_sum = (1..=self.receipts).fold(0u64, |s, r| s.wrapping_add(r));
         if self.m.leaked_pages > 0 || self.m.leaked_rows > 0 {
-            return Err(format!("leak after every session closed: {} pages, {} rows",
-                               self.m.leaked_pages, self.m.leaked_rows));
+            return Err(format!(
+                "leak after every session closed: {} pages, {} rows",
+                self.m.leaked_pages, self.m.leaked_rows
+            ));
         }
         if l.returned.get() != self.m.locks_taken || l.receipt_sum.get() != want_sum || l.wrong_node.get() > 0 {
-            return Err(format!("prefix-tree locks: {} taken, {} returned ({} for a wrong node, receipts {})",
-                               self.m.locks_taken, l.returned.get(), l.wrong_node.get(),
-                               if l.receipt_sum.get() == want_sum { "match" } else { "differ" }));
+            return Err(format!(
+                "prefix-tree locks: {} taken, {} returned ({} for a wrong node, receipts {})",
+                self.m.locks_taken,
+                l.returned.get(),
+                l.wrong_node.get(),
+                if l.receipt_sum.get() == want_sum { "match" } else { "differ" }
+            ));
         }
         Ok(())
     }
