@@ -39,6 +39,7 @@ impl Cache {
         }
         self.pool.check_free(row, target, end)?;
         self.guard_idle_session_row(row)?;
+        self.check_slot_floor(row, target, end)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, end));
         self.run_effects(|c| {
@@ -56,6 +57,7 @@ impl Cache {
         let target = self.trim_target(req, finished_len)?;
         self.pool.check_req(req)?;
         self.guard_idle_session_row(row)?;
+        self.check_slot_floor(row, target, req.allocated)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, req.allocated));
         self.run_effects(|c| {
@@ -82,6 +84,7 @@ impl Cache {
             );
         }
         self.guard_idle_session_row(row)?;
+        self.check_slot_floor(row, prefix_len, req.allocated)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, prefix_len, req.allocated));
         self.run_effects(|c| {
@@ -301,6 +304,21 @@ impl Cache {
             h.aux_states += (s.aux != -1) as u64;
         }
         h
+    }
+
+    /// A primitive shortening a session's row to `len` (from `end`) must not cut into the
+    /// prefix its slot protects (the engine's req may claim a shorter one).
+    fn check_slot_floor(&self, row: u32, len: u32, end: u32) -> Result<()> {
+        match self.slots.of_row(row) {
+            Some(s) if len < end && len < s.protected => bail!(
+                State,
+                "row {row} would shrink to {len} tokens, below the {} protected by session {} branch {}",
+                s.protected,
+                s.session,
+                s.branch
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// The trim boundary of SEMANTICS.md's trim_overshoot, steps 1-2, after its checks.

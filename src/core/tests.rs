@@ -436,3 +436,19 @@ fn flashinfer_layout() {
     c.flashinfer_fill(&rows, &mut indptr, &mut idx, &mut last);
     assert_eq!((indptr, idx, last), ([0, 2, 2, 3], [1, 2, 3], [2, 0, 4]));
 }
+
+#[test]
+fn primitives_never_cut_into_a_slots_protected_prefix() {
+    let mut c = external(4, 128, false);
+    let mut r = Req { origin_input_len: 12, protected: 8, ..req(0, 12, 12) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    log(&mut c);
+    assert!(matches!(c.free_aligned(0, 4, 12), Err(Error::State(_))));
+    let mut liar = req(0, 12, 12);
+    assert!(matches!(c.free_tail(&mut liar, 4), Err(Error::State(_))), "the req claims no protected prefix");
+    assert!(matches!(c.trim_overshoot(&mut Req { output_len: 4, ..liar }, 4), Err(Error::State(_))));
+    assert_eq!(log(&mut c), Vec::<String>::new());
+    assert_eq!(c.session_held(&[]).full_tokens, 4);
+    c.free_aligned(0, 10, 12).unwrap();
+    assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10);
+}
