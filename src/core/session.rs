@@ -181,6 +181,7 @@ impl Cache {
         self.pool.check_req(req)?;
         let found = self.slots.find(session, branch).map(|(r, _)| r);
         self.check_row_belongs(row, found, session, branch)?;
+        self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated));

@@ -447,6 +447,11 @@ fn primitives_never_cut_into_a_slots_protected_prefix() {
     let mut liar = req(0, 12, 12);
     assert!(matches!(c.free_tail(&mut liar, 4), Err(Error::State(_))), "the req claims no protected prefix");
     assert!(matches!(c.trim_overshoot(&mut Req { output_len: 4, ..liar }, 4), Err(Error::State(_))));
+    let mut next = Req::default();
+    c.match_prefix(1, 0, &mut next, 12, false).unwrap();
+    let mut short = Req { origin_input_len: 4, protected: 0, ..next };
+    assert!(matches!(c.cache_finished_req(1, 0, &mut short, false), Err(Error::State(_))));
+    c.cache_finished_req(1, 0, &mut Req { origin_input_len: 12, ..next }, false).unwrap();
     assert_eq!(log(&mut c), Vec::<String>::new());
     assert_eq!(c.session_held(&[]).full_tokens, 4);
     c.free_aligned(0, 10, 12).unwrap();
