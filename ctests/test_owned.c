@@ -1152,8 +1152,12 @@ static void test_streaming_session(void) {
   CHECK_EQ_INT(r.kv_allocated_len, 22);
   CHECK_OK(skv_alloc_extend(c, &r, 3));
   CHECK_PAGES(c, 8, 7, 0);
+  /* a fresh req cannot take over a running slot: only the running request's req may retry */
   retry = ot_req();
   retry.origin_input_len = 25;
+  OT_REFUSED(c, ps, &retry, skv_match_prefix(c, sid, 0, &retry, 24, 0, &m), SKV_ERR_STATE,
+             "skv_match_prefix");
+  retry = r;
   CHECK_OK(skv_match_prefix(c, sid, 0, &retry, 24, 0, &m));
   CHECK_EQ_INT(m.hit, 1);
   CHECK_EQ_INT(m.prefix_len, 22);

@@ -113,21 +113,22 @@ pub unsafe extern "C" fn skv_cache_new_external(
 ) -> skv_status {
     guard("skv_cache_new_external", || {
         let cfg_ref = arg(cfg, "cfg")?;
-        let ops = *arg(ops, "ops")?;
+        arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
+        // A struct_size too small means the caller's struct ends before the callbacks: read
+        // nothing past struct_size.
+        let size = std::ptr::addr_of!((*ops).struct_size).read();
         let need = std::mem::size_of::<skv_pool_ops>() as u32;
-        if ops.struct_size < need {
-            return Err(Error::InvalidArg(format!(
-                "ops->struct_size {} < sizeof(skv_pool_ops) {need}",
-                ops.struct_size
-            )));
+        if size < need {
+            return Err(Error::InvalidArg(format!("ops->struct_size {size} < sizeof(skv_pool_ops) {need}")));
         }
+        let ops = ops.read();
         let (Some(_), Some(_), Some(_)) = (ops.read_row, ops.free_kv, ops.free_row) else {
             return Err(Error::NullArg("ops->read_row, free_kv and free_row are required".into()));
         };
         let cfg = config(cfg_ref)?;
         cfg.validate()?;
-        *slot = boxed(|id| Ok(Cache::new(cfg, Box::new(ExternalPool { id, ops, user_data, staging: Vec::new() }))))?;
+        *slot = boxed(|id| Cache::new(cfg, Box::new(ExternalPool { id, ops, user_data, staging: Vec::new() })))?;
         Ok(())
     })
 }
@@ -180,7 +181,11 @@ impl Pool for ExternalPool {
                     continue;
                 }
                 let at = self.staging.len();
-                self.staging.resize(at + (end - start) as usize, -1);
+                let n = (end - start) as usize;
+                if self.staging.try_reserve(n).is_err() {
+                    return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
+                }
+                self.staging.resize(at + n, -1);
                 let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
                 if rc != 0 {
                     return Err(Error::Callback(format!(

@@ -55,12 +55,13 @@ pub(crate) unsafe fn out_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> 
     p.as_mut().ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
 }
 
-/// A `(pointer, length)` pair as a slice; `(NULL, 0)` is the empty slice.
+/// A `(pointer, length)` pair as a slice; `(NULL, 0)` is the empty slice. A length no
+/// array can have is refused rather than turned into a slice.
 pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
     match (p.is_null(), n) {
         (_, 0) => Ok(&[]),
         (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
-        (false, _) => Ok(std::slice::from_raw_parts(p, n)),
+        (false, _) => Ok(std::slice::from_raw_parts(p, checked_len::<T>(n, name)?)),
     }
 }
 
@@ -68,7 +69,14 @@ pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result
     match (p.is_null(), n) {
         (_, 0) => Ok(&mut []),
         (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
-        (false, _) => Ok(std::slice::from_raw_parts_mut(p, n)),
+        (false, _) => Ok(std::slice::from_raw_parts_mut(p, checked_len::<T>(n, name)?)),
+    }
+}
+
+fn checked_len<T>(n: usize, name: &str) -> Result<usize> {
+    match n.checked_mul(std::mem::size_of::<T>()) {
+        Some(bytes) if bytes <= isize::MAX as usize => Ok(n),
+        _ => Err(Error::InvalidArg(format!("{name}: {n} elements is no array's length"))),
     }
 }
 

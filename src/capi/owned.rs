@@ -135,6 +135,7 @@ pub unsafe extern "C" fn skv_row_indices(
     out: *mut i32,
 ) -> skv_status {
     guard("skv_row_indices", || {
+        super::arg(c.cast_const(), "cache")?;
         let out = slice_mut(out, end.saturating_sub(start) as usize, "out")?;
         let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };
         lock(c)?.row_indices(row, start, end, out)
@@ -327,7 +328,8 @@ pub unsafe extern "C" fn skv_build_flashinfer(
 ) -> skv_status {
     guard("skv_build_flashinfer", || {
         let rows = slice(rows, n, "rows")?;
-        let indptr = slice_mut(kv_indptr, n + 1, "kv_indptr")?;
+        let Some(n_ptr) = n.checked_add(1) else { return Err(Error::InvalidArg(format!("n {n} out of range"))) };
+        let indptr = slice_mut(kv_indptr, n_ptr, "kv_indptr")?;
         let indices = slice_mut(kv_indices, cap, "kv_indices")?;
         let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
         let needed = out_mut(needed, "needed")?;

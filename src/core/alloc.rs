@@ -6,6 +6,8 @@
 //! row's tail from its lowest position up; `pool_free`'s distinct pages in ascending order).
 //! Page 0 is the padding page and never leaves the `Padding` state.
 
+use super::error::{try_vec, Result};
+
 /// Who a page belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PageState {
@@ -26,10 +28,11 @@ pub struct PageAllocator {
 }
 
 impl PageAllocator {
-    pub fn new(total_pages: u32) -> Self {
-        let mut states = vec![PageState::Free; total_pages as usize];
-        states[0] = PageState::Padding;
-        PageAllocator { states, free: (1..total_pages).rev().collect() }
+    pub fn new(total_pages: u32) -> Result<Self> {
+        let n = total_pages as usize;
+        let states = try_vec(n, "page states", |p| if p == 0 { PageState::Padding } else { PageState::Free })?;
+        let free = try_vec(n - 1, "the free-page stack", |i| (n - 1 - i) as u32)?;
+        Ok(PageAllocator { states, free })
     }
 
     pub fn total_pages(&self) -> u32 {
@@ -85,7 +88,7 @@ mod tests {
 
     #[test]
     fn lifo_from_page_one() {
-        let mut a = PageAllocator::new(5);
+        let mut a = PageAllocator::new(5).unwrap();
         let mut got = Vec::new();
         assert!(a.alloc(2, PageState::Owned, &mut got));
         assert_eq!(got, [1, 2]);
@@ -97,7 +100,7 @@ mod tests {
 
     #[test]
     fn all_or_nothing() {
-        let mut a = PageAllocator::new(3);
+        let mut a = PageAllocator::new(3).unwrap();
         let mut got = Vec::new();
         assert!(!a.alloc(3, PageState::Owned, &mut got));
         assert!(got.is_empty());

@@ -23,16 +23,16 @@ pub struct Cache {
 
 impl Cache {
     /// A cache over `pool`; `cfg` must already be valid for the pool's mode.
-    pub fn new(cfg: Config, pool: Box<dyn Pool>) -> Self {
-        Cache {
+    pub fn new(cfg: Config, pool: Box<dyn Pool>) -> Result<Self> {
+        Ok(Cache {
             cfg,
-            slots: Slots::new(cfg.num_rows),
+            slots: Slots::new(cfg.num_rows)?,
             pool,
             effects: Vec::with_capacity(8),
             deferred: None,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,
-        }
+        })
     }
 
     pub fn config(&self) -> &Config {
@@ -67,12 +67,10 @@ impl Cache {
         self.deferred.take().map_or(Ok(()), Err)
     }
 
-    /// In owned mode a row an idle session slot holds belongs to the session: engine calls
-    /// that would reshape it behind the session's back are refused.
+    /// A row an idle session slot holds belongs to the session: engine calls that would
+    /// reshape it behind the session's back are refused (while the slot is in flight, its
+    /// running request works on the row as usual).
     pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
-        if self.pool.owned().is_none() {
-            return Ok(());
-        }
         match self.slots.of_row(row) {
             Some(s) if !s.in_flight => {
                 bail!(State, "row {row} belongs to the idle slot of session {} branch {}", s.session, s.branch)

@@ -35,6 +35,17 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// A vector of `n` values, or `OutOfMemory` when the host cannot hold it: a handle's tables
+/// are sized by its configuration, and a huge one must fail the call, not abort the process.
+pub(crate) fn try_vec<T>(n: usize, what: &str, mut fill: impl FnMut(usize) -> T) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        return Err(Error::OutOfMemory(format!("cannot allocate {what} for {n} entries")));
+    }
+    v.extend((0..n).map(&mut fill));
+    Ok(v)
+}
+
 macro_rules! bail {
     ($kind:ident, $($fmt:tt)*) => {
         return Err($crate::core::Error::$kind(format!($($fmt)*)))

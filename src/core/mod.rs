@@ -31,7 +31,7 @@ impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.
     pub fn new_owned(cfg: Config) -> Result<Cache> {
         cfg.validate_owned()?;
-        Ok(Cache::new(cfg, Box::new(OwnedPool::new(&cfg))))
+        Cache::new(cfg, Box::new(OwnedPool::new(&cfg)?))
     }
 }
 

@@ -6,7 +6,7 @@
 //! row alone.
 
 use super::alloc::{PageAllocator, PageState};
-use super::error::{bail, Error, Result};
+use super::error::{bail, try_vec, Error, Result};
 use super::page::pages_for;
 use super::pool::{Effect, Pool};
 use super::req::{Config, Req};
@@ -39,18 +39,17 @@ pub struct OwnedPool {
 }
 
 impl OwnedPool {
-    pub fn new(cfg: &Config) -> Self {
+    pub fn new(cfg: &Config) -> Result<Self> {
         let total = (cfg.num_token_slots / cfg.page_size as u64) as u32;
-        let mut rows = Vec::new();
-        rows.resize_with(cfg.num_rows as usize, || None);
-        OwnedPool {
+        let n = cfg.num_rows as usize;
+        Ok(OwnedPool {
             ps: cfg.page_size,
-            pages: PageAllocator::new(total),
-            rows,
-            free_rows: (0..cfg.num_rows).rev().collect(),
+            pages: PageAllocator::new(total)?,
+            rows: try_vec(n, "rows", |_| None)?,
+            free_rows: try_vec(n, "the free-row stack", |i| (n - 1 - i) as u32)?,
             hooks: None,
             scratch: Vec::new(),
-        }
+        })
     }
 
     pub fn set_hooks(&mut self, hooks: Option<Box<dyn EngineHooks>>) {

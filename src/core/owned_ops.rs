@@ -54,7 +54,7 @@ impl Cache {
     /// KV lengths become 0.
     pub fn alloc_row(&mut self, req: &mut Req) -> Result<()> {
         self.owned_pool()?;
-        self.check_req(req)?;
+        req.validate(&self.cfg)?;
         if req.row >= 0 {
             bail!(InvalidArg, "req already holds row {}", req.row);
         }
@@ -315,10 +315,12 @@ impl Cache {
     /// FlashInfer's paged-KV layout for `rows`: how many page ids it takes.
     pub fn flashinfer_len(&self, rows: &[i32]) -> Result<usize> {
         let pool = self.owned_pool()?;
+        if let Some(bad) = rows.iter().find(|&&r| r < 0 || r as u32 >= pool.total_rows()) {
+            bail!(InvalidArg, "row {bad} out of range 0..{}", pool.total_rows());
+        }
         let mut total = 0usize;
         for &row in rows {
-            let Ok(r) = u32::try_from(row) else { bail!(InvalidArg, "row {row} out of range") };
-            total += pages_for(pool.row(r)?.len, self.cfg.page_size) as usize;
+            total += pages_for(pool.row(row as u32)?.len, self.cfg.page_size) as usize;
         }
         Ok(total)
     }

@@ -42,6 +42,9 @@ impl Cache {
         self.check_slot_floor(row, target, end)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, end));
+        if end <= target {
+            return Ok(());
+        }
         self.run_effects(|c| {
             if let Some(s) = c.slots.of_row_mut(row) {
                 clamp_slot(s, target);
@@ -113,6 +116,13 @@ impl Cache {
         if let Some(r) = req.row().filter(|&r| r != row) {
             bail!(State, "req holds row {r} but session {session} branch {branch} is restored into row {row}");
         }
+        if slot.in_flight && req.row() != Some(row) {
+            bail!(
+                State,
+                "session {session} branch {branch} is already restored into a running request (row {row}); \
+                 only that request's req may match it again"
+            );
+        }
         let ps = self.cfg.page_size;
         if self.cfg.aligned_reuse && ps > 1 {
             let a = floor_align(slot.committed.min(key_len), ps);
@@ -148,9 +158,10 @@ impl Cache {
 
     /// The req a slot restores into. libskv's own rows know their mapped length (a retried
     /// match also frees what the first try extended); an engine's retried req may have
-    /// extended past what the slot recorded.
+    /// extended past what the in-flight slot recorded. (A req holding an idle slot's row is a
+    /// stale copy: its lengths count for nothing.)
     fn restore(&self, row: u32, slot: &Slot, req: &Req) -> Req {
-        let allocated = self.pool.mapped_len(row).unwrap_or(if req.row() == Some(row) {
+        let allocated = self.pool.mapped_len(row).unwrap_or(if slot.in_flight {
             slot.allocated.max(req.allocated)
         } else {
             slot.allocated
@@ -179,8 +190,15 @@ impl Cache {
         let finished_len = req.finished();
         let trim_target = self.trim_target(req, finished_len)?;
         self.pool.check_req(req)?;
-        let found = self.slots.find(session, branch).map(|(r, _)| r);
-        self.check_row_belongs(row, found, session, branch)?;
+        let found = self.slots.find(session, branch).map(|(r, s)| (r, s.in_flight));
+        self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
+        if let Some((_, false)) = found {
+            bail!(
+                State,
+                "session {session} branch {branch} is idle: a later turn's req comes from match_prefix \
+                 (this one is a stale copy or already finished)"
+            );
+        }
         self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;
         self.effects.clear();
@@ -307,19 +325,30 @@ impl Cache {
         h
     }
 
-    /// A primitive shortening a session's row to `len` (from `end`) must not cut into the
-    /// prefix its slot protects (the engine's req may claim a shorter one).
+    /// A primitive shortening a running session's row from `end` to `len` must start at or
+    /// past the end the slot records (else the slot would forget the tail in between) and
+    /// stop short of the prefix the slot protects (the engine's req may claim a shorter one).
     fn check_slot_floor(&self, row: u32, len: u32, end: u32) -> Result<()> {
-        match self.slots.of_row(row) {
-            Some(s) if len < end && len < s.protected => bail!(
+        let Some(s) = self.slots.of_row(row).filter(|_| len < end) else { return Ok(()) };
+        if end < s.allocated {
+            bail!(
+                State,
+                "end {end} < the {} tokens session {} branch {} records for row {row}",
+                s.allocated,
+                s.session,
+                s.branch
+            );
+        }
+        if len < s.protected {
+            bail!(
                 State,
                 "row {row} would shrink to {len} tokens, below the {} protected by session {} branch {}",
                 s.protected,
                 s.session,
                 s.branch
-            ),
-            _ => Ok(()),
+            );
         }
+        Ok(())
     }
 
     /// The trim boundary of SEMANTICS.md's trim_overshoot, steps 1-2, after its checks.

@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 
+use super::error::{try_vec, Result};
+
 /// The KV fields of a session's last finished turn, plus its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slot {
@@ -34,8 +36,9 @@ pub struct Slots {
 }
 
 impl Slots {
-    pub fn new(num_rows: u32) -> Self {
-        Slots { by_row: vec![None; num_rows as usize], sessions: HashMap::default(), len: 0 }
+    pub fn new(num_rows: u32) -> Result<Self> {
+        let by_row = try_vec(num_rows as usize, "session slots", |_| None)?;
+        Ok(Slots { by_row, sessions: HashMap::default(), len: 0 })
     }
 
     /// The row and slot of `(session, branch)`.
@@ -121,7 +124,7 @@ mod tests {
 
     #[test]
     fn branches_keep_creation_order() {
-        let mut t = Slots::new(8);
+        let mut t = Slots::new(8).unwrap();
         t.insert(5, slot(1, 9));
         t.insert(2, slot(1, 0));
         t.insert(7, slot(2, 0));

@@ -71,7 +71,7 @@ fn external(ps: u32, cols: i32, aligned_reuse: bool) -> Engine {
     let cfg = Config { page_size: ps, num_token_slots: 0, num_rows: 8, max_context_len: cols as u32, aligned_reuse };
     let rec = Recorder { cols, ..Recorder::default() };
     let log = rec.log.clone();
-    Engine { cache: Cache::new(cfg, Box::new(rec)), log }
+    Engine { cache: Cache::new(cfg, Box::new(rec)).unwrap(), log }
 }
 
 /// The recorded effects since the last call of `log`.
@@ -405,16 +405,13 @@ fn owned_session_turns_conserve_pages() {
     assert_eq!((m.hit, m.prefix_len, next.allocated), (true, 10, 10));
     c.alloc_extend(&mut next, 8).unwrap();
     c.commit(&mut next, 4).unwrap();
-    let again = c.match_prefix(5, 0, &mut Req::default(), 13, false).unwrap();
+    assert!(matches!(c.match_prefix(5, 0, &mut Req::default(), 13, false), Err(Error::State(_))));
+    let again = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
     assert_eq!(again.prefix_len, 10, "a retried match frees what the first try extended");
+    assert_eq!((next.allocated, next.committed), (10, 10));
     clean(&c);
-    c.cache_finished_req(
-        5,
-        0,
-        &mut Req { row: 0, committed: 10, allocated: 10, origin_input_len: 10, ..Req::default() },
-        false,
-    )
-    .unwrap();
+    next.origin_input_len = 10;
+    c.cache_finished_req(5, 0, &mut next, false).unwrap();
     c.release_session(5).unwrap();
     let s = c.stats().unwrap();
     assert_eq!((s.free_pages, s.free_rows, s.sessions), (31, 4, 0));
@@ -438,22 +435,41 @@ fn flashinfer_layout() {
 }
 
 #[test]
-fn primitives_never_cut_into_a_slots_protected_prefix() {
+fn primitives_respect_the_session_that_holds_the_row() {
     let mut c = external(4, 128, false);
     let mut r = Req { origin_input_len: 12, protected: 8, ..req(0, 12, 12) };
+    let stale = r;
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     log(&mut c);
-    assert!(matches!(c.free_aligned(0, 4, 12), Err(Error::State(_))));
-    let mut liar = req(0, 12, 12);
-    assert!(matches!(c.free_tail(&mut liar, 4), Err(Error::State(_))), "the req claims no protected prefix");
-    assert!(matches!(c.trim_overshoot(&mut Req { output_len: 4, ..liar }, 4), Err(Error::State(_))));
+    assert!(matches!(c.free_aligned(0, 10, 12), Err(Error::State(_))), "the slot is idle");
+    assert!(matches!(c.cache_finished_req(1, 0, &mut stale.clone(), false), Err(Error::State(_))), "stale req");
     let mut next = Req::default();
     c.match_prefix(1, 0, &mut next, 12, false).unwrap();
+    assert!(matches!(c.free_aligned(0, 4, 12), Err(Error::State(_))), "below the protected prefix");
+    assert!(matches!(c.free_aligned(0, 10, 11), Err(Error::State(_))), "short of the slot's end");
+    let mut liar = Req { protected: 0, ..next };
+    assert!(matches!(c.free_tail(&mut liar, 4), Err(Error::State(_))), "the req claims no protected prefix");
+    assert!(matches!(c.trim_overshoot(&mut Req { output_len: 4, ..liar }, 4), Err(Error::State(_))));
     let mut short = Req { origin_input_len: 4, protected: 0, ..next };
     assert!(matches!(c.cache_finished_req(1, 0, &mut short, false), Err(Error::State(_))));
-    c.cache_finished_req(1, 0, &mut Req { origin_input_len: 12, ..next }, false).unwrap();
     assert_eq!(log(&mut c), Vec::<String>::new());
-    assert_eq!(c.session_held(&[]).full_tokens, 4);
     c.free_aligned(0, 10, 12).unwrap();
-    assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10);
+    assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "the running slot mirrors the free");
+    c.free_aligned(0, 20, 10).unwrap();
+    assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "end <= target frees and changes nothing");
+    c.cache_finished_req(1, 0, &mut Req { origin_input_len: 10, allocated: 10, committed: 10, ..next }, false).unwrap();
+    assert_eq!(c.session_held(&[]).full_tokens, 4);
+}
+
+#[test]
+fn a_running_slot_matches_only_its_own_request_again() {
+    let mut c = external(1, 128, false);
+    let mut r = Req { origin_input_len: 8, ..req(0, 8, 8) };
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut first = Req::default();
+    c.match_prefix(1, 0, &mut first, 8, false).unwrap();
+    let mut second = Req::default();
+    assert!(matches!(c.match_prefix(1, 0, &mut second, 8, false), Err(Error::State(_))));
+    assert_eq!(second, Req::default());
+    assert!(c.match_prefix(1, 0, &mut first, 8, false).unwrap().hit);
 }
