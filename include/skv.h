@@ -517,6 +517,10 @@ typedef struct skv_api_v1 {
                                       size_t cap,
                                       size_t *needed);
   /**
+   * Same as skv_cache_set_trace.
+   */
+  enum skv_status (*cache_set_trace)(struct skv_cache *c, const char *path);
+  /**
    * Same as skv_get_api.
    */
   const struct skv_api_v1 *(*get_api)(uint32_t abi_version);
@@ -561,6 +565,19 @@ enum skv_status skv_cache_new_external(const struct skv_cache_config *cfg,
  * `cache` must be NULL or a handle not yet freed, with no call on it in progress.
  */
 void skv_cache_free(struct skv_cache *cache);
+
+/**
+ * Appends every later call on this handle to a JSON-lines file at `path` (created if
+ * missing, appended to otherwise), one object per call: the function, its arguments (a
+ * req field by field), the status, the error message and what the call wrote back. NULL
+ * stops tracing. The environment variable SKV_TRACE=path does the same for every new handle
+ * (a path that cannot be opened then fails the handle's creation). Tracing costs a
+ * formatted line and a write per call; an untraced handle pays one atomic load.
+ *
+ * # Safety
+ * `path` must be NULL or a NUL-terminated string.
+ */
+enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 
 /**
  * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row

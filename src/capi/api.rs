@@ -7,11 +7,12 @@ use std::ptr;
 use super::{
     clear_last_error, set_last_error, skv_abi_version, skv_alloc_extend, skv_alloc_row, skv_build_flashinfer,
     skv_cache, skv_cache_check, skv_cache_config, skv_cache_finished_req, skv_cache_free, skv_cache_new,
-    skv_cache_new_external, skv_cache_set_hooks, skv_cache_stats, skv_check_report, skv_checkpoint, skv_commit,
-    skv_engine_hooks, skv_free_aligned, skv_free_req, skv_free_tail, skv_held, skv_last_error, skv_map_prefix,
-    skv_match, skv_match_prefix, skv_page_refs, skv_pool_alloc, skv_pool_free, skv_pool_ops, skv_publish_prefix,
-    skv_release_branch, skv_release_session, skv_req, skv_req_init, skv_row_indices, skv_session_held, skv_stats,
-    skv_status, skv_status_str, skv_trim_overshoot, skv_version, StatusArg, SKV_ABI_VERSION,
+    skv_cache_new_external, skv_cache_set_hooks, skv_cache_set_trace, skv_cache_stats, skv_check_report,
+    skv_checkpoint, skv_commit, skv_engine_hooks, skv_free_aligned, skv_free_req, skv_free_tail, skv_held,
+    skv_last_error, skv_map_prefix, skv_match, skv_match_prefix, skv_page_refs, skv_pool_alloc, skv_pool_free,
+    skv_pool_ops, skv_publish_prefix, skv_release_branch, skv_release_session, skv_req, skv_req_init, skv_row_indices,
+    skv_session_held, skv_stats, skv_status, skv_status_str, skv_trim_overshoot, skv_version, StatusArg,
+    SKV_ABI_VERSION,
 };
 
 /// Every exported function of ABI version 1, in the order of the C API's sections; each
@@ -148,6 +149,8 @@ pub struct skv_api_v1 {
             needed: *mut usize,
         ) -> skv_status,
     >,
+    /// Same as skv_cache_set_trace.
+    pub cache_set_trace: Option<unsafe extern "C" fn(c: *mut skv_cache, path: *const c_char) -> skv_status>,
     /// Same as skv_get_api.
     pub get_api: Option<extern "C" fn(abi_version: u32) -> *const skv_api_v1>,
 }
@@ -186,6 +189,7 @@ static API_V1: skv_api_v1 = skv_api_v1 {
     cache_check: Some(skv_cache_check),
     cache_set_hooks: Some(skv_cache_set_hooks),
     build_flashinfer: Some(skv_build_flashinfer),
+    cache_set_trace: Some(skv_cache_set_trace),
     get_api: Some(skv_get_api),
 };
 

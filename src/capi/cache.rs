@@ -1,9 +1,12 @@
 //! Handles and configuration: creating a cache over libskv's own pools or the engine's.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::{c_char, c_int, c_void, CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use super::trace::TraceFile;
 use super::{arg, guard, out_mut, skv_status, CallbackScope};
 use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
 
@@ -13,6 +16,7 @@ pub struct skv_cache {
     /// Names the handle to its callbacks' re-entry check.
     pub(crate) id: u64,
     pub(crate) inner: Mutex<Cache>,
+    pub(crate) trace: TraceFile,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -80,8 +84,9 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
 
 /// A new handle; `cache` is given the handle's id.
 fn boxed(cache: impl FnOnce(u64) -> Result<Cache>) -> Result<*mut skv_cache> {
+    let trace = TraceFile::from_env()?;
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache(id)?) })))
+    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache(id)?), trace })))
 }
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).
@@ -143,6 +148,24 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
     if !cache.is_null() {
         let _ = std::panic::catch_unwind(|| drop(Box::from_raw(cache)));
     }
+}
+
+/// Appends every later call on this handle to a JSON-lines file at `path` (created if
+/// missing, appended to otherwise), one object per call: the function, its arguments (a
+/// req field by field), the status, the error message and what the call wrote back. NULL
+/// stops tracing. The environment variable SKV_TRACE=path does the same for every new handle
+/// (a path that cannot be opened then fails the handle's creation). Tracing costs a
+/// formatted line and a write per call; an untraced handle pays one atomic load.
+///
+/// # Safety
+/// `path` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
+    guard("skv_cache_set_trace", || {
+        let handle = arg(c.cast_const(), "cache")?;
+        let path = (!path.is_null()).then(|| OsStr::from_bytes(CStr::from_ptr(path).to_bytes()));
+        handle.trace.open(path.map(Path::new))
+    })
 }
 
 /// The engine's pools, reached through `skv_pool_ops`.

@@ -9,6 +9,7 @@ mod cache;
 mod owned;
 mod session;
 mod status;
+mod trace;
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -19,6 +20,7 @@ pub use cache::*;
 pub use owned::*;
 pub use session::*;
 pub use status::*;
+pub(crate) use trace::traced;
 
 use crate::core::{Cache, Error, Result};
 

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::session::on_req;
-use super::{guard, lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, CallbackScope};
+use super::{lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
 use crate::core::{EngineHooks, Error};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -14,7 +14,17 @@ use crate::core::{EngineHooks, Error};
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
-    guard("skv_alloc_row", || on_req(c, req, |c, r| c.alloc_row(r), |()| {}))
+    traced(
+        c,
+        "skv_alloc_row",
+        |t| {
+            t.req("req", req);
+        },
+        || on_req(c, req, |c, r| c.alloc_row(r), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// Maps n_tokens more positions of the req's row: the partial last page is filled first,
@@ -24,7 +34,17 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
-    guard("skv_alloc_extend", || on_req(c, req, |c, r| c.alloc_extend(r, n_tokens), |()| {}))
+    traced(
+        c,
+        "skv_alloc_extend",
+        |t| {
+            t.req("req", req).num("n_tokens", n_tokens);
+        },
+        || on_req(c, req, |c, r| c.alloc_extend(r, n_tokens), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
@@ -33,7 +53,17 @@ pub unsafe extern "C" fn skv_alloc_extend(c: *mut skv_cache, req: *mut skv_req, 
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
-    guard("skv_commit", || on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}))
+    traced(
+        c,
+        "skv_commit",
+        |t| {
+            t.req("req", req).num("n_tokens", n_tokens);
+        },
+        || on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
@@ -43,7 +73,17 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
-    guard("skv_free_req", || on_req(c, req, |c, r| c.free_req(r), |()| {}))
+    traced(
+        c,
+        "skv_free_req",
+        |t| {
+            t.req("req", req);
+        },
+        || on_req(c, req, |c, r| c.free_req(r), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
@@ -53,10 +93,22 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 /// out_indices must hold n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
-    guard("skv_pool_alloc", || {
-        let out = slice_mut(out_indices, n_tokens as usize, "out_indices")?;
-        lock(c)?.pool_alloc(out)
-    })
+    traced(
+        c,
+        "skv_pool_alloc",
+        |t| {
+            t.num("n_tokens", n_tokens);
+        },
+        || {
+            let out = slice_mut(out_indices, n_tokens as usize, "out_indices")?;
+            lock(c)?.pool_alloc(out)
+        },
+        |t| {
+            if n_tokens > 0 {
+                t.num("first_index", *out_indices);
+            }
+        },
+    )
 }
 
 /// Takes back engine-held pages: each index frees the page it falls in. A page already free
@@ -66,10 +118,21 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 /// indices must hold n values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
-    guard("skv_pool_free", || {
-        let indices = slice(indices, n, "indices")?;
-        lock(c)?.pool_free(indices)
-    })
+    traced(
+        c,
+        "skv_pool_free",
+        |t| {
+            t.num("n", n as u64);
+            if n > 0 && !indices.is_null() {
+                t.num("first_index", *indices);
+            }
+        },
+        || {
+            let indices = slice(indices, n, "indices")?;
+            lock(c)?.pool_free(indices)
+        },
+        |_| {},
+    )
 }
 
 /// For each index, how many rows map its page (0: the tree may evict it).
@@ -83,11 +146,19 @@ pub unsafe extern "C" fn skv_page_refs(
     n: usize,
     out_counts: *mut u32,
 ) -> skv_status {
-    guard("skv_page_refs", || {
-        let indices = slice(indices, n, "indices")?;
-        let out = slice_mut(out_counts, n, "out_counts")?;
-        lock(c)?.page_refs(indices, out)
-    })
+    traced(
+        c,
+        "skv_page_refs",
+        |t| {
+            t.num("n", n as u64);
+        },
+        || {
+            let indices = slice(indices, n, "indices")?;
+            let out = slice_mut(out_counts, n, "out_counts")?;
+            lock(c)?.page_refs(indices, out)
+        },
+        |_| {},
+    )
 }
 
 /// A fresh row (kv_allocated_len 0) adopts engine-held pages as its protected prefix:
@@ -102,10 +173,23 @@ pub unsafe extern "C" fn skv_map_prefix(
     indices: *const i32,
     n_tokens: u32,
 ) -> skv_status {
-    guard("skv_map_prefix", || {
-        let indices = slice(indices, n_tokens as usize, "indices")?;
-        on_req(c, req, |c, r| c.map_prefix(r, indices), |()| {})
-    })
+    traced(
+        c,
+        "skv_map_prefix",
+        |t| {
+            t.req("req", req).num("n_tokens", n_tokens);
+            if n_tokens > 0 && !indices.is_null() {
+                t.num("first_index", *indices);
+            }
+        },
+        || {
+            let indices = slice(indices, n_tokens as usize, "indices")?;
+            on_req(c, req, |c, r| c.map_prefix(r, indices), |()| {})
+        },
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// The row's pages [protected, new_protected_len) become engine-held (inserted in the
@@ -119,7 +203,17 @@ pub unsafe extern "C" fn skv_publish_prefix(
     req: *mut skv_req,
     new_protected_len: u32,
 ) -> skv_status {
-    guard("skv_publish_prefix", || on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}))
+    traced(
+        c,
+        "skv_publish_prefix",
+        |t| {
+            t.req("req", req).num("new_protected_len", new_protected_len);
+        },
+        || on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// Copies req_to_token[row, start:end) into out (end-start values).
@@ -134,12 +228,20 @@ pub unsafe extern "C" fn skv_row_indices(
     end: u32,
     out: *mut i32,
 ) -> skv_status {
-    guard("skv_row_indices", || {
-        super::arg(c.cast_const(), "cache")?;
-        let out = slice_mut(out, end.saturating_sub(start) as usize, "out")?;
-        let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };
-        lock(c)?.row_indices(row, start, end, out)
-    })
+    traced(
+        c,
+        "skv_row_indices",
+        |t| {
+            t.num("row", row).num("start", start).num("end", end);
+        },
+        || {
+            super::arg(c.cast_const(), "cache")?;
+            let out = slice_mut(out, end.saturating_sub(start) as usize, "out")?;
+            let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };
+            lock(c)?.row_indices(row, start, end, out)
+        },
+        |_| {},
+    )
 }
 
 /// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
@@ -172,21 +274,27 @@ pub struct skv_stats {
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats) -> skv_status {
-    guard("skv_cache_stats", || {
-        let out = out_mut(out, "out")?;
-        let s = lock(c)?.stats()?;
-        *out = skv_stats {
-            total_pages: s.total_pages,
-            free_pages: s.free_pages,
-            used_pages: s.used_pages,
-            total_rows: s.total_rows,
-            free_rows: s.free_rows,
-            sessions: s.sessions,
-            trimmed_tokens: s.trimmed_tokens,
-            tail_freed_tokens: s.tail_freed_tokens,
-        };
-        Ok(())
-    })
+    traced(
+        c,
+        "skv_cache_stats",
+        |_| {},
+        || {
+            let out = out_mut(out, "out")?;
+            let s = lock(c)?.stats()?;
+            *out = skv_stats {
+                total_pages: s.total_pages,
+                free_pages: s.free_pages,
+                used_pages: s.used_pages,
+                total_rows: s.total_rows,
+                free_rows: s.free_rows,
+                sessions: s.sessions,
+                trimmed_tokens: s.trimmed_tokens,
+                tail_freed_tokens: s.tail_freed_tokens,
+            };
+            Ok(())
+        },
+        |_| {},
+    )
 }
 
 /// The result of an audit.
@@ -214,22 +322,28 @@ pub struct skv_check_report {
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status {
-    guard("skv_cache_check", || {
-        let out = out_mut(out, "out")?;
-        let r = lock(c)?.check()?;
-        let mut text = [0 as c_char; 256];
-        for (t, b) in text.iter_mut().zip(r.first_violation.bytes().take(255)) {
-            *t = b as c_char;
-        }
-        *out = skv_check_report {
-            pages_free: r.pages_free,
-            pages_in_rows: r.pages_in_rows,
-            pages_engine_held: r.pages_engine_held,
-            violations: r.violations,
-            first_violation: text,
-        };
-        Ok(())
-    })
+    traced(
+        c,
+        "skv_cache_check",
+        |_| {},
+        || {
+            let out = out_mut(out, "out")?;
+            let r = lock(c)?.check()?;
+            let mut text = [0 as c_char; 256];
+            for (t, b) in text.iter_mut().zip(r.first_violation.bytes().take(255)) {
+                *t = b as c_char;
+            }
+            *out = skv_check_report {
+                pages_free: r.pages_free,
+                pages_in_rows: r.pages_in_rows,
+                pages_engine_held: r.pages_engine_held,
+                violations: r.violations,
+                first_violation: text,
+            };
+            Ok(())
+        },
+        |_| {},
+    )
 }
 
 /// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
@@ -287,24 +401,30 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
     hooks: *const skv_engine_hooks,
     user_data: *mut c_void,
 ) -> skv_status {
-    guard("skv_cache_set_hooks", || {
-        let id = super::arg(c.cast_const(), "cache")?.id;
-        let mut c = lock(c)?;
-        let hooks = match hooks.as_ref() {
-            None => None,
-            Some(h) => {
-                let need = std::mem::size_of::<skv_engine_hooks>() as u32;
-                if h.struct_size < need {
-                    return Err(Error::InvalidArg(format!(
-                        "hooks->struct_size {} < sizeof(skv_engine_hooks) {need}",
-                        h.struct_size
-                    )));
+    traced(
+        c,
+        "skv_cache_set_hooks",
+        |_| {},
+        || {
+            let id = super::arg(c.cast_const(), "cache")?.id;
+            let mut c = lock(c)?;
+            let hooks = match hooks.as_ref() {
+                None => None,
+                Some(h) => {
+                    let need = std::mem::size_of::<skv_engine_hooks>() as u32;
+                    if h.struct_size < need {
+                        return Err(Error::InvalidArg(format!(
+                            "hooks->struct_size {} < sizeof(skv_engine_hooks) {need}",
+                            h.struct_size
+                        )));
+                    }
+                    Some(Box::new(Hooks { id, hooks: *h, user_data }) as Box<dyn EngineHooks>)
                 }
-                Some(Box::new(Hooks { id, hooks: *h, user_data }) as Box<dyn EngineHooks>)
-            }
-        };
-        c.set_hooks(hooks)
-    })
+            };
+            c.set_hooks(hooks)
+        },
+        |_| {},
+    )
 }
 
 /// FlashInfer's paged-KV triple for a batch of rows: kv_indptr[n+1] (prefix sums of page
@@ -326,20 +446,30 @@ pub unsafe extern "C" fn skv_build_flashinfer(
     cap: usize,
     needed: *mut usize,
 ) -> skv_status {
-    guard("skv_build_flashinfer", || {
-        let rows = slice(rows, n, "rows")?;
-        let Some(n_ptr) = n.checked_add(1) else { return Err(Error::InvalidArg(format!("n {n} out of range"))) };
-        let indptr = slice_mut(kv_indptr, n_ptr, "kv_indptr")?;
-        let indices = slice_mut(kv_indices, cap, "kv_indices")?;
-        let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
-        let needed = out_mut(needed, "needed")?;
-        let c = lock(c)?;
-        let total = c.flashinfer_len(rows)?;
-        *needed = total;
-        if total > cap || total > i32::MAX as usize {
-            return Err(Error::InvalidArg(format!("the rows need {total} page ids, cap is {cap}")));
-        }
-        c.flashinfer_fill(rows, indptr, &mut indices[..total], last);
-        Ok(())
-    })
+    traced(
+        c,
+        "skv_build_flashinfer",
+        |t| {
+            t.num("n", n as u64).num("cap", cap as u64);
+        },
+        || {
+            let rows = slice(rows, n, "rows")?;
+            let Some(n_ptr) = n.checked_add(1) else { return Err(Error::InvalidArg(format!("n {n} out of range"))) };
+            let indptr = slice_mut(kv_indptr, n_ptr, "kv_indptr")?;
+            let indices = slice_mut(kv_indices, cap, "kv_indices")?;
+            let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
+            let needed = out_mut(needed, "needed")?;
+            let c = lock(c)?;
+            let total = c.flashinfer_len(rows)?;
+            *needed = total;
+            if total > cap || total > i32::MAX as usize {
+                return Err(Error::InvalidArg(format!("the rows need {total} page ids, cap is {cap}")));
+            }
+            c.flashinfer_fill(rows, indptr, &mut indices[..total], last);
+            Ok(())
+        },
+        |t| {
+            t.num("needed", *needed as u64);
+        },
+    )
 }

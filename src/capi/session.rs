@@ -1,6 +1,6 @@
 //! The request record and the session operations (both modes).
 
-use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice};
+use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice, traced};
 use crate::core::{Held, Match, Req};
 
 /// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
@@ -157,10 +157,26 @@ pub unsafe extern "C" fn skv_match_prefix(
     pre_aborted: u32,
     out: *mut skv_match,
 ) -> skv_status {
-    guard("skv_match_prefix", || {
-        let out = out_mut(out, "out")?;
-        on_req(c, req, |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0), |m| *out = m.into())
-    })
+    traced(
+        c,
+        "skv_match_prefix",
+        |t| {
+            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
+            t.num("key_len", key_len).num("pre_aborted", pre_aborted);
+        },
+        || {
+            let out = out_mut(out, "out")?;
+            on_req(
+                c,
+                req,
+                |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0),
+                |m| *out = m.into(),
+            )
+        },
+        |t| {
+            t.req("req_out", req).matched("out", out);
+        },
+    )
 }
 
 /// Saves a finished turn into its session slot after trimming its speculative overshoot, or
@@ -176,9 +192,17 @@ pub unsafe extern "C" fn skv_cache_finished_req(
     req: *mut skv_req,
     aborted: u32,
 ) -> skv_status {
-    guard("skv_cache_finished_req", || {
-        on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {})
-    })
+    traced(
+        c,
+        "skv_cache_finished_req",
+        |t| {
+            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
+        },
+        || on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// Between prefill chunks: *handled = 1 when the session slot handles this request (a later
@@ -194,13 +218,23 @@ pub unsafe extern "C" fn skv_checkpoint(
     req: *const skv_req,
     handled: *mut u32,
 ) -> skv_status {
-    guard("skv_checkpoint", || {
-        let r = Req::from(arg(req, "req")?);
-        let handled = out_mut(handled, "handled")?;
-        let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
-        *handled = found as u32;
-        Ok(())
-    })
+    traced(
+        c,
+        "skv_checkpoint",
+        |t| {
+            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
+        },
+        || {
+            let r = Req::from(arg(req, "req")?);
+            let handled = out_mut(handled, "handled")?;
+            let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
+            *handled = found as u32;
+            Ok(())
+        },
+        |t| {
+            t.num("handled", *handled);
+        },
+    )
 }
 
 /// Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
@@ -210,11 +244,19 @@ pub unsafe extern "C" fn skv_checkpoint(
 /// `c` must be NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
-    guard("skv_release_session", || {
-        let mut c = lock(c)?;
-        c.release_session(session_id)?;
-        c.take_deferred()
-    })
+    traced(
+        c,
+        "skv_release_session",
+        |t| {
+            t.num("session_id", session_id);
+        },
+        || {
+            let mut c = lock(c)?;
+            c.release_session(session_id)?;
+            c.take_deferred()
+        },
+        |_| {},
+    )
 }
 
 /// Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
@@ -223,11 +265,19 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 /// `c` must be NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
-    guard("skv_release_branch", || {
-        let mut c = lock(c)?;
-        c.release_branch(session_id, branch_id)?;
-        c.take_deferred()
-    })
+    traced(
+        c,
+        "skv_release_branch",
+        |t| {
+            t.num("session_id", session_id).num("branch_id", branch_id);
+        },
+        || {
+            let mut c = lock(c)?;
+            c.release_branch(session_id, branch_id)?;
+            c.take_deferred()
+        },
+        |_| {},
+    )
 }
 
 /// The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
@@ -238,14 +288,22 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// `c` must be NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
-    guard("skv_free_aligned", || {
-        let mut c = lock(c)?;
-        let Ok(row) = u32::try_from(row) else {
-            return Err(crate::core::Error::InvalidArg(format!("row {row} out of range")));
-        };
-        c.free_aligned(row, target, end)?;
-        c.take_deferred()
-    })
+    traced(
+        c,
+        "skv_free_aligned",
+        |t| {
+            t.num("row", row).num("target", target).num("end", end);
+        },
+        || {
+            let mut c = lock(c)?;
+            let Ok(row) = u32::try_from(row) else {
+                return Err(crate::core::Error::InvalidArg(format!("row {row} out of range")));
+            };
+            c.free_aligned(row, target, end)?;
+            c.take_deferred()
+        },
+        |_| {},
+    )
 }
 
 /// Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
@@ -255,7 +313,17 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
-    guard("skv_trim_overshoot", || on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}))
+    traced(
+        c,
+        "skv_trim_overshoot",
+        |t| {
+            t.req("req", req).num("finished_len", finished_len);
+        },
+        || on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// Frees what lies past a reused prefix (the match path's tail free).
@@ -264,7 +332,17 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 /// Pointers must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
-    guard("skv_free_tail", || on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}))
+    traced(
+        c,
+        "skv_free_tail",
+        |t| {
+            t.req("req", req).num("prefix_len", prefix_len);
+        },
+        || on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}),
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// What idle session slots hold. Rows listed in active_rows belong to running requests and
@@ -279,10 +357,20 @@ pub unsafe extern "C" fn skv_session_held(
     n_active: usize,
     out: *mut skv_held,
 ) -> skv_status {
-    guard("skv_session_held", || {
-        let active = slice(active_rows, n_active, "active_rows")?;
-        let out = out_mut(out, "out")?;
-        *out = lock(c)?.session_held(active).into();
-        Ok(())
-    })
+    traced(
+        c,
+        "skv_session_held",
+        |t| {
+            t.num("n_active", n_active as u64);
+        },
+        || {
+            let active = slice(active_rows, n_active, "active_rows")?;
+            let out = out_mut(out, "out")?;
+            *out = lock(c)?.session_held(active).into();
+            Ok(())
+        },
+        |t| {
+            t.held("out", out);
+        },
+    )
 }

@@ -1,0 +1,166 @@
+//! Call traces: every call on a traced handle appends one JSON object per line to a file —
+//! the function, its arguments (a req field by field), the status, the error message, and
+//! what the call wrote back. For reproducing an engine's bug report call for call.
+
+use std::fmt::Write as _;
+use std::fs::{File, OpenOptions};
+use std::io::{LineWriter, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use super::{guard, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str};
+use crate::core::{Error, Result};
+
+/// Where a handle's trace goes; `None` when it is not traced.
+#[derive(Default)]
+pub(crate) struct TraceFile {
+    /// Whether `file` is open: an untraced call costs one relaxed load.
+    on: AtomicBool,
+    file: Mutex<Option<LineWriter<File>>>,
+}
+
+impl TraceFile {
+    /// A handle's trace at creation: `SKV_TRACE=path` traces every new handle.
+    pub(crate) fn from_env() -> Result<TraceFile> {
+        let t = TraceFile::default();
+        if let Some(path) = std::env::var_os("SKV_TRACE").filter(|p| !p.is_empty()) {
+            t.open(Some(Path::new(&path))).map_err(|e| Error::InvalidArg(format!("SKV_TRACE: {e}")))?;
+        }
+        Ok(t)
+    }
+
+    /// Starts appending to `path` (created if missing), or stops tracing with `None`.
+    pub(crate) fn open(&self, path: Option<&Path>) -> Result<()> {
+        let file = match path {
+            None => None,
+            Some(p) => Some(LineWriter::new(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)
+                    .map_err(|e| Error::InvalidArg(format!("path \"{}\" cannot be opened: {e}", p.display())))?,
+            )),
+        };
+        self.on.store(file.is_some(), Ordering::Relaxed);
+        *self.file.lock().map_err(|_| Error::Internal("trace file lock poisoned".into()))? = file;
+        Ok(())
+    }
+
+    fn write(&self, line: &str) {
+        if let Ok(mut guard) = self.file.lock() {
+            if let Some(f) = guard.as_mut() {
+                // A trace is a debugging aid: a full disk must not fail the engine's call.
+                let _ = f.write_all(line.as_bytes());
+            }
+        }
+    }
+}
+
+/// One trace line under construction: a JSON object.
+pub(crate) struct Line(String);
+
+impl Line {
+    pub(crate) fn num(&mut self, name: &str, v: impl Into<i128>) -> &mut Self {
+        let _ = write!(self.0, ",\"{name}\":{}", v.into());
+        self
+    }
+
+    fn text(&mut self, name: &str, v: &str) -> &mut Self {
+        let _ = write!(self.0, ",\"{name}\":\"");
+        for c in v.chars() {
+            match c {
+                '"' => self.0.push_str("\\\""),
+                '\\' => self.0.push_str("\\\\"),
+                c if (c as u32) < 0x20 => {
+                    let _ = write!(self.0, "\\u{:04x}", c as u32);
+                }
+                c => self.0.push(c),
+            }
+        }
+        self.0.push('"');
+        self
+    }
+
+    /// A req, field by field (`null` for a NULL pointer).
+    pub(crate) fn req(&mut self, name: &str, r: *const skv_req) -> &mut Self {
+        // SAFETY: the caller's pointer, valid or NULL by the call's contract.
+        match unsafe { r.as_ref() } {
+            None => {
+                let _ = write!(self.0, ",\"{name}\":null");
+            }
+            Some(r) => {
+                let _ = write!(
+                    self.0,
+                    ",\"{name}\":{{\"req_pool_idx\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
+                     \"cache_protected_len\":{},\"swa_evicted_seqlen\":{},\"origin_input_len\":{},\
+                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{}}}",
+                    r.req_pool_idx,
+                    r.kv_committed_len,
+                    r.kv_allocated_len,
+                    r.cache_protected_len,
+                    r.swa_evicted_seqlen,
+                    r.origin_input_len,
+                    r.output_len,
+                    r.finished_len,
+                    r.lock_node,
+                    r.lock_receipt,
+                    r.aux_state
+                );
+            }
+        }
+        self
+    }
+
+    pub(crate) fn matched(&mut self, name: &str, m: *const skv_match) -> &mut Self {
+        // SAFETY: written by the call that just succeeded.
+        if let Some(m) = unsafe { m.as_ref() } {
+            let _ = write!(self.0, ",\"{name}\":{{\"hit\":{},\"prefix_len\":{}}}", m.hit, m.prefix_len);
+        }
+        self
+    }
+
+    pub(crate) fn held(&mut self, name: &str, h: *const skv_held) -> &mut Self {
+        // SAFETY: written by the call that just succeeded.
+        if let Some(h) = unsafe { h.as_ref() } {
+            let _ = write!(
+                self.0,
+                ",\"{name}\":{{\"full_tokens\":{},\"swa_tokens\":{},\"rows\":{},\"aux_states\":{},\"sessions\":{}}}",
+                h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions
+            );
+        }
+        self
+    }
+}
+
+/// Runs one export's body behind `guard`; on a traced handle, appends the call's line:
+/// `args` describes its arguments before the call, `results` what it wrote back (only
+/// after a call that completed: OK, or a free callback failing part-way).
+pub(crate) fn traced(
+    c: *mut skv_cache,
+    function: &'static str,
+    args: impl FnOnce(&mut Line),
+    body: impl FnOnce() -> Result<()>,
+    results: impl FnOnce(&mut Line),
+) -> skv_status {
+    // SAFETY: a handle pointer is NULL or live by the call's contract.
+    let handle = unsafe { c.as_ref() }.filter(|h| h.trace.on.load(Ordering::Relaxed));
+    let Some(handle) = handle else { return guard(function, body) };
+    let mut line = Line(format!("{{\"fn\":\"{function}\""));
+    args(&mut line);
+    let status = guard(function, body);
+    // SAFETY: skv_status_str returns a static NUL-terminated string.
+    let name = unsafe { std::ffi::CStr::from_ptr(skv_status_str(status as i32)) };
+    line.text("status", &name.to_string_lossy());
+    if matches!(status, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK) {
+        results(&mut line);
+    }
+    if status != skv_status::SKV_OK {
+        // SAFETY: the thread's last error, NUL-terminated, valid until the next call.
+        let err = unsafe { std::ffi::CStr::from_ptr(super::skv_last_error()) };
+        line.text("error", &err.to_string_lossy());
+    }
+    line.0.push_str("}\n");
+    handle.trace.write(&line.0);
+    status
+}
