@@ -252,6 +252,8 @@ class Cache {
     detail::check(skv_cache_check(handle_, &out));
     return out;
   }
+  /// Appends every later call on this handle to a JSON-lines file; nullptr stops tracing.
+  void set_trace(const char *path) { detail::check(skv_cache_set_trace(handle_, path)); }
   /// hooks == nullptr removes them.
   void set_hooks(const skv_engine_hooks *hooks, void *user_data) {
     detail::check(skv_cache_set_hooks(handle_, hooks, user_data));

@@ -136,6 +136,8 @@ int main() {
   EXPECT(!req.has_row() && req.kv_allocated_len() == 0 && req.output_len() == 3);
   skv_stats st = cache.stats();
   EXPECT(st.used_pages == 3 && st.sessions == 1 && st.free_rows == kRows - 1);
+  expect_error(SKV_ERR_INVALID_ARG, "skv_cache_set_trace", [&] { cache.set_trace("/nonexistent-dir/t.jsonl"); });
+  cache.set_trace(nullptr);  // not traced: stopping is a no-op
   skv_held held = cache.session_held();
   EXPECT(held.full_tokens == 48 && held.rows == 1);  // ceil_align(43)
   EXPECT(cache.session_held({row}).rows == 0);
