@@ -24,15 +24,20 @@ static char *slurp(const char *path, int *lines) {
   return buf;
 }
 
-static skv_cache *owned_cache(void) {
+static skv_cache_config owned_config(void) {
   skv_cache_config cfg;
-  skv_cache *c = NULL;
   memset(&cfg, 0, sizeof cfg);
   cfg.struct_size = sizeof cfg;
   cfg.page_size = 4;
   cfg.num_token_slots = 256;
   cfg.num_rows = 8;
   cfg.max_context_len = 128;
+  return cfg;
+}
+
+static skv_cache *owned_cache(void) {
+  skv_cache_config cfg = owned_config();
+  skv_cache *c = NULL;
   CHECK_OK(skv_cache_new(&cfg, &c));
   return c;
 }
@@ -102,14 +107,8 @@ int main(void) {
   skv_cache_free(d);
   CHECK(setenv("SKV_TRACE", "/nonexistent-dir/trace.jsonl", 1) == 0);
   {
-    skv_cache_config cfg;
+    skv_cache_config cfg = owned_config();
     skv_cache *e = NULL;
-    memset(&cfg, 0, sizeof cfg);
-    cfg.struct_size = sizeof cfg;
-    cfg.page_size = 4;
-    cfg.num_token_slots = 256;
-    cfg.num_rows = 8;
-    cfg.max_context_len = 128;
     CHECK_STATUS(skv_cache_new(&cfg, &e), SKV_ERR_INVALID_ARG);
     CHECK_MSG_HAS("SKV_TRACE");
     CHECK(e == NULL);
