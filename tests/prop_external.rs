@@ -7,7 +7,11 @@
 //! it hands out rows and pages, and flags any double free, freed prefix-tree page, read of an
 //! unmapped position or page left behind in a returned row. The generator evolves each request as
 //! an engine would (prefill chunks, speculative decode rounds, lookahead over-allocation, SWA
-//! cursors, finishes with overshoot), and also feeds invalid inputs and failing callbacks.
+//! cursors, finishes with overshoot), and also feeds invalid inputs and failing callbacks, and
+//! the misuse README.md's session rules refuse: a second request matching a running session,
+//! stale copies of finished turns finished, trimmed or matched again, primitives on idle session
+//! rows, and primitives on a running session's row that start short of its slot or cut into its
+//! protected prefix.
 
 mod common;
 
@@ -298,10 +302,12 @@ enum Op {
     SwapAux {
         k: u8,
     },
+    /// `again`: the engine finishes the same req a second time
     Finish {
         k: u8,
         mode: u8,
         aborted: bool,
+        again: bool,
     },
     /// finish (or match) a running request under another key
     FinishAs {
@@ -312,6 +318,23 @@ enum Op {
     MatchAs {
         k: u8,
         other: u8,
+    },
+    /// a second request for a session whose turn is running
+    Intrude {
+        k: u8,
+        pre: bool,
+    },
+    /// the engine's old copy of a finished turn (or the idle slot's record) used again
+    Stale {
+        k: u8,
+        what: u8,
+        x: u16,
+    },
+    /// a running session's req with lengths short of what its slot records
+    Lie {
+        k: u8,
+        what: u8,
+        x: u16,
     },
     Checkpoint {
         k: u8,
@@ -357,10 +380,13 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => (k.clone(), any::<u8>()).prop_map(|(k, n)| Op::Extend { k, n }),
         2 => (k.clone(), any::<u8>()).prop_map(|(k, n)| Op::Swa { k, n }),
         1 => k.clone().prop_map(|k| Op::SwapAux { k }),
-        6 => (k.clone(), any::<u8>(), prop::bool::weighted(0.2))
-            .prop_map(|(k, mode, aborted)| Op::Finish { k, mode, aborted }),
+        6 => (k.clone(), any::<u8>(), prop::bool::weighted(0.2), prop::bool::weighted(0.15))
+            .prop_map(|(k, mode, aborted, again)| Op::Finish { k, mode, aborted, again }),
         1 => (k.clone(), 0u8..6, any::<bool>()).prop_map(|(k, other, aborted)| Op::FinishAs { k, other, aborted }),
         1 => (k.clone(), 0u8..6).prop_map(|(k, other)| Op::MatchAs { k, other }),
+        1 => (k.clone(), prop::bool::weighted(0.2)).prop_map(|(k, pre)| Op::Intrude { k, pre }),
+        3 => (k.clone(), any::<u8>(), any::<u16>()).prop_map(|(k, what, x)| Op::Stale { k, what, x }),
+        2 => (k.clone(), any::<u8>(), any::<u16>()).prop_map(|(k, what, x)| Op::Lie { k, what, x }),
         1 => k.clone().prop_map(|k| Op::Checkpoint { k }),
         1 => k.clone().prop_map(|k| Op::ReleaseBranch { k }),
         1 => (0u8..5).prop_map(|s| Op::ReleaseSession { s }),
@@ -392,9 +418,6 @@ struct Run {
     req: skv_req,
     /// restored from a slot (the slot is in flight)
     hit: bool,
-    /// allocated right after the match: an engine never frees below it on its own, since the
-    /// slot still records it until the request finishes
-    base: u32,
     swapped_aux: bool,
     max_new: u32,
     /// sliding window of the engine's SWA layers: the cursor trails the committed end by this
@@ -408,6 +431,8 @@ struct Sim {
     model: Model,
     running: BTreeMap<Key, Run>,
     hist: HashMap<Key, u32>,
+    /// the engine's copies of finished turns' reqs, as they were before the finish
+    stale: Vec<(Key, skv_req)>,
     fail_next: Option<Cb>,
     log: Vec<String>,
 }
@@ -471,6 +496,7 @@ impl Sim {
             model,
             running: BTreeMap::new(),
             hist: HashMap::new(),
+            stale: vec![],
             fail_next: None,
             log: vec![],
         }
@@ -832,7 +858,7 @@ impl Sim {
                 let restored = self.model.slots.get(&key).is_some_and(|s| s.in_flight && s.row == got.req_pool_idx);
                 if took(st) && restored {
                     let r = self.running.get_mut(&key).unwrap();
-                    (r.req, r.hit, r.base) = (got, true, got.kv_allocated_len);
+                    (r.req, r.hit) = (got, true);
                 }
             }
             Op::Step { k, draft, accept } => self.step(k, draft, accept)?,
@@ -869,7 +895,7 @@ impl Sim {
                 self.log.push(format!("engine swaps aux {key:?} -> {}", show(&run.req)));
                 self.running.insert(key, run);
             }
-            Op::Finish { k, mode, aborted } => {
+            Op::Finish { k, mode, aborted, again } => {
                 let Some((key, mut run)) = self.pick_running(k, false) else { return Ok(()) };
                 if key.0 == 0 {
                     self.eng().drop_req(&run.req);
@@ -888,11 +914,11 @@ impl Sim {
                     _ => out as i32,
                 };
                 self.running.insert(key, run);
-                self.finish(key, key, aborted)?;
+                self.finish(key, key, aborted, again)?;
             }
             Op::FinishAs { k, other, aborted } => {
                 if let Some((key, _)) = self.pick_running(k, false) {
-                    self.finish(key, KEYS[other as usize % SESSION_KEYS], aborted)?;
+                    self.finish(key, KEYS[other as usize % SESSION_KEYS], aborted, false)?;
                 }
             }
             Op::MatchAs { k, other } => {
@@ -919,15 +945,14 @@ impl Sim {
                 self.call_release(s as u64, None)?;
             }
             Op::Trim { k, x } => {
+                // the engine may cut a running session's turn back: the slot shortens with it
                 let Some((key, run)) = self.pick_running(k, false) else { return Ok(()) };
-                let r = run.req;
+                let mut r = run.req;
                 let fl = if x % 8 == 7 { r.output_len + 1 + x as u32 / 8 % 3 } else { x as u32 % (r.output_len + 1) };
-                let mut t = r.origin_input_len + fl;
-                if ps > 1 && r.swa_evicted_seqlen > t {
-                    t = floor_align(t, ps);
-                }
-                if r.kv_allocated_len.min(t) < run.base && fl <= r.output_len {
-                    return Ok(());
+                let lo = r.cache_protected_len.max(1);
+                if x % 8 == 6 && r.origin_input_len >= lo {
+                    // a turn cut back into its prompt (the engine shortens its input and re-queues it)
+                    r.origin_input_len = lo + x as u32 / 8 % (r.origin_input_len - lo + 1);
                 }
                 let (st, mut got, _) = self.call_trim(&r, fl)?;
                 if took(st) {
@@ -942,11 +967,10 @@ impl Sim {
                 let Some((key, run)) = self.pick_running(k, false) else { return Ok(()) };
                 let r = run.req;
                 let (a, p) = (r.kv_allocated_len, r.cache_protected_len);
-                let lo = p.max(run.base);
                 let prefix = match x % 8 {
                     7 => a + 1 + x as u32 / 8 % 3,
                     6 if p > 0 => p - 1 - x as u32 / 8 % p,
-                    _ if lo <= a => lo + x as u32 % (a - lo + 1),
+                    _ if p <= a => p + x as u32 % (a - p + 1),
                     _ => return Ok(()),
                 };
                 let (st, got, _) = self.call_free_tail(&r, prefix)?;
@@ -954,37 +978,18 @@ impl Sim {
                     self.running.get_mut(&key).unwrap().req = got;
                 }
             }
-            Op::FreeAligned { k, x } => {
-                let Some((key, run)) = self.pick_running(k, false) else { return Ok(()) };
-                let r = run.req;
-                let (row, a) = (r.req_pool_idx, r.kv_allocated_len);
-                let lo = r.cache_protected_len.max(run.base);
-                let xs = x as u32 / 8;
-                match x % 8 {
-                    7 => {
-                        let bad_row =
-                            if xs & 1 == 0 { self.cfg.rows as i32 + (xs % 3) as i32 } else { -1 - (xs % 3) as i32 };
-                        self.call_free_aligned(bad_row, lo, a)?;
-                    }
-                    6 => {
-                        self.call_free_aligned(row, lo, max_ctx + 1 + xs % 3)?;
-                    }
-                    5 => {
-                        self.call_free_aligned(row, a + xs % 5, a)?;
-                    }
-                    _ if lo <= a => {
-                        let target = lo + x as u32 % (a - lo + 1);
-                        let st = self.call_free_aligned(row, target, a)?;
-                        if took(st) {
-                            let r = &mut self.running.get_mut(&key).unwrap().req;
-                            r.kv_allocated_len = r.kv_allocated_len.min(target);
-                            r.kv_committed_len = r.kv_committed_len.min(target);
-                            r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(target);
-                        }
-                    }
-                    _ => {}
+            Op::FreeAligned { k, x } => self.free_aligned_op(k, x)?,
+            Op::Intrude { k, pre } => {
+                let Some((key, run)) = self.pick_in_flight(k) else { return Ok(()) };
+                let mut req = fresh_req();
+                req.origin_input_len = run.req.origin_input_len + 1;
+                let (_, _, out) = self.call_match(key, &req, run.req.origin_input_len, pre)?;
+                if matches!(out, Out::Match(1, _)) {
+                    return Err(self.failure("a second request restored a running session"));
                 }
             }
+            Op::Stale { k, what, x } => self.stale_op(k, what, x)?,
+            Op::Lie { k, what, x } => self.lie_op(k, what, x)?,
             Op::Invalid { k, field, func, v } => self.invalid(KEYS[k as usize % KEYS.len()], field, func, v)?,
             Op::Fail { cb } => {
                 self.fail_next = Some([Cb::Read, Cb::FreeKv, Cb::FreeRow, Cb::DecLock, Cb::FreeAux][cb as usize % 5]);
@@ -1044,10 +1049,9 @@ impl Sim {
                 req.aux_state = self.eng().new_aux();
             }
         }
-        let base = if hit { req.kv_allocated_len } else { 0 };
         let max_new = 1 + (growth >> 8) as u32 % (ps + 16);
         let window = (prot & 0x60 == 0x60).then_some(1 + (growth >> 4) as u32 % (2 * ps + 4));
-        self.running.insert(key, Run { req, hit, base, swapped_aux: false, max_new, window });
+        self.running.insert(key, Run { req, hit, swapped_aux: false, max_new, window });
         Ok(())
     }
 
@@ -1095,14 +1099,212 @@ impl Sim {
         Ok(())
     }
 
+    /// The `k`-th running request whose session slot is in flight.
+    fn pick_in_flight(&self, k: u8) -> Option<(Key, Run)> {
+        let keys: Vec<Key> = (self.running.iter())
+            .filter(|(key, r)| self.model.slots.get(key).is_some_and(|s| s.in_flight && s.row == r.req.req_pool_idx))
+            .map(|(key, _)| *key)
+            .collect();
+        let key = *keys.get(k as usize % keys.len().max(1))?;
+        Some((key, self.running[&key]))
+    }
+
+    /// Whether the model says a call changes nothing: refused, or done with no effect on the
+    /// engine or the slots. A made-up req or range is only sent then: anything else would
+    /// change the engine's pools behind its records.
+    fn inert(&self, op: impl FnOnce(&mut Model) -> Res) -> bool {
+        let mut m = self.model.clone();
+        match quietly(|| op(&mut m)) {
+            Err(_) => true,
+            Ok((fx, _)) => fx.is_empty() && m.slots == self.model.slots,
+        }
+    }
+
+    /// skv_free_aligned on a running request's row: a tail the engine frees itself (its req
+    /// follows), and the ranges a running session's slot refuses or ignores.
+    fn free_aligned_op(&mut self, k: u8, x: u16) -> Result<(), TestCaseError> {
+        let max_ctx = self.cfg.max_ctx;
+        let Some((key, run)) = self.pick_running(k, false) else { return Ok(()) };
+        let r = run.req;
+        let (row, a, p) = (r.req_pool_idx, r.kv_allocated_len, r.cache_protected_len);
+        let slot = self.model.slot_holding(row).map(|k| self.model.slots[&k].clone());
+        let xs = x as u32 / 8;
+        let (target, end) = match x % 8 {
+            7 => {
+                let bad_row = if xs & 1 == 0 { self.cfg.rows as i32 + (xs % 3) as i32 } else { -1 - (xs % 3) as i32 };
+                self.call_free_aligned(bad_row, p, a)?;
+                return Ok(());
+            }
+            6 => (p, max_ctx + 1 + xs % 3),
+            // nothing to free: the end at or before the target
+            5 => {
+                let end = xs % (a + 1);
+                (end + xs / 4 % 5, end)
+            }
+            // an end short of what the running slot records
+            4 => match slot {
+                Some(s) if s.allocated > 1 => {
+                    let end = 1 + xs % (s.allocated - 1);
+                    (xs / 64 % end, end)
+                }
+                _ => return Ok(()),
+            },
+            // a target inside the protected prefix
+            3 if p > 0 => (xs % p, a),
+            _ if p <= a => {
+                let target = p + x as u32 % (a - p + 1);
+                let st = self.call_free_aligned(row, target, a)?;
+                if took(st) {
+                    let r = &mut self.running.get_mut(&key).unwrap().req;
+                    r.kv_allocated_len = r.kv_allocated_len.min(target);
+                    r.kv_committed_len = r.kv_committed_len.min(target);
+                    r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(target);
+                }
+                return Ok(());
+            }
+            _ => return Ok(()),
+        };
+        if self.inert(|m| m.op_free_aligned(row, target, end)) {
+            self.call_free_aligned(row, target, end)?;
+        }
+        Ok(())
+    }
+
+    /// The engine using an old copy of a finished turn's req, or the idle slot's own record,
+    /// where only a running request may act: every primitive and a finish are refused; an
+    /// abort releases the session; a match restores from the slot alone.
+    fn stale_op(&mut self, k: u8, what: u8, x: u16) -> Result<(), TestCaseError> {
+        let idle: Vec<(Key, Slot)> =
+            self.model.slots.iter().filter(|(_, s)| !s.in_flight).map(|(k, s)| (*k, s.clone())).collect();
+        let Some((key, s)) = idle.get(k as usize % idle.len().max(1)).cloned() else { return Ok(()) };
+        let mut rec = fresh_req();
+        (rec.req_pool_idx, rec.kv_committed_len, rec.kv_allocated_len) = (s.row, s.committed, s.allocated);
+        (rec.cache_protected_len, rec.swa_evicted_seqlen, rec.origin_input_len) = (s.protected, s.swa, s.committed);
+        (rec.lock_node, rec.lock_receipt) = s.lock;
+        rec.aux_state = s.aux;
+        let kept = self.stale.iter().rev().find(|(kk, r)| *kk == key && r.req_pool_idx == s.row).map(|(_, r)| *r);
+        let mut r = kept.filter(|_| x & 1 == 0).unwrap_or(rec);
+        let xs = x as u32 >> 1;
+        match what % 6 {
+            0 => {
+                // the argument checks come first
+                if xs.is_multiple_of(4) {
+                    r.finished_len = r.output_len as i32 + 1;
+                }
+                self.call_finish(key, &r, false)?;
+            }
+            1 => {
+                // an idle slot's abort releases the slot's own record, whatever the stale req
+                // claims: behind the slot's end, or the pre-trim copy past it (that tail went
+                // back when the turn finished)
+                let r = match kept.filter(|_| x & 2 != 0) {
+                    Some(pre_trim) => pre_trim,
+                    None => {
+                        let mut r = rec;
+                        r.kv_allocated_len = s.protected + xs % (s.allocated - s.protected + 1);
+                        r.kv_committed_len = r.kv_committed_len.min(r.kv_allocated_len);
+                        r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(r.kv_allocated_len);
+                        r
+                    }
+                };
+                self.call_finish(key, &r, true)?;
+            }
+            2 => {
+                self.call_trim(&r, xs % (r.output_len + 2))?;
+            }
+            3 => {
+                self.call_free_tail(&r, xs % (r.kv_allocated_len + 2))?;
+            }
+            4 => {
+                let max_ctx = self.cfg.max_ctx;
+                self.call_free_aligned(s.row, xs / 16 % (max_ctx + 1), xs % (max_ctx + 2))?;
+            }
+            _ => {
+                // the old copy as the session's next turn
+                if self.running.contains_key(&key) {
+                    return Ok(());
+                }
+                let prompt = self.hist.get(&key).copied().unwrap_or(0) + self.growth(x);
+                if prompt >= self.cfg.max_ctx {
+                    return Ok(());
+                }
+                (r.origin_input_len, r.output_len, r.finished_len) = (prompt, 0, -1);
+                let (st, got, out) = self.call_match(key, &r, prompt - 1, false)?;
+                if took(st) && matches!(out, Out::Match(1, _)) {
+                    let max_new = 1 + xs % (self.cfg.ps + 16);
+                    self.running.insert(key, Run { req: got, hit: true, swapped_aux: false, max_new, window: None });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A running session's req claiming less than its slot records (a shorter allocation or
+    /// protected prefix, maybe a prompt ending inside them): a primitive or a finish cutting
+    /// from there is refused. Sent only when the model says the call changes nothing.
+    fn lie_op(&mut self, k: u8, what: u8, x: u16) -> Result<(), TestCaseError> {
+        let ps = self.cfg.ps;
+        let Some((key, run)) = self.pick_in_flight(k) else { return Ok(()) };
+        let s = self.model.slots[&key].clone();
+        let mut r = run.req;
+        let xs = x as u32;
+        if what & 1 == 0 {
+            if s.allocated == 0 {
+                return Ok(());
+            }
+            r.kv_allocated_len = xs % s.allocated;
+            r.kv_committed_len = r.kv_committed_len.min(r.kv_allocated_len);
+            r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(r.kv_allocated_len);
+        } else {
+            if r.cache_protected_len == 0 {
+                return Ok(());
+            }
+            r.cache_protected_len -= ps * (1 + xs % (r.cache_protected_len / ps));
+        }
+        if what & 2 != 0 {
+            let room = r.kv_allocated_len.saturating_sub(r.cache_protected_len);
+            r.origin_input_len = r.cache_protected_len + (xs >> 8) % (room + 1);
+        }
+        let fl = (xs >> 4) % (r.output_len + 1);
+        match (what >> 2) % 3 {
+            0 => {
+                if self.inert(|m| m.op_trim(&mut { r }, fl)) {
+                    self.call_trim(&r, fl)?;
+                }
+            }
+            1 => {
+                let room = r.kv_allocated_len.saturating_sub(r.cache_protected_len);
+                let prefix = r.cache_protected_len + (xs >> 4) % (room + 1);
+                if self.inert(|m| m.op_free_tail(&mut { r }, prefix)) {
+                    self.call_free_tail(&r, prefix)?;
+                }
+            }
+            _ => {
+                r.finished_len = fl as i32;
+                if self.inert(|m| m.op_finished(key, &mut { r }, false)) {
+                    self.call_finish(key, &r, false)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Finish the request running under `key` as a request of `as_key`.
-    fn finish(&mut self, key: Key, as_key: Key, aborted: bool) -> Result<(), TestCaseError> {
+    fn finish(&mut self, key: Key, as_key: Key, aborted: bool, again: bool) -> Result<(), TestCaseError> {
         let run = self.running[&key];
         let (st, got, _) = self.call_finish(as_key, &run.req, aborted)?;
         if took(st) {
             self.running.remove(&key);
             if !aborted {
                 self.hist.insert(as_key, got.origin_input_len + got.output_len);
+                if self.stale.len() == 16 {
+                    self.stale.remove(0);
+                }
+                self.stale.push((as_key, run.req));
+                if again {
+                    // the slot is idle now: the same req finishing twice would free its tail twice
+                    self.call_finish(as_key, &run.req, false)?;
+                }
             }
         }
         Ok(())
@@ -1149,14 +1351,16 @@ impl Sim {
         // only calls the model rejects: a valid one here would change state behind the driver
         let mut m = self.model.clone();
         let mut pr = r;
-        let rejected = match f {
-            0 => m.op_match(key, &mut pr, v32, aborted),
-            1 => m.op_finished(key, &mut pr, aborted),
-            2 => m.op_checkpoint(key, &pr),
-            3 => m.op_trim(&mut pr, fl),
-            _ => m.op_free_tail(&mut pr, r.cache_protected_len),
-        }
-        .is_err();
+        let rejected = quietly(|| {
+            match f {
+                0 => m.op_match(key, &mut pr, v32, aborted),
+                1 => m.op_finished(key, &mut pr, aborted),
+                2 => m.op_checkpoint(key, &pr),
+                3 => m.op_trim(&mut pr, fl),
+                _ => m.op_free_tail(&mut pr, r.cache_protected_len),
+            }
+            .is_err()
+        });
         if !rejected {
             self.log.push(format!("(skipped a valid 'invalid' call {f} on {})", show(&r)));
             return Ok(());
@@ -1384,6 +1588,30 @@ fn the_generator_reaches_every_path() {
         "model: abort: req past the slot",
         "model: finish: first turn on another slot's row",
         "model: trim: swa floors the target",
+        // README.md's rules for running and idle sessions
+        "model: match: second request on a running session",
+        "model: match: retry",
+        "model: match: stale copy, lengths ignored",
+        "model: finish: idle slot (stale req)",
+        "model: abort: idle slot",
+        "model: abort: idle slot, stale req past its end",
+        "model: free_aligned: idle session row",
+        "model: trim: idle session row",
+        "model: free_tail: idle session row",
+        "model: free_aligned: end short of the running slot's",
+        "model: trim: end short of the running slot's",
+        "model: free_tail: end short of the running slot's",
+        "model: finish: end short of the running slot's",
+        "model: free_aligned: into the running slot's protected prefix",
+        "model: trim: into the running slot's protected prefix",
+        "model: free_tail: into the running slot's protected prefix",
+        "model: finish: into the running slot's protected prefix",
+        "model: free_aligned: nothing to free on a running session row",
+        "model: free_aligned: shortens the running slot",
+        "model: trim: shortens the running slot",
+        "model: free_tail: shortens the running slot",
+        "trim_overshoot STATE",
+        "free_aligned STATE",
     ]
     .into_iter()
     .filter(|w| !reached(w))
@@ -1402,7 +1630,7 @@ fn golden_case_2_through_the_driver() {
     req.origin_input_len = 17;
     sim.eng().extend(req.req_pool_idx, 0, 40);
     (req.kv_committed_len, req.kv_allocated_len) = (17, 40);
-    sim.running.insert((1, 0), Run { req, hit: false, base: 0, swapped_aux: false, max_new: 1, window: None });
+    sim.running.insert((1, 0), Run { req, hit: false, swapped_aux: false, max_new: 1, window: None });
     let (st, ..) = sim.call_finish((1, 0), &req, false).unwrap();
     assert_eq!(st, OK);
     sim.running.clear();
@@ -1416,7 +1644,7 @@ fn golden_case_2_through_the_driver() {
     let (st, got, out) = sim.call_match((1, 0), &next, 29, false).unwrap();
     assert_eq!((st, out), (OK, Out::Match(1, 17)));
     assert_eq!((got.kv_committed_len, got.kv_allocated_len), (17, 17));
-    sim.running.insert((1, 0), Run { req: got, hit: true, base: 17, swapped_aux: false, max_new: 1, window: None });
+    sim.running.insert((1, 0), Run { req: got, hit: true, swapped_aux: false, max_new: 1, window: None });
     sim.check_world(true).unwrap();
     sim.drain().unwrap();
 }

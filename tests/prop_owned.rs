@@ -2,7 +2,9 @@
 //! `skv_alloc_row` / `skv_alloc_extend` / `skv_commit`, speculative overshoot and trims,
 //! retried and aligned-reuse matches, aborts, branches, releases, non-session requests freed by
 //! `skv_free_req`, and an engine prefix tree sharing pages through `skv_pool_alloc`,
-//! `skv_map_prefix`, `skv_publish_prefix`, `skv_page_refs` and `skv_pool_free`.
+//! `skv_map_prefix`, `skv_publish_prefix`, `skv_page_refs` and `skv_pool_free`, and the misuse
+//! README.md's session rules refuse (a second request on a running session, a finished turn's
+//! req finished again, the engine reshaping an idle session's row).
 //!
 //! Every call's status is predicted by the session reference model (tests/common/model.rs) plus
 //! a page-accounting model of the owned pool that knows every page's state; after every step
@@ -83,8 +85,6 @@ struct Run {
     req: skv_req,
     /// restored from a slot that is now in flight
     hit: bool,
-    /// allocated right after the match: the engine never frees below it itself
-    base: u32,
     max_new: u32,
 }
 
@@ -236,8 +236,8 @@ impl Sim {
     }
 
     /// The owned-mode checks of a req that holds a row, in API.md's order: NOT_FOUND, then
-    /// INVALID (fields disagree with the row), then STATE (an idle session's row, when the
-    /// call would reshape it).
+    /// INVALID (fields disagree with the row), then, for `skv_alloc_extend` and `skv_commit`,
+    /// STATE on an idle session's row (the session model makes that check for the others).
     fn owned_req(&self, r: &skv_req, reshapes: bool) -> Option<u32> {
         if r.req_pool_idx == -1 {
             return None;
@@ -316,14 +316,13 @@ impl Sim {
         &mut self,
         what: String,
         req: &skv_req,
-        reshapes: bool,
         model_op: impl FnOnce(&mut Model, &mut skv_req) -> Res,
         call: impl FnOnce(*mut skv_cache, &mut skv_req) -> (skv_status, Out),
     ) -> R<(u32, skv_req, Out)> {
         let mut m = self.model.clone();
         let mut pr = *req;
         let res = model_op(&mut m, &mut pr);
-        let owned = self.owned_req(req, reshapes);
+        let owned = self.owned_req(req, false);
         let (want, effs, out) = match (res, owned) {
             (Err(INVALID), _) => (INVALID, vec![], Out::None),
             (_, Some(st)) => (st, vec![], Out::None),
@@ -379,7 +378,6 @@ impl Sim {
         self.session_call(
             format!("match{key:?} key_len {key_len} pre {pre}"),
             req,
-            false,
             |m, r| m.op_match(key, r, key_len, pre),
             |c, r| {
                 let mut o = skv_match { hit: 0xAAAA, prefix_len: 0xBBBB };
@@ -393,7 +391,6 @@ impl Sim {
         self.session_call(
             format!("finished{key:?} aborted {aborted}"),
             req,
-            false,
             |m, r| m.op_finished(key, r, aborted),
             |c, r| (unsafe { skv_cache_finished_req(c, key.0, key.1, r, aborted as u32) }, Out::None),
         )
@@ -404,7 +401,6 @@ impl Sim {
         let (st, ..) = self.session_call(
             format!("release({session}, {branch:?})"),
             &dummy,
-            false,
             |m, _| m.op_release(session, branch),
             |c, _| {
                 let st = unsafe {
@@ -423,7 +419,6 @@ impl Sim {
         self.session_call(
             format!("trim_overshoot({fl})"),
             req,
-            true,
             |m, r| m.op_trim(r, fl),
             |c, r| (unsafe { skv_trim_overshoot(c, r, fl) }, Out::None),
         )
@@ -433,27 +428,29 @@ impl Sim {
         self.session_call(
             format!("free_tail({prefix})"),
             req,
-            true,
             |m, r| m.op_free_tail(r, prefix),
             |c, r| (unsafe { skv_free_tail(c, r, prefix) }, Out::None),
         )
     }
 
-    /// skv_free_aligned in owned mode: `end` must reach the row's mapped end, `target` must not
-    /// reach below its protected prefix, an idle session's row is the session's.
+    /// skv_free_aligned in owned mode: the arguments, then the pool's record of the row (in
+    /// use; `end` is its mapped end; `target` not inside its protected prefix), then the
+    /// session's rules for its row (the session model).
     fn call_free_aligned(&mut self, row: i32, target: u32, end: u32) -> R<u32> {
-        let want = if row < 0 || row as u32 >= self.case.rows || end > self.case.max_ctx {
-            INVALID
-        } else if let Some(rec) = self.rows.get(&row) {
-            if end < rec.mapped {
-                INVALID
-            } else if self.idle_slot_row(row) || (target < end && target < rec.protected) {
-                STATE
-            } else {
-                OK
-            }
-        } else {
-            NOT_FOUND
+        let mut m = self.model.clone();
+        let res = m.op_free_aligned(row, target, end);
+        let owned = match self.rows.get(&row) {
+            _ if res == Err(INVALID) => None,
+            None => Some(NOT_FOUND),
+            Some(rec) if end != rec.mapped => Some(INVALID),
+            Some(rec) if target < rec.protected => Some(STATE),
+            Some(_) => None,
+        };
+        let (want, effs) = match (res, owned) {
+            (Err(INVALID), _) => (INVALID, vec![]),
+            (_, Some(st)) => (st, vec![]),
+            (Err(st), None) => (st, vec![]),
+            (Ok((fx, _)), None) => (OK, fx),
         };
         let st = unsafe { skv_free_aligned(self.cache, row, target, end) };
         let hooks = self.hook_events();
@@ -461,10 +458,12 @@ impl Sim {
         if !hooks.is_empty() {
             return Err(self.fail(format!("free_aligned ran hooks {hooks:?}")));
         }
-        if st == OK && target < end {
-            let from = if self.ps() > 1 { ceil_align(target, self.ps()) as u32 } else { target };
-            if from < end {
-                self.free_row_tail(row, from).map_err(|e| self.fail(e))?;
+        if st == OK {
+            self.model = m;
+            for e in &effs {
+                if let Eff::FreeKv(row, from, _) = *e {
+                    self.free_row_tail(row, from).map_err(|e| self.fail(e))?;
+                }
             }
             let rec = self.rows.get_mut(&row).unwrap();
             rec.mapped = rec.mapped.min(target);
@@ -864,15 +863,22 @@ impl Sim {
         let pre = prompt + 1 >= max_ctx;
         let mut hit = false;
         if key.0 != 0 {
-            let (st, got, _) = self.call_match(key, &req, key_len, pre)?;
+            // now and then the engine starts the turn from its copy of the last one
+            let mut asked = req;
+            if let Some(s) = self.model.slots.get(&key).filter(|s| !s.in_flight && self.rng.chance(10)) {
+                asked = skv_req { origin_input_len: prompt, ..self.slot_record(s) };
+            }
+            let (st, got, out) = self.call_match(key, &asked, key_len, pre)?;
             if pre {
                 self.hist.remove(&key);
             }
             if st != OK || pre {
                 return Ok(());
             }
-            req = got;
-            hit = req.req_pool_idx != -1;
+            hit = matches!(out, Out::Match(1, _));
+            if hit {
+                req = got;
+            }
         } else if pre {
             return Ok(());
         }
@@ -900,9 +906,8 @@ impl Sim {
                 self.auxes.insert(req.aux_state);
             }
         }
-        let base = if hit { req.kv_allocated_len } else { 0 };
         let max_new = 1 + self.rng.below(ps + 16);
-        self.running.insert(key, Run { req, hit, base, max_new });
+        self.running.insert(key, Run { req, hit, max_new });
         Ok(())
     }
 
@@ -1018,7 +1023,7 @@ impl Sim {
                 let (st, got, _) = self.call_match(key, &run.req, key_len, false)?;
                 if st == OK && self.slot_of_row(got.req_pool_idx).is_some_and(|s| s.in_flight) {
                     let r = self.running.get_mut(&key).unwrap();
-                    (r.req, r.hit, r.base) = (got, true, got.kv_allocated_len);
+                    (r.req, r.hit) = (got, true);
                 }
             }
             60..=62 => {
@@ -1057,7 +1062,6 @@ impl Sim {
                 self.session_call(
                     format!("checkpoint{key:?}"),
                     &run.req,
-                    false,
                     |m, r| m.op_checkpoint(key, r),
                     |c, r| {
                         let mut h = 0xCCCC;
@@ -1118,23 +1122,19 @@ impl Sim {
         Ok(())
     }
 
-    /// The primitives on a request the engine runs itself, or on a session's running request
-    /// (never below what the slot still records).
+    /// The primitives on a running request: the engine cuts back its own tail (a running
+    /// session's slot shortens with it), and ranges the pool's record or the slot refuse.
     fn primitive(&mut self) -> R<()> {
         let Some((key, run)) = self.pick_running(false) else { return Ok(()) };
-        let r = run.req;
-        let ps = self.ps();
-        let lo = r.cache_protected_len.max(run.base);
-        let a = r.kv_allocated_len;
+        let mut r = run.req;
+        let (p, a) = (r.cache_protected_len, r.kv_allocated_len);
         match self.rng.below(3) {
             0 => {
                 let fl = self.rng.below(r.output_len + 1);
-                let mut t = r.origin_input_len + fl;
-                if ps > 1 && r.swa_evicted_seqlen > t {
-                    t = floor_align(t, ps);
-                }
-                if a.min(t) < lo {
-                    return Ok(());
+                let lo = p.max(1);
+                if self.rng.chance(15) && r.origin_input_len >= lo {
+                    // a turn cut back into its prompt (the engine shortens its input and re-queues it)
+                    r.origin_input_len = lo + self.rng.below(r.origin_input_len - lo + 1);
                 }
                 let (st, mut got, _) = self.call_trim(&r, fl)?;
                 if st == OK {
@@ -1144,16 +1144,23 @@ impl Sim {
                     self.running.get_mut(&key).unwrap().req = got;
                 }
             }
-            1 if lo <= a => {
-                let p = lo + self.rng.below(a - lo + 1);
-                let (st, got, _) = self.call_free_tail(&r, p)?;
+            1 => {
+                let prefix = p + self.rng.below(a - p + 1);
+                let (st, got, _) = self.call_free_tail(&r, prefix)?;
                 if st == OK {
                     self.running.get_mut(&key).unwrap().req = got;
                 }
             }
-            2 if lo <= a => {
-                let t = lo + self.rng.below(a - lo + 1);
-                let end = if self.rng.chance(10) && a > 0 { a - 1 } else { a };
+            _ => {
+                let (t, end) = match self.rng.below(10) {
+                    // an end short of the row's mapped end
+                    0 if a > 0 => (p + self.rng.below(a - p + 1), a - 1),
+                    // a target inside the protected prefix
+                    1 if p > 0 => (self.rng.below(p), a),
+                    // nothing to free
+                    2 => (a + self.rng.below(4), a),
+                    _ => (p + self.rng.below(a - p + 1), a),
+                };
                 let st = self.call_free_aligned(r.req_pool_idx, t, end)?;
                 if st == OK {
                     let q = &mut self.running.get_mut(&key).unwrap().req;
@@ -1162,7 +1169,6 @@ impl Sim {
                     q.swa_evicted_seqlen = q.swa_evicted_seqlen.min(t);
                 }
             }
-            _ => {}
         }
         Ok(())
     }
@@ -1171,7 +1177,7 @@ impl Sim {
     /// inconsistent req, bad sizes.
     fn refused(&mut self) -> R<()> {
         let ps = self.ps();
-        match self.rng.below(9) {
+        match self.rng.below(11) {
             0 => {
                 // an idle session's row reshaped by the engine
                 let idle: Vec<Slot> = self.model.slots.values().filter(|s| !s.in_flight).cloned().collect();
@@ -1217,7 +1223,7 @@ impl Sim {
                 let Some(row) = (0..self.case.rows as i32).find(|r| !self.rows.contains_key(r)) else { return Ok(()) };
                 let mut r = run.req;
                 r.req_pool_idx = row;
-                match self.rng.below(4) {
+                match self.rng.below(5) {
                     0 => {
                         self.alloc_extend(&r, 0)?;
                     }
@@ -1226,6 +1232,9 @@ impl Sim {
                     }
                     2 => {
                         self.free_req(&r)?;
+                    }
+                    3 => {
+                        self.call_free_aligned(row, r.cache_protected_len, r.kv_allocated_len)?;
                     }
                     _ => {
                         self.call_trim(&r, 0)?;
@@ -1299,6 +1308,40 @@ impl Sim {
                 }
                 self.free_req(&req)?;
             }
+            9 => {
+                // a second request for a session whose turn is running
+                let running: Vec<Key> = (self.running.iter())
+                    .filter(|(k, r)| {
+                        self.model.slots.get(k).is_some_and(|s| s.in_flight && s.row == r.req.req_pool_idx)
+                    })
+                    .map(|(k, _)| *k)
+                    .collect();
+                let Some(&key) = running.get(self.rng.below(running.len().max(1) as u32) as usize) else {
+                    return Ok(());
+                };
+                let mut r = fresh_req();
+                r.origin_input_len = self.running[&key].req.origin_input_len + 1;
+                let pre = self.rng.chance(20);
+                self.call_match(key, &r, r.origin_input_len - 1, pre)?;
+            }
+            10 => {
+                // a stale copy of a finished turn: finishing it again is refused (after the
+                // row record's checks); an abort releases the session
+                let idle: Vec<(Key, Slot)> =
+                    self.model.slots.iter().filter(|(_, s)| !s.in_flight).map(|(k, s)| (*k, s.clone())).collect();
+                let Some((key, s)) = idle.get(self.rng.below(idle.len().max(1) as u32) as usize).cloned() else {
+                    return Ok(());
+                };
+                let mut r = self.slot_record(&s);
+                if self.rng.chance(20) {
+                    self.call_finish(key, &r, true)?;
+                    return Ok(());
+                }
+                if self.rng.chance(25) && r.kv_allocated_len < self.case.max_ctx {
+                    r.kv_allocated_len += 1;
+                }
+                self.call_finish(key, &r, false)?;
+            }
             _ => {
                 if ps > 1 {
                     self.pool_alloc(ps - 1)?;
@@ -1306,6 +1349,16 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The req of the turn an idle slot saved, as an engine may still hold it.
+    fn slot_record(&self, s: &Slot) -> skv_req {
+        let mut r = fresh_req();
+        (r.req_pool_idx, r.kv_committed_len, r.kv_allocated_len) = (s.row, s.committed, s.allocated);
+        (r.cache_protected_len, r.swa_evicted_seqlen, r.origin_input_len) = (s.protected, s.swa, s.committed);
+        (r.lock_node, r.lock_receipt) = s.lock;
+        r.aux_state = s.aux;
+        r
     }
 
     /// Every request ends, every session is released, the tree gives back every page.
@@ -1408,6 +1461,12 @@ fn owned_pool_stays_whole_under_random_sessions() {
             "free_tail OK",
             "free_aligned OK",
             "free_aligned STATE",
+            "free_aligned INVALID_ARG",
+            "free_aligned NOT_FOUND",
+            "trim_overshoot STATE",
+            "free_tail STATE",
+            "match STATE",
+            "finished INVALID_ARG",
             "release OK",
             "release STATE",
             "alloc_row OK",
@@ -1418,7 +1477,23 @@ fn owned_pool_stays_whole_under_random_sessions() {
             assert!(reached(want), "case {case:?} never reached `{want}`: {c:#?}");
         }
         let model_paths = COVERAGE.with_borrow_mut(std::mem::take);
-        let mut wants = vec!["model: match: retry past the slot", "model: abort: req past the slot"];
+        let mut wants = vec![
+            "model: match: retry past the slot",
+            "model: abort: req past the slot",
+            // README.md's rules for running and idle sessions
+            "model: match: second request on a running session",
+            "model: match: retry",
+            "model: match: stale copy",
+            "model: finish: idle slot (stale req)",
+            "model: abort: idle slot",
+            "model: free_aligned: idle session row",
+            "model: trim: idle session row",
+            "model: free_tail: idle session row",
+            "model: free_aligned: nothing to free on a running session row",
+            "model: free_aligned: shortens the running slot",
+            "model: trim: shortens the running slot",
+            "model: free_tail: shortens the running slot",
+        ];
         if case.ps > 1 {
             wants.push("model: trim: swa floors the target");
             assert!(reached("map_prefix INVALID_ARG"), "case {case:?} never reached a partial-page map_prefix");

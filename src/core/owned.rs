@@ -158,8 +158,8 @@ impl Pool for OwnedPool {
 
     fn check_free(&self, row: u32, target: u32, end: u32) -> Result<()> {
         let r = self.row(row)?;
-        if end != r.len {
-            bail!(InvalidArg, "end {end} != {} tokens mapped by row {row}", r.len);
+        if end < r.len {
+            bail!(InvalidArg, "end {end} < {} tokens mapped by row {row}: a tail free reaches the row's end", r.len);
         }
         if target < r.protected {
             bail!(State, "target {target} < protected prefix {} of row {row}", r.protected);

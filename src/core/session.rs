@@ -64,9 +64,11 @@ impl Cache {
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, req.allocated));
         self.run_effects(|c| {
+            let shortened = target < req.allocated;
             c.apply_trim(req, target, finished_len);
-            if let Some(s) = c.slots.of_row_mut(row) {
-                clamp_slot(s, target);
+            match c.slots.of_row_mut(row) {
+                Some(s) if shortened => clamp_slot(s, target),
+                _ => {}
             }
         })
     }
@@ -91,9 +93,11 @@ impl Cache {
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, prefix_len, req.allocated));
         self.run_effects(|c| {
+            let shortened = prefix_len < req.allocated;
             c.apply_free_tail(req, prefix_len);
-            if let Some(s) = c.slots.of_row_mut(row) {
-                clamp_slot(s, prefix_len);
+            match c.slots.of_row_mut(row) {
+                Some(s) if shortened => clamp_slot(s, prefix_len),
+                _ => {}
             }
         })
     }
@@ -238,7 +242,13 @@ impl Cache {
                         req.row
                     );
                 }
-                (row, Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, ..slot })
+                // The running request's state counts (its extension, its aux); an idle slot's
+                // req is a stale copy, and the slot's own record is what it holds.
+                let doomed = match slot.in_flight {
+                    true => Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, ..slot },
+                    false => slot,
+                };
+                (row, doomed)
             }
         };
         self.effects.clear();

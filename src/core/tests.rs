@@ -119,11 +119,24 @@ fn golden_4_nth_turn_mid_abort() {
     let mut c = external(1, 128, false);
     let mut first = Req { origin_input_len: 50, ..req(0, 50, 50) };
     c.cache_finished_req(1, 0, &mut first, false).unwrap();
+    let mut r = Req { origin_input_len: 55, ..Req::default() };
+    c.match_prefix(1, 0, &mut r, 54, false).unwrap();
     log(&mut c);
-    let mut r = req(0, 60, 65);
+    (r.committed, r.allocated) = (60, 65);
     c.cache_finished_req(1, 0, &mut r, true).unwrap();
-    assert_eq!(log(&mut c), ["free_kv 0..65", "free_row 0"]);
+    assert_eq!(log(&mut c), ["free_kv 0..65", "free_row 0"], "the running request's allocation");
     assert!(c.slots().is_empty());
+}
+
+#[test]
+fn aborting_an_idle_slot_with_a_stale_req_frees_the_slots_record() {
+    let mut c = external(1, 128, false);
+    let mut first = Req { origin_input_len: 20, output_len: 10, finished_len: 5, ..req(0, 30, 30) };
+    let stale = first;
+    c.cache_finished_req(1, 0, &mut first, false).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 25..30"]);
+    c.cache_finished_req(1, 0, &mut stale.clone(), true).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..25", "free_row 0"], "25..30 went back with the trim");
 }
 
 #[test]

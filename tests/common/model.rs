@@ -1,6 +1,11 @@
-//! The reference model of SEMANTICS.md's session operations, shared by the property tests:
-//! slots keyed by (session, branch) with their creation order, and for each operation the
-//! status, the effects on the engine in order, the req afterwards and the out-values.
+//! The reference model of SEMANTICS.md's session operations and of the rules README.md's
+//! "Rules the design left open" settles, shared by the property tests: slots keyed by
+//! (session, branch) with their creation order, and for each operation the status, the effects
+//! on the engine in order, the req afterwards and the out-values.
+//!
+//! Errors follow API.md's order: every SKV_ERR_INVALID_ARG the model raises (the arguments
+//! alone are bad) comes before any SKV_ERR_STATE, so a caller with checks of its own (owned
+//! mode's record of a row: NOT_FOUND, then INVALID_ARG) puts them in between.
 
 use super::*;
 use skv::skv_req;
@@ -8,7 +13,7 @@ use std::collections::BTreeMap;
 
 pub type Key = (u64, u64);
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Slot {
     pub row: i32,
     pub committed: u32,
@@ -72,6 +77,10 @@ impl Model {
         self.slots.iter().find(|(_, s)| s.row == row).map(|(k, _)| *k)
     }
 
+    fn slot_of_row(&self, row: i32) -> Option<&Slot> {
+        self.slots.values().find(|s| s.row == row)
+    }
+
     pub fn free_aligned(&self, row: i32, target: u32, end: u32, fx: &mut Vec<Eff>) {
         if end <= target {
             return;
@@ -106,7 +115,52 @@ impl Model {
         r.aux_state = -1;
     }
 
-    pub fn trim(&self, r: &mut skv_req, fl: u32, fx: &mut Vec<Eff>) -> Result<(), u32> {
+    // --- a session's row under the primitives ---------------------------------------------
+
+    /// A row an idle slot holds is the session's: no primitive may touch it, not even one that
+    /// would free nothing (the req or row number it came with is stale).
+    fn guard_idle(&self, row: i32, op: &str) -> Result<(), u32> {
+        if self.slot_of_row(row).is_some_and(|s| !s.in_flight) {
+            note(&format!("{op}: idle session row"));
+            return Err(STATE);
+        }
+        Ok(())
+    }
+
+    /// A primitive cutting a running session's row from `end` back to `len` must cover the end
+    /// the slot records (else the slot would forget the tail past `end`) and must not reach into
+    /// the slot's protected prefix (the req it came with may claim a shorter one).
+    fn guard_floor(&self, row: i32, len: u32, end: u32, op: &str) -> Result<(), u32> {
+        let Some(s) = self.slot_of_row(row).filter(|_| len < end) else { return Ok(()) };
+        if end < s.allocated {
+            note(&format!("{op}: end short of the running slot's"));
+            return Err(STATE);
+        }
+        if len < s.protected {
+            note(&format!("{op}: into the running slot's protected prefix"));
+            return Err(STATE);
+        }
+        Ok(())
+    }
+
+    /// The running session's slot shortens with its row, so a later abort or retry never
+    /// hands the same tail back twice; a call that leaves the row as long leaves the slot alone.
+    fn clamp(&mut self, row: i32, len: u32, end: u32, op: &str) {
+        let Some(k) = self.slot_holding(row).filter(|_| len < end) else { return };
+        let s = self.slots.get_mut(&k).unwrap();
+        if len < s.allocated {
+            note(&format!("{op}: shortens the running slot"));
+        }
+        s.allocated = s.allocated.min(len);
+        s.committed = s.committed.min(len);
+        s.swa = s.swa.min(len);
+    }
+
+    // --- the primitives ---------------------------------------------------------------------
+
+    /// trim_overshoot's argument checks (all INVALID_ARG) and its boundary: the finished length,
+    /// floored to a page when the SWA cursor runs past it.
+    fn trim_target(&self, r: &skv_req, fl: u32) -> Result<u32, u32> {
         if r.req_pool_idx == -1 || fl > r.output_len {
             return Err(INVALID);
         }
@@ -121,50 +175,72 @@ impl Model {
             }
             t = floor_align(t, self.ps);
         }
+        Ok(t)
+    }
+
+    fn apply_trim(&self, r: &mut skv_req, t: u32, fl: u32, fx: &mut Vec<Eff>) {
         self.free_aligned(r.req_pool_idx, t, r.kv_allocated_len, fx);
         r.kv_allocated_len = r.kv_allocated_len.min(t);
         r.kv_committed_len = r.kv_committed_len.min(t);
         r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(t);
         r.output_len = r.output_len.min(fl);
-        Ok(())
     }
 
-    pub fn free_tail(&self, r: &mut skv_req, prefix: u32, fx: &mut Vec<Eff>) -> Result<(), u32> {
-        if r.req_pool_idx == -1 || prefix > r.kv_allocated_len {
-            return Err(INVALID);
-        }
-        if prefix < r.cache_protected_len {
-            return Err(STATE);
-        }
+    fn apply_free_tail(&self, r: &mut skv_req, prefix: u32, fx: &mut Vec<Eff>) {
         self.free_aligned(r.req_pool_idx, prefix, r.kv_allocated_len, fx);
         r.kv_allocated_len = prefix;
         r.kv_committed_len = r.kv_committed_len.min(prefix);
         r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(prefix);
-        Ok(())
     }
 
     pub fn op_free_aligned(&mut self, row: i32, target: u32, end: u32) -> Res {
         if row < 0 || row as u32 >= self.rows || end > self.max_ctx {
             return Err(INVALID);
         }
+        self.guard_idle(row, "free_aligned")?;
+        self.guard_floor(row, target, end, "free_aligned")?;
         let mut fx = vec![];
+        if end <= target {
+            if self.slot_of_row(row).is_some() {
+                note("free_aligned: nothing to free on a running session row");
+            }
+            return Ok((fx, Out::None));
+        }
         self.free_aligned(row, target, end, &mut fx);
+        self.clamp(row, target, end, "free_aligned");
         Ok((fx, Out::None))
     }
 
     pub fn op_trim(&mut self, r: &mut skv_req, fl: u32) -> Res {
         self.check(r)?;
+        let t = self.trim_target(r, fl)?;
+        let (row, end) = (r.req_pool_idx, r.kv_allocated_len);
+        self.guard_idle(row, "trim")?;
+        self.guard_floor(row, t, end, "trim")?;
         let mut fx = vec![];
-        self.trim(r, fl, &mut fx)?;
+        self.apply_trim(r, t, fl, &mut fx);
+        self.clamp(row, t, end, "trim");
         Ok((fx, Out::None))
     }
 
     pub fn op_free_tail(&mut self, r: &mut skv_req, prefix: u32) -> Res {
         self.check(r)?;
+        let (row, end) = (r.req_pool_idx, r.kv_allocated_len);
+        if row == -1 || prefix > end {
+            return Err(INVALID);
+        }
+        if prefix < r.cache_protected_len {
+            return Err(STATE);
+        }
+        self.guard_idle(row, "free_tail")?;
+        self.guard_floor(row, prefix, end, "free_tail")?;
         let mut fx = vec![];
-        self.free_tail(r, prefix, &mut fx)?;
+        self.apply_free_tail(r, prefix, &mut fx);
+        self.clamp(row, prefix, end, "free_tail");
         Ok((fx, Out::None))
     }
+
+    // --- the session operations -------------------------------------------------------------
 
     pub fn op_match(&mut self, key: Key, req: &mut skv_req, key_len: u32, pre_aborted: bool) -> Res {
         self.check(req)?;
@@ -173,9 +249,15 @@ impl Model {
         if pre_aborted {
             return miss;
         }
-        // Decision: a req matched against a slot holds no row or the slot's own (a retry).
-        if req.req_pool_idx != -1 && req.req_pool_idx != slot.row {
+        let holds = req.req_pool_idx == slot.row;
+        // A req matched against a slot holds no row or the slot's own.
+        if req.req_pool_idx != -1 && !holds {
             note("match: req holds another row");
+            return Err(STATE);
+        }
+        // One running request per slot: only its own req (holding the row) matches again.
+        if slot.in_flight && !holds {
+            note("match: second request on a running session");
             return Err(STATE);
         }
         if self.aligned && self.ps > 1 {
@@ -195,11 +277,19 @@ impl Model {
         let mut r = *req;
         r.req_pool_idx = slot.row;
         r.kv_committed_len = slot.committed;
-        // Decision: a retried match also frees what the first try extended.
-        r.kv_allocated_len = if req.req_pool_idx == slot.row {
+        // A retry also frees what its first try extended; a req holding an idle slot's row is
+        // a stale copy whose lengths count for nothing.
+        r.kv_allocated_len = if slot.in_flight {
             note(if req.kv_allocated_len > slot.allocated { "match: retry past the slot" } else { "match: retry" });
             slot.allocated.max(req.kv_allocated_len)
         } else {
+            if holds {
+                note(if req.kv_allocated_len != slot.allocated {
+                    "match: stale copy, lengths ignored"
+                } else {
+                    "match: stale copy"
+                });
+            }
             slot.allocated
         };
         r.cache_protected_len = slot.protected;
@@ -219,7 +309,7 @@ impl Model {
             r.kv_committed_len = r.kv_committed_len.min(prefix);
         }
         let mut fx = vec![];
-        self.free_tail(&mut r, prefix, &mut fx).expect("free_tail after a restore cannot fail");
+        self.apply_free_tail(&mut r, prefix, &mut fx);
         let s = self.slots.get_mut(&key).unwrap();
         s.committed = r.kv_committed_len;
         s.allocated = r.kv_allocated_len;
@@ -237,7 +327,7 @@ impl Model {
             match slot {
                 None if req.req_pool_idx == -1 => return Ok((fx, Out::None)),
                 None => {
-                    // Decision: a throwaway release never frees a row another slot holds.
+                    // A throwaway release never frees a row another slot holds.
                     if self.slot_holding(req.req_pool_idx).is_some() {
                         note("abort: first turn on another slot's row");
                         return Err(STATE);
@@ -259,11 +349,20 @@ impl Model {
                     if req.req_pool_idx != s.row {
                         return Err(STATE);
                     }
-                    if req.kv_allocated_len > s.allocated {
-                        note("abort: req past the slot");
+                    if !s.in_flight {
+                        // An idle slot's req is a stale copy: release the slot's own record.
+                        note("abort: idle slot");
+                        if req.kv_allocated_len > s.allocated {
+                            note("abort: idle slot, stale req past its end");
+                        }
+                    } else {
+                        if req.kv_allocated_len > s.allocated {
+                            note("abort: req past the slot");
+                        }
+                        // The running request's state: its extension and its aux.
+                        s.allocated = s.allocated.max(req.kv_allocated_len);
+                        s.aux = req.aux_state;
                     }
-                    s.allocated = s.allocated.max(req.kv_allocated_len);
-                    s.aux = req.aux_state;
                     Self::release(&s, &mut fx);
                     self.slots.remove(&key);
                 }
@@ -271,24 +370,26 @@ impl Model {
             Self::reset(req);
             return Ok((fx, Out::None));
         }
-        if req.req_pool_idx == -1 {
-            return Err(INVALID);
-        }
         let fl = if req.finished_len >= 0 { req.finished_len as u32 } else { req.output_len };
-        let target = req.origin_input_len as u64 + fl as u64;
-        if target > u32::MAX as u64 || target < req.cache_protected_len as u64 {
-            return Err(INVALID);
-        }
-        let target = target as u32;
+        let t = self.trim_target(req, fl)?;
+        let target = req.origin_input_len + fl;
+        let row = req.req_pool_idx;
         match &slot {
-            Some(s) if s.row != req.req_pool_idx => return Err(STATE),
-            None if self.slot_holding(req.req_pool_idx).is_some() => {
+            Some(s) if s.row != row => return Err(STATE),
+            // A later turn comes through match_prefix: this req is stale, or already finished.
+            Some(s) if !s.in_flight => {
+                note("finish: idle slot (stale req)");
+                return Err(STATE);
+            }
+            None if self.slot_holding(row).is_some() => {
                 note("finish: first turn on another slot's row");
                 return Err(STATE);
             }
             _ => {}
         }
-        self.trim(req, fl, &mut fx).expect("trim checks passed");
+        // The finish trims the running row like trim_overshoot.
+        self.guard_floor(row, t, req.kv_allocated_len, "finish")?;
+        self.apply_trim(req, t, fl, &mut fx);
         let s = match slot {
             Some(mut s) => {
                 s.committed = req.kv_committed_len;
@@ -300,7 +401,7 @@ impl Model {
             None => {
                 self.next_order += 1;
                 Slot {
-                    row: req.req_pool_idx,
+                    row,
                     committed: req.kv_committed_len,
                     allocated: req.kv_allocated_len,
                     protected: req.cache_protected_len,
@@ -352,10 +453,18 @@ impl Model {
     }
 }
 
-pub fn note(what: &'static str) {
+pub fn note(what: &str) {
     COVERAGE.with_borrow_mut(|c| *c.entry(format!("model: {what}")).or_default() += 1);
 }
 
 thread_local! {
     pub static COVERAGE: std::cell::RefCell<BTreeMap<String, u64>> = const { std::cell::RefCell::new(BTreeMap::new()) };
+}
+
+/// Runs `f` without counting the paths it takes: a prediction the driver may not act on.
+pub fn quietly<T>(f: impl FnOnce() -> T) -> T {
+    let saved = COVERAGE.with_borrow(|c| c.clone());
+    let out = f();
+    COVERAGE.with_borrow_mut(|c| *c = saved);
+    out
 }
