@@ -738,8 +738,10 @@ enum skv_status skv_req_init(struct skv_req *req);
 /**
  * Restores a session's slot into `req` for its next turn (SEMANTICS.md match_prefix).
  * `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
- * or the slot's own row (a retried match; in external mode its kv_allocated_len then counts
- * if larger than the slot's); another row is SKV_ERR_STATE.
+ * or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
+ * the request finishes; meanwhile only that request's req (holding the row) may match it again
+ * (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
+ * other req is SKV_ERR_STATE.
  *
  * # Safety
  * Pointers must be NULL or valid.
@@ -754,7 +756,10 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
 
 /**
  * Saves a finished turn into its session slot after trimming its speculative overshoot, or
- * (aborted != 0) releases everything the session held. The req ends holding nothing.
+ * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
+ * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
+ * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
+ * req's aux_state; of an idle slot, the slot's own record.
  *
  * # Safety
  * Pointers must be NULL or valid.
@@ -797,8 +802,11 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
 
 /**
  * The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
- * page_size is 1); the page holding target-1 stays. Owned mode: end must be the row's
- * mapped end and target must not reach below its protected prefix.
+ * page_size is 1); the page holding target-1 stays. Owned mode: end must reach the row's
+ * mapped end and target must not reach below its protected prefix. On a session's row:
+ * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
+ * recorded end, target must keep its protected prefix, and the slot shortens with the row
+ * (the engine lowers its own req's kv_allocated_len).
  *
  * # Safety
  * `c` must be NULL or a live handle.
@@ -807,7 +815,7 @@ enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t targ
 
 /**
  * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
- * pages (the finish path's trim).
+ * pages (the finish path's trim). A session row's rules are those of skv_free_aligned.
  *
  * # Safety
  * Pointers must be NULL or valid.
@@ -815,7 +823,8 @@ enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t targ
 enum skv_status skv_trim_overshoot(struct skv_cache *c, struct skv_req *req, uint32_t finished_len);
 
 /**
- * Frees what lies past a reused prefix (the match path's tail free).
+ * Frees what lies past a reused prefix (the match path's tail free). A session row's rules
+ * are those of skv_free_aligned.
  *
  * # Safety
  * Pointers must be NULL or valid.

@@ -142,8 +142,10 @@ pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
 
 /// Restores a session's slot into `req` for its next turn (SEMANTICS.md match_prefix).
 /// `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
-/// or the slot's own row (a retried match; in external mode its kv_allocated_len then counts
-/// if larger than the slot's); another row is SKV_ERR_STATE.
+/// or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
+/// the request finishes; meanwhile only that request's req (holding the row) may match it again
+/// (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
+/// other req is SKV_ERR_STATE.
 ///
 /// # Safety
 /// Pointers must be NULL or valid.
@@ -180,7 +182,10 @@ pub unsafe extern "C" fn skv_match_prefix(
 }
 
 /// Saves a finished turn into its session slot after trimming its speculative overshoot, or
-/// (aborted != 0) releases everything the session held. The req ends holding nothing.
+/// (aborted != 0) releases everything the session held. The req ends holding nothing. A later
+/// turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
+/// is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
+/// req's aux_state; of an idle slot, the slot's own record.
 ///
 /// # Safety
 /// Pointers must be NULL or valid.
@@ -281,8 +286,11 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 }
 
 /// The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
-/// page_size is 1); the page holding target-1 stays. Owned mode: end must be the row's
-/// mapped end and target must not reach below its protected prefix.
+/// page_size is 1); the page holding target-1 stays. Owned mode: end must reach the row's
+/// mapped end and target must not reach below its protected prefix. On a session's row:
+/// SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
+/// recorded end, target must keep its protected prefix, and the slot shortens with the row
+/// (the engine lowers its own req's kv_allocated_len).
 ///
 /// # Safety
 /// `c` must be NULL or a live handle.
@@ -307,7 +315,7 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 }
 
 /// Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
-/// pages (the finish path's trim).
+/// pages (the finish path's trim). A session row's rules are those of skv_free_aligned.
 ///
 /// # Safety
 /// Pointers must be NULL or valid.
@@ -326,7 +334,8 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
     )
 }
 
-/// Frees what lies past a reused prefix (the match path's tail free).
+/// Frees what lies past a reused prefix (the match path's tail free). A session row's rules
+/// are those of skv_free_aligned.
 ///
 /// # Safety
 /// Pointers must be NULL or valid.
