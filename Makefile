@@ -2,7 +2,7 @@
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all build test test-rust test-c test-integration sim bench install header-check clean
+.PHONY: all build deps test test-rust test-c test-integration sim bench install header-check clean
 
 all: build
 
@@ -11,7 +11,11 @@ build:
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
 # AddressSanitizer and under valgrind; the installed-package consumers.
-test: test-rust test-c test-integration
+test: deps test-rust test-c test-integration
+
+# cmake, pkg-config and valgrind (apt-get as root when missing).
+deps:
+	scripts/deps.sh
 
 test-rust:
 	$(CARGO) test
