@@ -1,5 +1,6 @@
 /* Call traces: skv_cache_set_trace and SKV_TRACE write one JSON object per call. */
 #define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -42,6 +43,71 @@ static skv_cache *owned_cache(void) {
   return c;
 }
 
+/* Two threads allocate and free the only two pages of a pool through one traced handle; the
+ * trace, replayed in line order, must never hand out a held page nor free a free one. */
+static skv_cache *contended;
+
+static void *churn(void *arg) {
+  int i, pages[4];
+  (void)arg;
+  for (i = 0; i < 2000; i++) {
+    if (skv_pool_alloc(contended, 4, pages) == SKV_OK) skv_pool_free(contended, pages, 4);
+  }
+  return NULL;
+}
+
+/* The page ids listed after `key` in one line, or -1 when the key is absent. */
+static int pages_after(const char *line, const char *key, int *out, int cap) {
+  const char *p = strstr(line, key);
+  int n = 0;
+  if (!p) return -1;
+  p += strlen(key);
+  while (*p && *p != ']' && n < cap) {
+    out[n++] = (int)strtol(p, (char **)&p, 10) / 4;
+    if (*p == ',') p++;
+  }
+  return n;
+}
+
+static void trace_order_under_threads(const char *path) {
+  skv_cache_config cfg;
+  pthread_t a, b;
+  FILE *f;
+  char line[4096];
+  int held[4] = {0, 0, 0, 0}, bad = 0, replayed = 0;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.struct_size = sizeof cfg;
+  cfg.page_size = 4;
+  cfg.num_token_slots = 12; /* pages 1 and 2 usable */
+  cfg.num_rows = 1;
+  cfg.max_context_len = 8;
+  CHECK_OK(skv_cache_new(&cfg, &contended));
+  CHECK_OK(skv_cache_set_trace(contended, path));
+  pthread_create(&a, NULL, churn, NULL);
+  pthread_create(&b, NULL, churn, NULL);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  skv_cache_free(contended);
+  f = fopen(path, "r");
+  CHECK(f != NULL);
+  while (f && fgets(line, sizeof line, f)) {
+    int pages[4], n, i;
+    if (!strstr(line, "\"status\":\"SKV_OK\"")) continue;
+    /* each call moves one page: its four indices share it */
+    if ((n = pages_after(line, "\"out_indices\":[", pages, 4)) > 0) {
+      for (i = 1; i < n; i++) bad += pages[i] != pages[0];
+      bad += held[pages[0]]++ != 0;
+      replayed++;
+    } else if (strstr(line, "skv_pool_free") && (n = pages_after(line, "\"indices\":[", pages, 4)) > 0) {
+      bad += held[pages[0]]-- != 1;
+      replayed++;
+    }
+  }
+  if (f) fclose(f);
+  CHECK(replayed > 100);
+  CHECK_EQ_INT(bad, 0);
+}
+
 int main(void) {
   char path[] = "/tmp/skv_trace_XXXXXX";
   int fd = mkstemp(path), lines;
@@ -71,13 +137,15 @@ int main(void) {
 
   text = slurp(path, &lines);
   CHECK(text != NULL);
-  CHECK_EQ_INT(lines, 7);
+  CHECK_EQ_INT(lines, 8);
   if (text) {
-    CHECK_STR_CONTAINS(text, "{\"fn\":\"skv_match_prefix\",\"session_id\":7,\"branch_id\":0,\"req\":{\"req_pool_idx\":-1");
+    CHECK(strncmp(text, "{\"h\":", 5) == 0);
+    CHECK_STR_CONTAINS(text, "\"fn\":\"trace_start\",\"mode\":\"owned\",\"page_size\":4,\"num_token_slots\":256");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_match_prefix\",\"session_id\":7,\"branch_id\":0,\"req\":{\"req_pool_idx\":-1");
     CHECK_STR_CONTAINS(text, "\"out\":{\"hit\":0,\"prefix_len\":0}");
-    CHECK_STR_CONTAINS(text, "{\"fn\":\"skv_alloc_extend\"");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_alloc_extend\"");
     CHECK_STR_CONTAINS(text, "\"n_tokens\":9,\"status\":\"SKV_OK\",\"req_out\":{\"req_pool_idx\":0,\"kv_committed_len\":0,\"kv_allocated_len\":9");
-    CHECK_STR_CONTAINS(text, "{\"fn\":\"skv_cache_finished_req\",\"session_id\":7");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_cache_finished_req\",\"session_id\":7");
     CHECK_STR_CONTAINS(text, "\"req_out\":{\"req_pool_idx\":-1,\"kv_committed_len\":0,\"kv_allocated_len\":0");
     CHECK_STR_CONTAINS(text, "\"status\":\"SKV_ERR_INVALID_ARG\",\"error\":\"skv_commit: req_pool_idx -1: the req holds no row\"}");
     CHECK(strstr(text, "skv_release_session") == NULL);
@@ -92,7 +160,7 @@ int main(void) {
   CHECK_STATUS(skv_cache_set_trace(NULL, path), SKV_ERR_NULL_ARG);
   CHECK_OK(skv_cache_stats(c, &s));
   text = slurp(path, &lines);
-  CHECK_EQ_INT(lines, 7);
+  CHECK_EQ_INT(lines, 8);
   free(text);
   skv_cache_free(c);
 
@@ -101,8 +169,8 @@ int main(void) {
   d = owned_cache();
   CHECK_OK(skv_cache_stats(d, &s));
   text = slurp(path, &lines);
-  CHECK_EQ_INT(lines, 8);
-  if (text) CHECK_STR_CONTAINS(text, "{\"fn\":\"skv_cache_stats\",\"status\":\"SKV_OK\"}\n");
+  CHECK_EQ_INT(lines, 10);
+  if (text) CHECK_STR_CONTAINS(text, "\"fn\":\"skv_cache_stats\",\"status\":\"SKV_OK\",\"free_pages\":63");
   free(text);
   skv_cache_free(d);
   CHECK(setenv("SKV_TRACE", "/nonexistent-dir/trace.jsonl", 1) == 0);
@@ -114,6 +182,8 @@ int main(void) {
     CHECK(e == NULL);
   }
   CHECK(unsetenv("SKV_TRACE") == 0);
+  unlink(path);
+  trace_order_under_threads(path);
   unlink(path);
   return ctest_summary();
 }

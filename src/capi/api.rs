@@ -229,4 +229,52 @@ mod tests {
         let msg = unsafe { std::ffi::CStr::from_ptr(skv_last_error()) }.to_string_lossy().into_owned();
         assert!(msg.starts_with("skv_get_api: abi_version 999"), "{msg}");
     }
+
+    /// The table is append-only: these offsets are what engines compiled against this ABI
+    /// read. A new function goes after the last field, never between.
+    #[test]
+    fn the_table_layout_is_pinned() {
+        use std::mem::offset_of;
+        let pinned = [
+            (0, offset_of!(skv_api_v1, struct_size)),
+            (4, offset_of!(skv_api_v1, abi_version)),
+            (8, offset_of!(skv_api_v1, status_str)),
+            (16, offset_of!(skv_api_v1, last_error)),
+            (24, offset_of!(skv_api_v1, abi_version_fn)),
+            (32, offset_of!(skv_api_v1, version)),
+            (40, offset_of!(skv_api_v1, cache_new)),
+            (48, offset_of!(skv_api_v1, cache_new_external)),
+            (56, offset_of!(skv_api_v1, cache_free)),
+            (64, offset_of!(skv_api_v1, req_init)),
+            (72, offset_of!(skv_api_v1, match_prefix)),
+            (80, offset_of!(skv_api_v1, cache_finished_req)),
+            (88, offset_of!(skv_api_v1, checkpoint)),
+            (96, offset_of!(skv_api_v1, release_session)),
+            (104, offset_of!(skv_api_v1, release_branch)),
+            (112, offset_of!(skv_api_v1, free_aligned)),
+            (120, offset_of!(skv_api_v1, trim_overshoot)),
+            (128, offset_of!(skv_api_v1, free_tail)),
+            (136, offset_of!(skv_api_v1, session_held)),
+            (144, offset_of!(skv_api_v1, alloc_row)),
+            (152, offset_of!(skv_api_v1, alloc_extend)),
+            (160, offset_of!(skv_api_v1, commit)),
+            (168, offset_of!(skv_api_v1, free_req)),
+            (176, offset_of!(skv_api_v1, pool_alloc)),
+            (184, offset_of!(skv_api_v1, pool_free)),
+            (192, offset_of!(skv_api_v1, page_refs)),
+            (200, offset_of!(skv_api_v1, map_prefix)),
+            (208, offset_of!(skv_api_v1, publish_prefix)),
+            (216, offset_of!(skv_api_v1, row_indices)),
+            (224, offset_of!(skv_api_v1, cache_stats)),
+            (232, offset_of!(skv_api_v1, cache_check)),
+            (240, offset_of!(skv_api_v1, cache_set_hooks)),
+            (248, offset_of!(skv_api_v1, build_flashinfer)),
+            (256, offset_of!(skv_api_v1, cache_set_trace)),
+            (264, offset_of!(skv_api_v1, get_api)),
+        ];
+        for (want, got) in pinned {
+            assert_eq!(got, want);
+        }
+        assert_eq!(std::mem::size_of::<skv_api_v1>(), 272);
+    }
 }

@@ -6,8 +6,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::trace::TraceFile;
-use super::{arg, guard, out_mut, skv_status, CallbackScope};
+use super::trace::{opening_line, TraceFile};
+use super::{arg, guard, in_callback_of, lock, out_mut, skv_status, CallbackScope};
 use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -84,9 +84,10 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
 
 /// A new handle; `cache` is given the handle's id.
 fn boxed(cache: impl FnOnce(u64) -> Result<Cache>) -> Result<*mut skv_cache> {
-    let trace = TraceFile::from_env()?;
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache(id)?), trace })))
+    let cache = cache(id)?;
+    let trace = TraceFile::from_env(id, &cache)?;
+    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache), trace })))
 }
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).
@@ -145,7 +146,8 @@ pub unsafe extern "C" fn skv_cache_new_external(
 /// `cache` must be NULL or a handle not yet freed, with no call on it in progress.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
-    if !cache.is_null() {
+    // Freeing a handle from inside its own callback would free the lock the call holds.
+    if !cache.is_null() && !in_callback_of((*cache).id) {
         let _ = std::panic::catch_unwind(|| drop(Box::from_raw(cache)));
     }
 }
@@ -163,8 +165,11 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
     guard("skv_cache_set_trace", || {
         let handle = arg(c.cast_const(), "cache")?;
-        let path = (!path.is_null()).then(|| OsStr::from_bytes(CStr::from_ptr(path).to_bytes()));
-        handle.trace.open(path.map(Path::new))
+        // Calls take the trace lock before the handle's: read what the first line needs and let
+        // go of the handle before opening.
+        let first = opening_line(handle.id, &*lock(c)?);
+        let path = (!path.is_null()).then(|| Path::new(OsStr::from_bytes(CStr::from_ptr(path).to_bytes())));
+        handle.trace.open(path.map(|p| (p, first)))
     })
 }
 

@@ -75,6 +75,15 @@ pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result
     }
 }
 
+/// The NULL check of a `(pointer, length)` pair alone, for calls that check the handle's
+/// mode between the NULL checks and the lengths.
+pub(crate) fn nonnull<T>(p: *const T, n: usize, name: &str) -> Result<()> {
+    match p.is_null() && n > 0 {
+        true => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
+        false => Ok(()),
+    }
+}
+
 fn checked_len<T>(n: usize, name: &str) -> Result<usize> {
     match n.checked_mul(std::mem::size_of::<T>()) {
         Some(bytes) if bytes <= isize::MAX as usize => Ok(n),
@@ -111,7 +120,7 @@ impl Drop for CallbackScope {
     }
 }
 
-fn in_callback_of(id: u64) -> bool {
+pub(crate) fn in_callback_of(id: u64) -> bool {
     let depth = CALLBACK_DEPTH.get();
     depth > 0 && IN_CALLBACK.get()[..depth.min(8)].contains(&id)
 }

@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::session::on_req;
-use super::{lock, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
+use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
 use crate::core::{EngineHooks, Error};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -104,9 +104,7 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
             lock(c)?.pool_alloc(out)
         },
         |t| {
-            if n_tokens > 0 {
-                t.num("first_index", *out_indices);
-            }
+            t.list("out_indices", out_indices.cast_const(), n_tokens as usize);
         },
     )
 }
@@ -122,14 +120,13 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
         c,
         "skv_pool_free",
         |t| {
-            t.num("n", n as u64);
-            if n > 0 && !indices.is_null() {
-                t.num("first_index", *indices);
-            }
+            t.list("indices", indices, n);
         },
         || {
-            let indices = slice(indices, n, "indices")?;
-            lock(c)?.pool_free(indices)
+            nonnull(indices, n, "indices")?;
+            let mut c = lock(c)?;
+            c.require_owned()?;
+            c.pool_free(slice(indices, n, "indices")?)
         },
         |_| {},
     )
@@ -150,14 +147,18 @@ pub unsafe extern "C" fn skv_page_refs(
         c,
         "skv_page_refs",
         |t| {
-            t.num("n", n as u64);
+            t.list("indices", indices, n);
         },
         || {
-            let indices = slice(indices, n, "indices")?;
-            let out = slice_mut(out_counts, n, "out_counts")?;
-            lock(c)?.page_refs(indices, out)
+            nonnull(indices, n, "indices")?;
+            nonnull(out_counts, n, "out_counts")?;
+            let c = lock(c)?;
+            c.require_owned()?;
+            c.page_refs(slice(indices, n, "indices")?, slice_mut(out_counts, n, "out_counts")?)
         },
-        |_| {},
+        |t| {
+            t.list("out_counts", out_counts.cast_const(), n);
+        },
     )
 }
 
@@ -177,10 +178,7 @@ pub unsafe extern "C" fn skv_map_prefix(
         c,
         "skv_map_prefix",
         |t| {
-            t.req("req", req).num("n_tokens", n_tokens);
-            if n_tokens > 0 && !indices.is_null() {
-                t.num("first_index", *indices);
-            }
+            t.req("req", req).list("indices", indices, n_tokens as usize);
         },
         || {
             let indices = slice(indices, n_tokens as usize, "indices")?;
@@ -240,7 +238,9 @@ pub unsafe extern "C" fn skv_row_indices(
             let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };
             lock(c)?.row_indices(row, start, end, out)
         },
-        |_| {},
+        |t| {
+            t.list("out", out.cast_const(), end.saturating_sub(start) as usize);
+        },
     )
 }
 
@@ -293,7 +293,11 @@ pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats)
             };
             Ok(())
         },
-        |_| {},
+        |t| {
+            // SAFETY: written by the call that just succeeded.
+            let s = unsafe { &*out };
+            t.num("free_pages", s.free_pages).num("free_rows", s.free_rows).num("sessions", s.sessions);
+        },
     )
 }
 
@@ -342,7 +346,10 @@ pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_
             };
             Ok(())
         },
-        |_| {},
+        |t| {
+            // SAFETY: written by the call that just succeeded.
+            t.num("violations", unsafe { (*out).violations });
+        },
     )
 }
 
@@ -404,10 +411,17 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
     traced(
         c,
         "skv_cache_set_hooks",
-        |_| {},
+        |t| {
+            // SAFETY: NULL or a valid struct by the call's contract.
+            let h = unsafe { hooks.as_ref() };
+            t.num("hooks", h.is_some() as u8);
+            t.num("dec_lock_ref", h.is_some_and(|h| h.dec_lock_ref.is_some()) as u8);
+            t.num("free_aux", h.is_some_and(|h| h.free_aux.is_some()) as u8);
+        },
         || {
             let id = super::arg(c.cast_const(), "cache")?.id;
             let mut c = lock(c)?;
+            c.require_owned()?;
             let hooks = match hooks.as_ref() {
                 None => None,
                 Some(h) => {
@@ -450,16 +464,21 @@ pub unsafe extern "C" fn skv_build_flashinfer(
         c,
         "skv_build_flashinfer",
         |t| {
-            t.num("n", n as u64).num("cap", cap as u64);
+            t.list("rows", rows, n).num("cap", cap as u64);
         },
         || {
+            nonnull(rows, n, "rows")?;
+            nonnull(kv_indptr, 1, "kv_indptr")?;
+            nonnull(kv_indices, cap, "kv_indices")?;
+            nonnull(kv_last_page_len, n, "kv_last_page_len")?;
+            let needed = out_mut(needed, "needed")?;
+            let c = lock(c)?;
+            c.require_owned()?;
             let rows = slice(rows, n, "rows")?;
             let Some(n_ptr) = n.checked_add(1) else { return Err(Error::InvalidArg(format!("n {n} out of range"))) };
             let indptr = slice_mut(kv_indptr, n_ptr, "kv_indptr")?;
             let indices = slice_mut(kv_indices, cap, "kv_indices")?;
             let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
-            let needed = out_mut(needed, "needed")?;
-            let c = lock(c)?;
             let total = c.flashinfer_len(rows)?;
             *needed = total;
             if total > cap || total > i32::MAX as usize {
@@ -469,7 +488,13 @@ pub unsafe extern "C" fn skv_build_flashinfer(
             Ok(())
         },
         |t| {
-            t.num("needed", *needed as u64);
+            let total = *needed;
+            t.num("needed", total as u64).list("kv_indptr", kv_indptr.cast_const(), n + 1);
+            t.list("kv_indices", kv_indices.cast_const(), total).list(
+                "kv_last_page_len",
+                kv_last_page_len.cast_const(),
+                n,
+            );
         },
     )
 }

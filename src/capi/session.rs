@@ -370,7 +370,7 @@ pub unsafe extern "C" fn skv_session_held(
         c,
         "skv_session_held",
         |t| {
-            t.num("n_active", n_active as u64);
+            t.list("active_rows", active_rows, n_active);
         },
         || {
             let active = slice(active_rows, n_active, "active_rows")?;

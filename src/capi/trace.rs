@@ -1,6 +1,8 @@
 //! Call traces: every call on a traced handle appends one JSON object per line to a file —
-//! the function, its arguments (a req field by field), the status, the error message, and
-//! what the call wrote back. For reproducing an engine's bug report call for call.
+//! the handle, the function, its arguments (a req field by field, arrays in full up to
+//! `MAX_LIST` values), the status, the error message, and what the call wrote back. The first
+//! line a handle writes gives its mode and config. Lines of one handle appear in the order its
+//! calls ran. For reproducing an engine's bug report call for call.
 
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
@@ -9,8 +11,8 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{guard, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str};
-use crate::core::{Error, Result};
+use super::{guard, in_callback_of, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str};
+use crate::core::{Cache, Error, Result};
 
 /// Where a handle's trace goes; `None` when it is not traced.
 #[derive(Default)]
@@ -22,40 +24,55 @@ pub(crate) struct TraceFile {
 
 impl TraceFile {
     /// A handle's trace at creation: `SKV_TRACE=path` traces every new handle.
-    pub(crate) fn from_env() -> Result<TraceFile> {
+    pub(crate) fn from_env(id: u64, cache: &Cache) -> Result<TraceFile> {
         let t = TraceFile::default();
         if let Some(path) = std::env::var_os("SKV_TRACE").filter(|p| !p.is_empty()) {
-            t.open(Some(Path::new(&path))).map_err(|e| Error::InvalidArg(format!("SKV_TRACE: {e}")))?;
+            let first = opening_line(id, cache);
+            t.open(Some((Path::new(&path), first))).map_err(|e| Error::InvalidArg(format!("SKV_TRACE: {e}")))?;
         }
         Ok(t)
     }
 
-    /// Starts appending to `path` (created if missing), or stops tracing with `None`.
-    pub(crate) fn open(&self, path: Option<&Path>) -> Result<()> {
-        let file = match path {
-            None => None,
-            Some(p) => Some(LineWriter::new(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(p)
-                    .map_err(|e| Error::InvalidArg(format!("path \"{}\" cannot be opened: {e}", p.display())))?,
-            )),
-        };
+    /// Starts appending to `path` (created if missing), beginning with `first` (the handle's
+    /// `opening_line`), or stops tracing with `None`.
+    pub(crate) fn open(&self, to: Option<(&Path, String)>) -> Result<()> {
+        let file =
+            match to {
+                None => None,
+                Some((p, first)) => {
+                    let mut f =
+                        LineWriter::new(OpenOptions::new().create(true).append(true).open(p).map_err(|e| {
+                            Error::InvalidArg(format!("path \"{}\" cannot be opened: {e}", p.display()))
+                        })?);
+                    let _ = f.write_all(first.as_bytes());
+                    Some(f)
+                }
+            };
+        let mut slot = self.file.lock().map_err(|_| Error::Internal("trace file lock poisoned".into()))?;
         self.on.store(file.is_some(), Ordering::Relaxed);
-        *self.file.lock().map_err(|_| Error::Internal("trace file lock poisoned".into()))? = file;
+        *slot = file;
         Ok(())
     }
-
-    fn write(&self, line: &str) {
-        if let Ok(mut guard) = self.file.lock() {
-            if let Some(f) = guard.as_mut() {
-                // A trace is a debugging aid: a full disk must not fail the engine's call.
-                let _ = f.write_all(line.as_bytes());
-            }
-        }
-    }
 }
+
+/// The line a trace of handle `id` begins with: its mode and config.
+pub(crate) fn opening_line(id: u64, cache: &Cache) -> String {
+    let cfg = cache.config();
+    let mode = if cache.pool().owned().is_some() { "owned" } else { "external" };
+    format!(
+        "{{\"h\":{id},\"fn\":\"trace_start\",\"mode\":\"{mode}\",\"page_size\":{},\"num_token_slots\":{},\
+         \"num_rows\":{},\"max_context_len\":{},\"aligned_reuse\":{},\"version\":\"{}\"}}\n",
+        cfg.page_size,
+        cfg.num_token_slots,
+        cfg.num_rows,
+        cfg.max_context_len,
+        cfg.aligned_reuse,
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// The most values of one array a line spells out; a longer one is cut, and says so.
+const MAX_LIST: usize = 1 << 16;
 
 /// One trace line under construction: a JSON object.
 pub(crate) struct Line(String);
@@ -79,6 +96,25 @@ impl Line {
             }
         }
         self.0.push('"');
+        self
+    }
+
+    /// An array of `n` values at `p` (`null` for a NULL pointer).
+    pub(crate) fn list<T: Copy + Into<i128>>(&mut self, name: &str, p: *const T, n: usize) -> &mut Self {
+        if p.is_null() && n > 0 {
+            let _ = write!(self.0, ",\"{name}\":null");
+            return self;
+        }
+        let _ = write!(self.0, ",\"{name}\":[");
+        for i in 0..n.min(MAX_LIST) {
+            // SAFETY: the caller's array of n values, by the call's contract.
+            let v: i128 = unsafe { *p.add(i) }.into();
+            let _ = write!(self.0, "{}{v}", if i == 0 { "" } else { "," });
+        }
+        self.0.push(']');
+        if n > MAX_LIST {
+            let _ = write!(self.0, ",\"{name}_cut_at\":{MAX_LIST}");
+        }
         self
     }
 
@@ -145,8 +181,12 @@ pub(crate) fn traced(
 ) -> skv_status {
     // SAFETY: a handle pointer is NULL or live by the call's contract.
     let handle = unsafe { c.as_ref() }.filter(|h| h.trace.on.load(Ordering::Relaxed));
-    let Some(handle) = handle else { return guard(function, body) };
-    let mut line = Line(format!("{{\"fn\":\"{function}\""));
+    // A callback calling back into its own handle is refused without touching the trace,
+    // whose lock the outer call holds.
+    let Some(handle) = handle.filter(|h| !in_callback_of(h.id)) else { return guard(function, body) };
+    // The trace lock is held across the call, so lines appear in the order calls ran.
+    let Ok(mut file) = handle.trace.file.lock() else { return guard(function, body) };
+    let mut line = Line(format!("{{\"h\":{},\"fn\":\"{function}\"", handle.id));
     args(&mut line);
     let status = guard(function, body);
     // SAFETY: skv_status_str returns a static NUL-terminated string.
@@ -161,6 +201,9 @@ pub(crate) fn traced(
         line.text("error", &err.to_string_lossy());
     }
     line.0.push_str("}\n");
-    handle.trace.write(&line.0);
+    if let Some(f) = file.as_mut() {
+        // A trace is a debugging aid: a full disk must not fail the engine's call.
+        let _ = f.write_all(line.0.as_bytes());
+    }
     status
 }

@@ -6,7 +6,7 @@
 //! row's tail from its lowest position up; `pool_free`'s distinct pages in ascending order).
 //! Page 0 is the padding page and never leaves the `Padding` state.
 
-use super::error::{try_vec, Result};
+use super::error::{try_vec, Error, Result};
 
 /// Who a page belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,18 +51,21 @@ impl PageAllocator {
         self.states[page as usize] = state;
     }
 
-    /// Pops `n` pages into `out`, each in state `state`; all or nothing.
-    pub fn alloc(&mut self, n: u32, state: PageState, out: &mut Vec<u32>) -> bool {
+    /// Pops `n` pages into `out`, each in state `state`; all or nothing (`OutOfMemory` when
+    /// the pool, or the host holding `out`, lacks room).
+    pub fn alloc(&mut self, n: u32, state: PageState, out: &mut Vec<u32>) -> Result<()> {
         if n as usize > self.free.len() {
-            return false;
+            return Err(Error::OutOfMemory(format!("{n} pages needed, {} free", self.free.len())));
         }
-        out.reserve_exact(n as usize);
+        if out.try_reserve_exact(n as usize).is_err() {
+            return Err(Error::OutOfMemory(format!("no host memory for a list of {n} more pages")));
+        }
         for _ in 0..n {
             let page = self.free.pop().expect("counted above");
             self.states[page as usize] = state;
             out.push(page);
         }
-        true
+        Ok(())
     }
 
     /// Returns a page the caller has checked is not free.
@@ -90,11 +93,11 @@ mod tests {
     fn lifo_from_page_one() {
         let mut a = PageAllocator::new(5).unwrap();
         let mut got = Vec::new();
-        assert!(a.alloc(2, PageState::Owned, &mut got));
+        a.alloc(2, PageState::Owned, &mut got).unwrap();
         assert_eq!(got, [1, 2]);
         a.free(1);
         got.clear();
-        assert!(a.alloc(1, PageState::Owned, &mut got));
+        a.alloc(1, PageState::Owned, &mut got).unwrap();
         assert_eq!(got, [1], "the last page freed is the next handed out");
     }
 
@@ -102,7 +105,7 @@ mod tests {
     fn all_or_nothing() {
         let mut a = PageAllocator::new(3).unwrap();
         let mut got = Vec::new();
-        assert!(!a.alloc(3, PageState::Owned, &mut got));
+        assert!(a.alloc(3, PageState::Owned, &mut got).is_err());
         assert!(got.is_empty());
         assert_eq!(a.free_pages(), 2);
         assert_eq!(a.state(0), PageState::Padding);

@@ -3,7 +3,7 @@
 
 use super::alloc::PageState;
 use super::cache::Cache;
-use super::error::Result;
+use super::error::{try_vec, Result};
 use super::page::pages_for;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,8 +34,8 @@ impl Cache {
         let states = alloc.states();
         let mut rep = Report::default();
         // How many rows map each page, and how many of those map it as their own.
-        let mut maps = vec![0u32; states.len()];
-        let mut owners = vec![0u32; states.len()];
+        let mut maps = try_vec(states.len(), "the audit's map counts", |_| 0u32)?;
+        let mut owners = try_vec(states.len(), "the audit's owner counts", |_| 0u32)?;
         for (row, r) in pool.rows.iter().enumerate() {
             let Some(r) = r else { continue };
             if r.pages.len() != pages_for(r.len, ps) as usize {
@@ -93,7 +93,7 @@ impl Cache {
         if free + owned + held != total - 1 {
             rep.violation(|| format!("free {free} + row-owned {owned} + engine-held {held} != {total} pages - 1"));
         }
-        let mut on_list = vec![false; states.len()];
+        let mut on_list = try_vec(states.len(), "the audit's free-list marks", |_| false)?;
         for &p in alloc.free_list() {
             if states.get(p as usize) != Some(&PageState::Free) || std::mem::replace(&mut on_list[p as usize], true) {
                 rep.violation(|| format!("free list holds page {p} twice or in another state"));

@@ -3,7 +3,7 @@
 
 use super::alloc::PageState;
 use super::cache::Cache;
-use super::error::{bail, Result};
+use super::error::{bail, Error, Result};
 use super::owned::{EngineHooks, OwnedPool};
 use super::page::pages_for;
 use super::pool::Effect;
@@ -23,6 +23,11 @@ pub struct Stats {
 }
 
 impl Cache {
+    /// `Unsupported` unless this is an owned-mode cache.
+    pub fn require_owned(&self) -> Result<()> {
+        self.owned_pool().map(|_| ())
+    }
+
     fn owned_pool(&self) -> Result<&OwnedPool> {
         match self.pool.owned() {
             Some(p) => Ok(p),
@@ -82,13 +87,10 @@ impl Cache {
         let pool = self.owned_pool_mut()?;
         let need = pages_for(new_len, ps) - pool.row(row)?.pages.len() as u32;
         if need > 0 {
-            let free = pool.pages.free_pages();
             let mut pages = std::mem::take(&mut pool.row_mut(row).pages);
-            let ok = pool.pages.alloc(need, PageState::Owned, &mut pages);
+            let got = pool.pages.alloc(need, PageState::Owned, &mut pages);
             pool.row_mut(row).pages = pages;
-            if !ok {
-                bail!(OutOfMemory, "n_tokens {n} needs {need} pages, {free} free");
-            }
+            got.map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))?;
         }
         pool.row_mut(row).len = new_len;
         req.allocated = new_len;
@@ -143,17 +145,14 @@ impl Cache {
         let need = (n / ps as usize) as u32;
         let mut pages = std::mem::take(&mut pool.scratch);
         pages.clear();
-        let ok = pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages);
-        if ok {
+        let got = pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages);
+        if got.is_ok() {
             for (i, slot) in out.iter_mut().enumerate() {
                 *slot = (pages[i / ps as usize] * ps + (i as u32 % ps)) as i32;
             }
         }
         pool.scratch = pages;
-        if !ok {
-            bail!(OutOfMemory, "n_tokens {n} needs {need} pages, {} free", pool.pages.free_pages());
-        }
-        Ok(())
+        got.map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))
     }
 
     /// Takes back engine-held pages (each index frees the page it falls in); a page any row

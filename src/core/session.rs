@@ -196,12 +196,20 @@ impl Cache {
         self.pool.check_req(req)?;
         let found = self.slots.find(session, branch).map(|(r, s)| (r, s.in_flight));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
-        if let Some((_, false)) = found {
-            bail!(
+        match found.and_then(|(r, _)| self.slots.of_row(r)) {
+            Some(s) if !s.in_flight => bail!(
                 State,
                 "session {session} branch {branch} is idle: a later turn's req comes from match_prefix \
                  (this one is a stale copy or already finished)"
-            );
+            ),
+            // Saving a shorter record would forget the tail the running slot records.
+            Some(s) if req.allocated < s.allocated => bail!(
+                State,
+                "kv_allocated_len {} < the {} tokens session {session} branch {branch} records",
+                req.allocated,
+                s.allocated
+            ),
+            _ => {}
         }
         self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;

@@ -465,6 +465,8 @@ fn primitives_respect_the_session_that_holds_the_row() {
     assert!(matches!(c.trim_overshoot(&mut Req { output_len: 4, ..liar }, 4), Err(Error::State(_))));
     let mut short = Req { origin_input_len: 4, protected: 0, ..next };
     assert!(matches!(c.cache_finished_req(1, 0, &mut short, false), Err(Error::State(_))));
+    let mut behind = Req { allocated: 10, committed: 10, origin_input_len: 10, ..next };
+    assert!(matches!(c.cache_finished_req(1, 0, &mut behind, false), Err(Error::State(_))), "shorter than the slot");
     assert_eq!(log(&mut c), Vec::<String>::new());
     c.free_aligned(0, 10, 12).unwrap();
     assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "the running slot mirrors the free");
