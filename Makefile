@@ -17,16 +17,16 @@ test: deps test-rust test-c test-integration
 deps:
 	scripts/deps.sh
 
-test-rust:
+test-rust: | deps
 	$(CARGO) test
 	$(CARGO) test --benches
 
-test-c: build
+test-c: build | deps
 	ctests/run.sh target/release
 	SKV_CTEST_SANITIZE=address ctests/run.sh target/release
 	SKV_CTEST_VALGRIND=1 ctests/run.sh target/release
 
-test-integration: build
+test-integration: build | deps
 	ctests/integration.sh --no-build
 
 sim:

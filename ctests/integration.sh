@@ -67,7 +67,10 @@ layout() {
   done
   [ "$(readlink "$lib/$soname")" = "libskv.so.$full" ] || { echo "$soname does not name libskv.so.$full"; return 1; }
   [ "$(readlink "$lib/libskv.so")" = "$soname" ] || { echo "libskv.so does not name $soname"; return 1; }
-  grep -q "prefix=$prefix\$" "$lib/pkgconfig/skv.pc" || { echo "skv.pc names another prefix"; return 1; }
+  # skv.pc finds its prefix from its own place: the headers it names are the installed ones
+  local inc_pc
+  inc_pc=$(PKG_CONFIG_PATH="$lib/pkgconfig" pkg-config --variable=includedir skv) || return 1
+  [ -f "$inc_pc/skv.h" ] || { echo "skv.pc names include dir $inc_pc without skv.h"; return 1; }
 }
 step layout layout
 

@@ -131,6 +131,8 @@ class Cache {
     detail::check(skv_cache_new_external(&cfg, &ops, user_data, &handle));
     return Cache(handle);
   }
+  /// An empty Cache (no handle), e.g. a member assigned later by move.
+  Cache() noexcept = default;
   /// Takes ownership of a handle from skv_cache_new / skv_cache_new_external.
   explicit Cache(skv_cache *handle) noexcept : handle_(handle) {}
 
@@ -166,7 +168,7 @@ class Cache {
                                          aborted ? 1u : 0u));
   }
   /// True when the session handled the chunk (a later turn), false for a first turn.
-  bool checkpoint(uint64_t session_id, uint64_t branch_id, const Req &req) {
+  bool checkpoint(uint64_t session_id, uint64_t branch_id, const Req &req) const {
     uint32_t handled = 0;
     detail::check(skv_checkpoint(handle_, session_id, branch_id, req.get(), &handled));
     return handled != 0;
@@ -186,12 +188,12 @@ class Cache {
   void free_tail(Req &req, uint32_t prefix_len) {
     detail::check(skv_free_tail(handle_, req.get(), prefix_len));
   }
-  skv_held session_held(const int32_t *active_rows, std::size_t n_active) {
+  skv_held session_held(const int32_t *active_rows, std::size_t n_active) const {
     skv_held out{};
     detail::check(skv_session_held(handle_, active_rows, n_active, &out));
     return out;
   }
-  skv_held session_held(const std::vector<int32_t> &active_rows = {}) {
+  skv_held session_held(const std::vector<int32_t> &active_rows = {}) const {
     return session_held(active_rows.data(), active_rows.size());
   }
 
@@ -218,7 +220,7 @@ class Cache {
     pool_free(indices.data(), indices.size());
   }
   /// For each index, how many rows map its page (0: the prefix tree may evict it).
-  std::vector<uint32_t> page_refs(const std::vector<int32_t> &indices) {
+  std::vector<uint32_t> page_refs(const std::vector<int32_t> &indices) const {
     std::vector<uint32_t> counts(indices.size());
     detail::check(skv_page_refs(handle_, indices.data(), indices.size(), counts.data()));
     return counts;
@@ -236,18 +238,18 @@ class Cache {
     detail::check(skv_publish_prefix(handle_, req.get(), new_protected_len));
   }
   /// req_to_token[row, start:end)
-  std::vector<int32_t> row_indices(int32_t row, uint32_t start, uint32_t end) {
+  std::vector<int32_t> row_indices(int32_t row, uint32_t start, uint32_t end) const {
     std::vector<int32_t> out(end > start ? end - start : 0);
     detail::check(skv_row_indices(handle_, row, start, end, out.data()));
     return out;
   }
-  skv_stats stats() {
+  skv_stats stats() const {
     skv_stats out{};
     detail::check(skv_cache_stats(handle_, &out));
     return out;
   }
   /// The audit; report.violations == 0 when every invariant holds.
-  skv_check_report check() {
+  skv_check_report check() const {
     skv_check_report out{};
     detail::check(skv_cache_check(handle_, &out));
     return out;
@@ -262,31 +264,31 @@ class Cache {
   /// exceeds cap (then this throws SKV_ERR_INVALID_ARG).
   void build_flashinfer(const int32_t *rows, std::size_t n, int32_t *kv_indptr,
                         int32_t *kv_indices, int32_t *kv_last_page_len, std::size_t cap,
-                        std::size_t &needed) {
+                        std::size_t &needed) const {
     detail::check(skv_build_flashinfer(handle_, rows, n, kv_indptr, kv_indices,
                                        kv_last_page_len, cap, &needed));
   }
-  /// Sizes the buffers itself.
-  FlashInferBatch build_flashinfer(const std::vector<int32_t> &rows) {
+  /// Sizes the buffers itself (asking again if another thread grows a row meanwhile).
+  FlashInferBatch build_flashinfer(const std::vector<int32_t> &rows) const {
     FlashInferBatch batch;
     batch.kv_indptr.resize(rows.size() + 1);
     batch.kv_last_page_len.resize(rows.size());
-    // First ask for the page id count: a buffer too small for it is the one error
-    // that reports through `needed`.
     int32_t none = 0;
-    std::size_t needed = 0;
-    skv_status status = skv_build_flashinfer(handle_, rows.data(), rows.size(),
-                                             batch.kv_indptr.data(), &none,
-                                             batch.kv_last_page_len.data(), 0, &needed);
-    if (status == SKV_OK) return batch;
-    if (status != SKV_ERR_INVALID_ARG || needed == 0) detail::check(status);
-    batch.kv_indices.resize(needed);
-    detail::check(skv_build_flashinfer(handle_, rows.data(), rows.size(),
-                                       batch.kv_indptr.data(), batch.kv_indices.data(),
-                                       batch.kv_last_page_len.data(),
-                                       batch.kv_indices.size(), &needed));
-    batch.kv_indices.resize(needed);
-    return batch;
+    for (;;) {
+      std::size_t needed = 0;
+      int32_t *indices = batch.kv_indices.empty() ? &none : batch.kv_indices.data();
+      skv_status status = skv_build_flashinfer(handle_, rows.data(), rows.size(),
+                                               batch.kv_indptr.data(), indices,
+                                               batch.kv_last_page_len.data(),
+                                               batch.kv_indices.size(), &needed);
+      if (status == SKV_OK) {
+        batch.kv_indices.resize(needed);
+        return batch;
+      }
+      // A buffer too small is the one error that reports through `needed`.
+      if (status != SKV_ERR_INVALID_ARG || needed <= batch.kv_indices.size()) detail::check(status);
+      batch.kv_indices.resize(needed);
+    }
   }
 
  private:

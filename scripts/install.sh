@@ -22,6 +22,8 @@ done
 [ -n "$prefix" ] || { echo "usage: scripts/install.sh [--no-build] PREFIX" >&2; exit 2; }
 case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 prefix=${prefix%/}
+destdir=${DESTDIR:-}
+case "$destdir" in ""|/*) ;; *) destdir="$PWD/$destdir" ;; esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -61,7 +63,7 @@ for lib in $native_libs; do
   cmake_libs="${cmake_libs:+$cmake_libs;}$lib"
 done
 
-dest="${DESTDIR:-}$prefix"
+dest="$destdir$prefix"
 install -d "$dest/lib/pkgconfig" "$dest/lib/cmake/skv" "$dest/include"
 install -m 0755 "$release/libskv.so" "$dest/lib/libskv.so.$full"
 ln -sfn "libskv.so.$full" "$dest/lib/$soname"
@@ -69,12 +71,13 @@ ln -sfn "$soname" "$dest/lib/libskv.so"
 install -m 0644 "$release/libskv.a" "$dest/lib/libskv.a"
 install -m 0644 include/skv.h include/skv.hpp "$dest/include/"
 
+# Fills @FIELD@s from the environment: perl takes the values literally, whatever characters
+# a prefix holds (sed would read '&' and '|' in it as syntax).
 subst() {
-  sed -e "s|@PREFIX@|$prefix|g" -e "s|@VERSION@|$version|g" \
-      -e "s|@VERSION_FULL@|$full|g" -e "s|@VERSION_MAJOR@|$major|g" -e "s|@SONAME@|$soname|g" \
-      -e "s|@POINTER_BITS@|$pointer_bits|g" -e "s|@POINTER_BYTES@|$((pointer_bits / 8))|g" \
-      -e "s|@NATIVE_STATIC_LIBS@|$native_libs|g" -e "s|@CMAKE_NATIVE_LIBS@|$cmake_libs|g" \
-      "$1" > "$2"
+  SKV_PREFIX=$prefix SKV_VERSION=$version SKV_VERSION_FULL=$full SKV_VERSION_MAJOR=$major \
+  SKV_SONAME=$soname SKV_POINTER_BITS=$pointer_bits SKV_POINTER_BYTES=$((pointer_bits / 8)) \
+  SKV_NATIVE_STATIC_LIBS=$native_libs SKV_CMAKE_NATIVE_LIBS=$cmake_libs \
+    perl -pe 's/\@([A-Z_]+)\@/exists $ENV{"SKV_$1"} ? $ENV{"SKV_$1"} : "\@$1\@"/ge' "$1" > "$2"
   chmod 0644 "$2"
   if grep -n '@[A-Z_]*@' "$2" >&2; then echo "install.sh: unfilled field in $2" >&2; exit 1; fi
 }
