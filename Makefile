@@ -20,6 +20,7 @@ deps:
 test-rust: | deps
 	$(CARGO) test
 	$(CARGO) test --benches
+	$(CARGO) test --features cuda --test device -- --nocapture
 
 test-c: build | deps
 	ctests/run.sh target/release

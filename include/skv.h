@@ -524,6 +524,16 @@ typedef struct skv_api_v1 {
    * Same as skv_get_api.
    */
   const struct skv_api_v1 *(*get_api)(uint32_t abi_version);
+  /**
+   * Same as skv_device_attach.
+   */
+  enum skv_status (*device_attach)(struct skv_cache *c, int device_ordinal, void *cu_stream);
+  /**
+   * Same as skv_device_sync.
+   */
+  enum skv_status (*device_sync)(struct skv_cache *c,
+                                 uint64_t *out_device_ptr,
+                                 uint64_t *out_row_stride);
 } skv_api_v1;
 
 #ifdef __cplusplus
@@ -578,6 +588,34 @@ void skv_cache_free(struct skv_cache *cache);
  * `path` must be NULL or a NUL-terminated string.
  */
 enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
+
+/**
+ * Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout
+ * attention kernels read) on device `device_ordinal`, used with the engine's stream
+ * `cu_stream` (a CUstream; NULL is the legacy default stream). Owned mode only
+ * (SKV_ERR_UNSUPPORTED in external mode, or in a build without the `cuda` feature);
+ * SKV_ERR_CUDA with a clear message where no CUDA driver is found; SKV_ERR_STATE when a copy
+ * is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
+ * with the handle.
+ *
+ * # Safety
+ * `cu_stream` must be NULL or a live CUstream of that device while the handle lives.
+ */
+enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
+
+/**
+ * Makes the device copy equal to the host rows at every mapped position, copying only the
+ * spans of rows mapped anew since the last sync, asynchronously on the attached stream
+ * (positions past a row's mapped length are unspecified: kernels read a row up to its
+ * sequence length). Writes the copy's device pointer and its row stride in int32 values
+ * (max_context_len). SKV_ERR_STATE before skv_device_attach.
+ *
+ * # Safety
+ * Pointers must be NULL or valid.
+ */
+enum skv_status skv_device_sync(struct skv_cache *c,
+                                uint64_t *out_device_ptr,
+                                uint64_t *out_row_stride);
 
 /**
  * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row

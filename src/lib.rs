@@ -5,5 +5,6 @@
 
 mod capi;
 pub mod core;
+mod device;
 
 pub use capi::*;

@@ -1,18 +1,18 @@
 //! The dlopen entry point: one `dlsym("skv_get_api")` gives an engine every function of the
 //! library through a table, so it needs no link-time dependency on libskv.
 
-use std::ffi::{c_char, c_void};
+use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 
 use super::{
     clear_last_error, set_last_error, skv_abi_version, skv_alloc_extend, skv_alloc_row, skv_build_flashinfer,
     skv_cache, skv_cache_check, skv_cache_config, skv_cache_finished_req, skv_cache_free, skv_cache_new,
     skv_cache_new_external, skv_cache_set_hooks, skv_cache_set_trace, skv_cache_stats, skv_check_report,
-    skv_checkpoint, skv_commit, skv_engine_hooks, skv_free_aligned, skv_free_req, skv_free_tail, skv_held,
-    skv_last_error, skv_map_prefix, skv_match, skv_match_prefix, skv_page_refs, skv_pool_alloc, skv_pool_free,
-    skv_pool_ops, skv_publish_prefix, skv_release_branch, skv_release_session, skv_req, skv_req_init, skv_row_indices,
-    skv_session_held, skv_stats, skv_status, skv_status_str, skv_trim_overshoot, skv_version, StatusArg,
-    SKV_ABI_VERSION,
+    skv_checkpoint, skv_commit, skv_device_attach, skv_device_sync, skv_engine_hooks, skv_free_aligned, skv_free_req,
+    skv_free_tail, skv_held, skv_last_error, skv_map_prefix, skv_match, skv_match_prefix, skv_page_refs,
+    skv_pool_alloc, skv_pool_free, skv_pool_ops, skv_publish_prefix, skv_release_branch, skv_release_session, skv_req,
+    skv_req_init, skv_row_indices, skv_session_held, skv_stats, skv_status, skv_status_str, skv_trim_overshoot,
+    skv_version, StatusArg, SKV_ABI_VERSION,
 };
 
 /// Every exported function of ABI version 1, in the order of the C API's sections; each
@@ -153,6 +153,13 @@ pub struct skv_api_v1 {
     pub cache_set_trace: Option<unsafe extern "C" fn(c: *mut skv_cache, path: *const c_char) -> skv_status>,
     /// Same as skv_get_api.
     pub get_api: Option<extern "C" fn(abi_version: u32) -> *const skv_api_v1>,
+    /// Same as skv_device_attach.
+    pub device_attach:
+        Option<unsafe extern "C" fn(c: *mut skv_cache, device_ordinal: c_int, cu_stream: *mut c_void) -> skv_status>,
+    /// Same as skv_device_sync.
+    pub device_sync: Option<
+        unsafe extern "C" fn(c: *mut skv_cache, out_device_ptr: *mut u64, out_row_stride: *mut u64) -> skv_status,
+    >,
 }
 
 static API_V1: skv_api_v1 = skv_api_v1 {
@@ -191,6 +198,8 @@ static API_V1: skv_api_v1 = skv_api_v1 {
     build_flashinfer: Some(skv_build_flashinfer),
     cache_set_trace: Some(skv_cache_set_trace),
     get_api: Some(skv_get_api),
+    device_attach: Some(skv_device_attach),
+    device_sync: Some(skv_device_sync),
 };
 
 /// The function table of ABI version `abi_version`, or NULL when this library does not
@@ -271,10 +280,12 @@ mod tests {
             (248, offset_of!(skv_api_v1, build_flashinfer)),
             (256, offset_of!(skv_api_v1, cache_set_trace)),
             (264, offset_of!(skv_api_v1, get_api)),
+            (272, offset_of!(skv_api_v1, device_attach)),
+            (280, offset_of!(skv_api_v1, device_sync)),
         ];
         for (want, got) in pinned {
             assert_eq!(got, want);
         }
-        assert_eq!(std::mem::size_of::<skv_api_v1>(), 272);
+        assert_eq!(std::mem::size_of::<skv_api_v1>(), 288);
     }
 }

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 use super::trace::{opening_line, TraceFile};
 use super::{arg, guard, in_callback_of, lock, out_mut, skv_status, CallbackScope};
 use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
+use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
 /// may use it, calls on one handle are serialized inside.
@@ -17,6 +18,8 @@ pub struct skv_cache {
     pub(crate) id: u64,
     pub(crate) inner: Mutex<Cache>,
     pub(crate) trace: TraceFile,
+    /// The GPU copy of the rows, once attached (locked after `inner`).
+    pub(crate) device: Mutex<Option<Device>>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -87,7 +90,7 @@ fn boxed(cache: impl FnOnce(u64) -> Result<Cache>) -> Result<*mut skv_cache> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let cache = cache(id)?;
     let trace = TraceFile::from_env(id, &cache)?;
-    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache), trace })))
+    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache), trace, device: Mutex::new(None) })))
 }
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).

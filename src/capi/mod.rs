@@ -6,6 +6,7 @@
 
 mod api;
 mod cache;
+mod device;
 mod owned;
 mod session;
 mod status;
@@ -17,6 +18,7 @@ use std::sync::MutexGuard;
 
 pub use api::*;
 pub use cache::*;
+pub use device::*;
 pub use owned::*;
 pub use session::*;
 pub use status::*;

@@ -1,12 +1,14 @@
 //! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
 //! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
 //! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
-//! (the operations), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`.
+//! (the operations), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`, and `mirror`
+//! (what a device copy of the rows must learn).
 
 mod alloc;
 mod audit;
 mod cache;
 mod error;
+mod mirror;
 mod owned;
 mod owned_ops;
 mod page;
@@ -19,6 +21,7 @@ pub use alloc::PageState;
 pub use audit::Report;
 pub use cache::Cache;
 pub use error::{Error, Result};
+pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
 pub use owned_ops::Stats;
 pub use page::{ceil_align, floor_align, pages_for};

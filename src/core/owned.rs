@@ -7,6 +7,7 @@
 
 use super::alloc::{PageAllocator, PageState};
 use super::error::{bail, try_vec, Error, Result};
+use super::mirror::Dirty;
 use super::page::pages_for;
 use super::pool::{Effect, Pool};
 use super::req::{Config, Req};
@@ -36,6 +37,8 @@ pub struct OwnedPool {
     hooks: Option<Box<dyn EngineHooks>>,
     /// Page lists a call sorts to find duplicates, kept to reuse the allocation.
     pub(crate) scratch: Vec<u32>,
+    /// Spans of rows mapped anew, kept once a device copy of the rows exists.
+    pub(crate) dirty: Option<Dirty>,
 }
 
 impl OwnedPool {
@@ -49,6 +52,7 @@ impl OwnedPool {
             free_rows: try_vec(n, "the free-row stack", |i| (n - 1 - i) as u32)?,
             hooks: None,
             scratch: Vec::new(),
+            dirty: None,
         })
     }
 
@@ -79,6 +83,13 @@ impl OwnedPool {
 
     pub(crate) fn row_mut(&mut self, row: u32) -> &mut Row {
         self.rows[row as usize].as_mut().expect("row checked in use")
+    }
+
+    /// Records that `row` maps positions `lo..hi` anew (for a device copy, if any).
+    pub(crate) fn mapped(&mut self, row: u32, lo: u32, hi: u32) {
+        if let Some(d) = self.dirty.as_mut() {
+            d.mark(row, lo, hi);
+        }
     }
 
     pub(crate) fn take_row(&mut self) -> Option<u32> {

@@ -4,6 +4,7 @@
 use super::alloc::PageState;
 use super::cache::Cache;
 use super::error::{bail, Error, Result};
+use super::mirror::Dirty;
 use super::owned::{EngineHooks, OwnedPool};
 use super::page::pages_for;
 use super::pool::Effect;
@@ -93,6 +94,7 @@ impl Cache {
             got.map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))?;
         }
         pool.row_mut(row).len = new_len;
+        pool.mapped(row, req.allocated, new_len);
         req.allocated = new_len;
         Ok(())
     }
@@ -241,6 +243,7 @@ impl Cache {
         }
         let n = n as u32;
         *pool.row_mut(row) = super::owned::Row { pages, len: n, protected: n };
+        pool.mapped(row, 0, n);
         (req.allocated, req.committed, req.protected) = (n, n, n);
         Ok(())
     }
@@ -309,6 +312,45 @@ impl Cache {
             trimmed_tokens: self.trimmed_tokens,
             tail_freed_tokens: self.tail_freed_tokens,
         })
+    }
+
+    /// Starts recording which rows change, for a device copy of `req_to_token`; every row in
+    /// use counts as changed.
+    pub fn track_row_changes(&mut self) -> Result<()> {
+        let pool = self.owned_pool_mut()?;
+        let mut dirty = Dirty::new(pool.total_rows())?;
+        for (row, r) in pool.rows.iter().enumerate() {
+            if let Some(r) = r {
+                dirty.mark(row as u32, 0, r.len);
+            }
+        }
+        pool.dirty = Some(dirty);
+        Ok(())
+    }
+
+    /// Hands `upload(row, start, indices)` every span of token indices mapped anew since the
+    /// last call (`indices` = `req_to_token[row, start..start + indices.len()]`), once.
+    pub fn drain_row_changes(&mut self, mut upload: impl FnMut(u32, u32, &[i32]) -> Result<()>) -> Result<()> {
+        let ps = self.cfg.page_size;
+        let pool = self.owned_pool_mut()?;
+        let Some(mut dirty) = pool.dirty.take() else { return Ok(()) };
+        let mut spans = Vec::new();
+        dirty.drain(|r| pool.rows[r as usize].as_ref().map_or(0, |r| r.len), |r, lo, hi| spans.push((r, lo, hi)));
+        pool.dirty = Some(dirty);
+        let mut buf = Vec::new();
+        for (i, &(row, lo, hi)) in spans.iter().enumerate() {
+            let r = pool.rows[row as usize].as_ref().expect("clipped to rows in use");
+            buf.clear();
+            buf.extend((lo..hi).map(|p| (r.pages[(p / ps) as usize] * ps + p % ps) as i32));
+            if let Err(e) = upload(row, lo, &buf) {
+                // What did not reach the device is still owed to it.
+                for &(row, lo, hi) in &spans[i..] {
+                    pool.mapped(row, lo, hi);
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// FlashInfer's paged-KV layout for `rows`: how many page ids it takes.

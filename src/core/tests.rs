@@ -488,3 +488,67 @@ fn a_running_slot_matches_only_its_own_request_again() {
     assert_eq!(second, Req::default());
     assert!(c.match_prefix(1, 0, &mut first, 8, false).unwrap().hit);
 }
+
+#[test]
+fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
+    let (ps, cols) = (4u32, 64u32);
+    let mut c = owned(ps, 64);
+    let mut reqs = vec![Req::default(); 4];
+    c.alloc_row(&mut reqs[0]).unwrap();
+    c.alloc_extend(&mut reqs[0], 9).unwrap();
+    c.track_row_changes().unwrap();
+    let mut dense = vec![-1i32; 4 * cols as usize];
+    let mut seed = 7u64;
+    for step in 0..400 {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let (i, n) = ((seed >> 33) as usize % 4, (seed >> 40) as u32 % 7);
+        let r = &mut reqs[i];
+        match (r.row, seed >> 60) {
+            (-1, _) => c.alloc_row(r).unwrap(),
+            (_, 0..=9) if r.allocated + n <= cols => c.alloc_extend(r, n).unwrap(),
+            (_, 10..=12) => {
+                r.committed = r.allocated;
+                c.free_tail(r, r.allocated.saturating_sub(n)).unwrap();
+            }
+            _ => c.free_req(r).unwrap(),
+        }
+        if step % 3 == 0 {
+            c.drain_row_changes(|row, start, idx| {
+                let at = (row * cols + start) as usize;
+                dense[at..at + idx.len()].copy_from_slice(idx);
+                Ok(())
+            })
+            .unwrap();
+            for r in reqs.iter().filter(|r| r.row >= 0) {
+                let want = indices(&c, r);
+                let at = (r.row as u32 * cols) as usize;
+                assert_eq!(&dense[at..at + want.len()], &want[..], "row {} at step {step}", r.row);
+            }
+        }
+    }
+    let mut calls = 0;
+    c.drain_row_changes(|_, _, _| {
+        calls += 1;
+        Ok(())
+    })
+    .unwrap();
+    c.drain_row_changes(|_, _, _| panic!("every change was handed over once")).unwrap();
+    assert!(calls <= 4);
+}
+
+#[test]
+fn a_failed_upload_is_owed_again() {
+    let mut c = owned(4, 16);
+    c.track_row_changes().unwrap();
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 6).unwrap();
+    assert!(c.drain_row_changes(|_, _, _| Err(Error::Cuda("copy failed".into()))).is_err());
+    let mut got = Vec::new();
+    c.drain_row_changes(|row, start, idx| {
+        got.push((row, start, idx.to_vec()));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(got, [(r.row as u32, 0, indices(&c, &r))]);
+}

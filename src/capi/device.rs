@@ -1,0 +1,81 @@
+//! Device page table: a GPU copy of owned mode's req_to_token (feature `cuda`).
+
+use std::ffi::{c_int, c_void};
+
+use super::{arg, lock, out_mut, skv_cache, skv_status, traced};
+use crate::core::Error;
+use crate::device::Device;
+
+/// Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout
+/// attention kernels read) on device `device_ordinal`, used with the engine's stream
+/// `cu_stream` (a CUstream; NULL is the legacy default stream). Owned mode only
+/// (SKV_ERR_UNSUPPORTED in external mode, or in a build without the `cuda` feature);
+/// SKV_ERR_CUDA with a clear message where no CUDA driver is found; SKV_ERR_STATE when a copy
+/// is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
+/// with the handle.
+///
+/// # Safety
+/// `cu_stream` must be NULL or a live CUstream of that device while the handle lives.
+#[no_mangle]
+pub unsafe extern "C" fn skv_device_attach(
+    c: *mut skv_cache,
+    device_ordinal: c_int,
+    cu_stream: *mut c_void,
+) -> skv_status {
+    traced(
+        c,
+        "skv_device_attach",
+        |t| {
+            t.num("device_ordinal", device_ordinal);
+        },
+        || {
+            let handle = arg(c.cast_const(), "cache")?;
+            let mut cache = lock(c)?;
+            let mut device = handle.device.lock().map_err(|_| Error::Internal("device lock poisoned".into()))?;
+            if device.is_some() {
+                return Err(Error::State("a device copy is already attached".into()));
+            }
+            *device = Some(Device::attach(&mut cache, device_ordinal, cu_stream)?);
+            Ok(())
+        },
+        |_| {},
+    )
+}
+
+/// Makes the device copy equal to the host rows at every mapped position, copying only the
+/// spans of rows mapped anew since the last sync, asynchronously on the attached stream
+/// (positions past a row's mapped length are unspecified: kernels read a row up to its
+/// sequence length). Writes the copy's device pointer and its row stride in int32 values
+/// (max_context_len). SKV_ERR_STATE before skv_device_attach.
+///
+/// # Safety
+/// Pointers must be NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_device_sync(
+    c: *mut skv_cache,
+    out_device_ptr: *mut u64,
+    out_row_stride: *mut u64,
+) -> skv_status {
+    traced(
+        c,
+        "skv_device_sync",
+        |_| {},
+        || {
+            let handle = arg(c.cast_const(), "cache")?;
+            let ptr = out_mut(out_device_ptr, "out_device_ptr")?;
+            let stride = out_mut(out_row_stride, "out_row_stride")?;
+            let mut cache = lock(c)?;
+            cache.require_owned()?;
+            let mut device = handle.device.lock().map_err(|_| Error::Internal("device lock poisoned".into()))?;
+            let Some(device) = device.as_mut() else {
+                return Err(match cfg!(feature = "cuda") {
+                    true => Error::State("no device copy: call skv_device_attach first".into()),
+                    false => Error::Unsupported("libskv was built without the cuda feature".into()),
+                });
+            };
+            (*ptr, *stride) = device.sync(&mut cache)?;
+            Ok(())
+        },
+        |_| {},
+    )
+}

@@ -1,0 +1,79 @@
+//! The device copy of req_to_token in a `cuda` build: `cargo test --features cuda --test device`.
+//! Where a CUDA driver and GPU exist, the copy read back must equal the host rows at every
+//! mapped position after each sync; elsewhere attach must fail with SKV_ERR_CUDA and a clear
+//! message, and the test says loudly that the GPU path did not run.
+#![cfg(feature = "cuda")]
+
+use std::ffi::CStr;
+use std::ptr;
+
+use cudarc::driver::{result, sys};
+use skv::*;
+
+fn last_error() -> String {
+    // SAFETY: a NUL-terminated thread-local string.
+    unsafe { CStr::from_ptr(skv_last_error()) }.to_string_lossy().into_owned()
+}
+
+#[test]
+fn device_copy_equals_the_host_rows() {
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 16,
+        num_token_slots: 1 << 14,
+        num_rows: 8,
+        max_context_len: 512,
+        flags: 0,
+    };
+    unsafe {
+        let mut c = ptr::null_mut();
+        assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
+        let (mut dptr, mut stride) = (0u64, 0u64);
+        assert_eq!(skv_device_sync(c, &mut dptr, &mut stride), skv_status::SKV_ERR_STATE, "not attached yet");
+        let mut reqs = [std::mem::zeroed::<skv_req>(); 3];
+        for r in reqs.iter_mut() {
+            skv_req_init(r);
+            assert_eq!(skv_alloc_row(c, r), skv_status::SKV_OK);
+            assert_eq!(skv_alloc_extend(c, r, 40), skv_status::SKV_OK);
+        }
+        let st = skv_device_attach(c, 0, ptr::null_mut());
+        if !sys::is_culib_present() {
+            assert_eq!(st, skv_status::SKV_ERR_CUDA);
+            let msg = last_error();
+            assert!(msg.starts_with("skv_device_attach: no CUDA driver"), "{msg}");
+            eprintln!("device test: NO CUDA DRIVER ON THIS MACHINE - the GPU path did NOT run (checked: SKV_ERR_CUDA)");
+            skv_cache_free(c);
+            return;
+        }
+        assert_eq!(st, skv_status::SKV_OK, "{}", last_error());
+        // Reading the copy back needs the device's primary context current on this thread
+        // (libskv leaves the caller's current context as it found it).
+        let dev = result::device::get(0).expect("device 0");
+        let ctx = result::primary_ctx::retain(dev).expect("primary context");
+        result::ctx::set_current(ctx).expect("make it current");
+        assert_eq!(skv_device_attach(c, 0, ptr::null_mut()), skv_status::SKV_ERR_STATE, "attached twice");
+        for round in 0..4 {
+            for (i, r) in reqs.iter_mut().enumerate() {
+                let n = (round * 37 + i as u32 * 11) % 60 + 1;
+                if r.kv_allocated_len + n <= cfg.max_context_len {
+                    assert_eq!(skv_alloc_extend(c, r, n), skv_status::SKV_OK);
+                }
+            }
+            assert_eq!(skv_device_sync(c, &mut dptr, &mut stride), skv_status::SKV_OK, "{}", last_error());
+            assert_eq!(stride, cfg.max_context_len as u64);
+            result::ctx::synchronize().expect("the copies finish");
+            let mut copy = vec![0i32; (cfg.num_rows as u64 * stride) as usize];
+            result::memcpy_dtoh_sync(&mut copy, dptr).expect("read the copy back");
+            for r in &reqs {
+                let mut want = vec![0i32; r.kv_allocated_len as usize];
+                let st = skv_row_indices(c, r.req_pool_idx, 0, r.kv_allocated_len, want.as_mut_ptr());
+                assert_eq!(st, skv_status::SKV_OK);
+                let at = r.req_pool_idx as usize * stride as usize;
+                assert_eq!(&copy[at..at + want.len()], &want[..], "row {} after round {round}", r.req_pool_idx);
+            }
+        }
+        eprintln!("device test: ran on a GPU, the device copy matched the host rows");
+        skv_cache_free(c);
+        result::primary_ctx::release(dev).ok();
+    }
+}
