@@ -599,7 +599,8 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
  * with the handle.
  *
  * # Safety
- * `cu_stream` must be NULL or a live CUstream of that device while the handle lives.
+ * `cu_stream` must be NULL or a live CUstream of that device's primary context while the
+ * handle lives.
  */
 enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
 

@@ -15,7 +15,8 @@ use crate::device::Device;
 /// with the handle.
 ///
 /// # Safety
-/// `cu_stream` must be NULL or a live CUstream of that device while the handle lives.
+/// `cu_stream` must be NULL or a live CUstream of that device's primary context while the
+/// handle lives.
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_attach(
     c: *mut skv_cache,

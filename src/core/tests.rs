@@ -497,6 +497,11 @@ fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
     c.alloc_row(&mut reqs[0]).unwrap();
     c.alloc_extend(&mut reqs[0], 9).unwrap();
     c.track_row_changes().unwrap();
+    // a row that adopts the engine's pages maps them anew too
+    let mut tree = [0i32; 8];
+    c.pool_alloc(&mut tree).unwrap();
+    c.alloc_row(&mut reqs[1]).unwrap();
+    c.map_prefix(&mut reqs[1], &tree).unwrap();
     let mut dense = vec![-1i32; 4 * cols as usize];
     let mut seed = 7u64;
     for step in 0..400 {

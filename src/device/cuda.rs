@@ -44,8 +44,9 @@ pub(crate) struct Device {
 unsafe impl Send for Device {}
 
 impl Device {
-    /// Allocates the copy on device `ordinal` (zeroed: unmapped positions read the padding
-    /// slot 0) and starts recording row changes; every row in use is owed to the next sync.
+    /// Allocates the copy on device `ordinal`, zeroed at attach (positions past a row's length
+    /// are unspecified afterwards), and starts recording row changes; every row in use is owed
+    /// to the next sync.
     pub(crate) fn attach(cache: &mut Cache, ordinal: i32, stream: *mut c_void) -> Result<Device> {
         cache.require_owned()?;
         if ordinal < 0 {

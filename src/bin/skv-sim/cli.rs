@@ -139,11 +139,8 @@ impl Config {
             return Err(format!("a session can reach {max_ctx} tokens: too long for int32 token indices"));
         }
         let num_rows = a.concurrency as u64 * MAX_BRANCHES as u64;
-        // libskv keeps req_to_token on the host: rows x max_context_len int32 entries.
-        if num_rows * max_ctx > 1 << 28 {
-            return Err(format!(
-                "req_to_token would need {num_rows} rows x {max_ctx} tokens: lower --concurrency or the session length"
-            ));
+        if num_rows > i32::MAX as u64 {
+            return Err(format!("--concurrency {}: {num_rows} rows exceed int32 row numbers", a.concurrency));
         }
         let total_pages = a.pool_tokens / ps;
         let need = max_ctx / ps + a.shared_prefix_pages as u64 + 1;
