@@ -38,18 +38,7 @@ impl Cache {
             bail!(InvalidArg, "end {end} > max_context_len {}", self.cfg.max_context_len);
         }
         self.pool.check_free(row, target, end)?;
-        self.guard_idle_session_row(row)?;
-        self.check_slot_floor(row, target, end)?;
-        self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, end));
-        if end <= target {
-            return Ok(());
-        }
-        self.run_effects(|c| {
-            if let Some(s) = c.slots.of_row_mut(row) {
-                clamp_slot(s, target);
-            }
-        })
+        self.shorten_row(row, target, end, |_| {})
     }
 
     /// `trim_overshoot(req, finished_len)`: cut every KV field back to
@@ -59,18 +48,8 @@ impl Cache {
         let row = req.require_row()?;
         let target = self.trim_target(req, finished_len)?;
         self.pool.check_req(req)?;
-        self.guard_idle_session_row(row)?;
-        self.check_slot_floor(row, target, req.allocated)?;
-        self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, target, req.allocated));
-        self.run_effects(|c| {
-            let shortened = target < req.allocated;
-            c.apply_trim(req, target, finished_len);
-            match c.slots.of_row_mut(row) {
-                Some(s) if shortened => clamp_slot(s, target),
-                _ => {}
-            }
-        })
+        let end = req.allocated;
+        self.shorten_row(row, target, end, |c| c.apply_trim(req, target, finished_len))
     }
 
     /// `free_tail(req, prefix_len)`: free what lies past a reused prefix.
@@ -88,15 +67,22 @@ impl Cache {
                 req.protected
             );
         }
+        let end = req.allocated;
+        self.shorten_row(row, prefix_len, end, |c| c.apply_free_tail(req, prefix_len))
+    }
+
+    /// What the three primitives share: free `row[len..end)` page-safely, where a session
+    /// holding the row must be running, keep its floor (`check_slot_floor`), and shortens its
+    /// record with the row; `mutate` updates the caller's req.
+    fn shorten_row(&mut self, row: u32, len: u32, end: u32, mutate: impl FnOnce(&mut Self)) -> Result<()> {
         self.guard_idle_session_row(row)?;
-        self.check_slot_floor(row, prefix_len, req.allocated)?;
+        self.check_slot_floor(row, len, end)?;
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, prefix_len, req.allocated));
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, len, end));
         self.run_effects(|c| {
-            let shortened = prefix_len < req.allocated;
-            c.apply_free_tail(req, prefix_len);
+            mutate(c);
             match c.slots.of_row_mut(row) {
-                Some(s) if shortened => clamp_slot(s, prefix_len),
+                Some(s) if len < end => clamp_slot(s, len),
                 _ => {}
             }
         })
@@ -194,9 +180,9 @@ impl Cache {
         let finished_len = req.finished();
         let trim_target = self.trim_target(req, finished_len)?;
         self.pool.check_req(req)?;
-        let found = self.slots.find(session, branch).map(|(r, s)| (r, s.in_flight));
+        let found = self.slots.find(session, branch).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
-        match found.and_then(|(r, _)| self.slots.of_row(r)) {
+        match found.map(|(_, s)| s) {
             Some(s) if !s.in_flight => bail!(
                 State,
                 "session {session} branch {branch} is idle: a later turn's req comes from match_prefix \
