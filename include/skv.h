@@ -13,6 +13,12 @@
  *   mode: a req disagreeing with libskv's record of its row), SKV_ERR_STATE, then the rest;
  *   an owned-mode function on an external-mode handle is SKV_ERR_UNSUPPORTED whatever its
  *   arguments (after the NULL checks).
+ * - Versioned structs (skv_cache_config, skv_pool_ops, skv_engine_hooks) start with
+ *   uint32_t struct_size = the sizeof of the header the caller was built with. Every size from
+ *   the struct's first published one up is accepted (each struct's doc lists its sizes); libskv
+ *   reads only struct_size bytes and fields past them take their zero default. A struct_size
+ *   below the first published size, or a larger struct with a non-zero byte past this
+ *   library's sizeof (a field it does not know), is SKV_ERR_INVALID_ARG.
  * - (NULL, 0) is an empty array. A handle may be used from any thread; calls on one handle
  *   are serialized. Callbacks must not call back into the handle that invoked them.
  *
@@ -99,7 +105,8 @@ typedef struct skv_cache skv_cache;
  */
 typedef struct skv_cache_config {
   /**
-   * sizeof(skv_cache_config); lets the struct grow.
+   * sizeof(skv_cache_config) of the header the caller was built with: 32 so far (ABI 1
+   * and 2). Accepted from 32 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -133,7 +140,8 @@ typedef struct skv_cache_config {
  */
 typedef struct skv_pool_ops {
   /**
-   * sizeof(skv_pool_ops); lets the struct grow.
+   * sizeof(skv_pool_ops) of the header the caller was built with: 48 so far (ABI 1 and 2).
+   * Accepted from 48 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -321,7 +329,8 @@ typedef struct skv_check_report {
  */
 typedef struct skv_engine_hooks {
   /**
-   * sizeof(skv_engine_hooks); lets the struct grow.
+   * sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
+   * and 2). Accepted from 24 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**

@@ -31,7 +31,8 @@ pub const SKV_FLAG_ALIGNED_REUSE: u32 = 0x1;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_cache_config {
-    /// sizeof(skv_cache_config); lets the struct grow.
+    /// sizeof(skv_cache_config) of the header the caller was built with: 32 so far (ABI 1
+    /// and 2). Accepted from 32 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Tokens per KV page, >= 1.
     pub page_size: u32,
@@ -53,7 +54,8 @@ pub struct skv_cache_config {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
-    /// sizeof(skv_pool_ops); lets the struct grow.
+    /// sizeof(skv_pool_ops) of the header the caller was built with: 48 so far (ABI 1 and 2).
+    /// Accepted from 48 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
     pub read_row: Option<unsafe extern "C" fn(*mut c_void, i32, u32, u32, *mut i32) -> c_int>,
@@ -68,11 +70,18 @@ pub struct skv_pool_ops {
     pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
 }
 
+/// The first published sizes of the versioned structs (ABI 1); every later size is accepted.
+pub(crate) const CONFIG_SIZE_V1: u32 = 32;
+pub(crate) const POOL_OPS_SIZE_V1: u32 = 48;
+const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 >= CONFIG_SIZE_V1);
+const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZE_V1);
+
+/// The caller's config, read up to its struct_size.
+unsafe fn read_config(cfg: *const skv_cache_config) -> Result<skv_cache_config> {
+    super::read_versioned(arg(cfg, "cfg")?, CONFIG_SIZE_V1, "cfg")
+}
+
 fn config(cfg: &skv_cache_config) -> Result<Config> {
-    let need = std::mem::size_of::<skv_cache_config>() as u32;
-    if cfg.struct_size < need {
-        return Err(Error::InvalidArg(format!("struct_size {} < sizeof(skv_cache_config) {need}", cfg.struct_size)));
-    }
     if cfg.flags & !SKV_FLAG_ALIGNED_REUSE != 0 {
         return Err(Error::InvalidArg(format!("flags {:#x} has unknown bits", cfg.flags)));
     }
@@ -100,9 +109,9 @@ fn boxed(cache: impl FnOnce(u64) -> Result<Cache>) -> Result<*mut skv_cache> {
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
     guard("skv_cache_new", || {
-        let cfg = arg(cfg, "cfg")?;
+        arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
-        let cfg = config(cfg)?;
+        let cfg = config(&read_config(cfg)?)?;
         *slot = boxed(|_| Cache::new_owned(cfg))?;
         Ok(())
     })
@@ -121,21 +130,14 @@ pub unsafe extern "C" fn skv_cache_new_external(
     out: *mut *mut skv_cache,
 ) -> skv_status {
     guard("skv_cache_new_external", || {
-        let cfg_ref = arg(cfg, "cfg")?;
+        arg(cfg, "cfg")?;
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
-        // A struct_size too small means the caller's struct ends before the callbacks: read
-        // nothing past struct_size.
-        let size = std::ptr::addr_of!((*ops).struct_size).read();
-        let need = std::mem::size_of::<skv_pool_ops>() as u32;
-        if size < need {
-            return Err(Error::InvalidArg(format!("ops->struct_size {size} < sizeof(skv_pool_ops) {need}")));
-        }
-        let ops = ops.read();
+        let ops = super::read_versioned(ops, POOL_OPS_SIZE_V1, "ops")?;
         let (Some(_), Some(_), Some(_)) = (ops.read_row, ops.free_kv, ops.free_row) else {
             return Err(Error::NullArg("ops->read_row, free_kv and free_row are required".into()));
         };
-        let cfg = config(cfg_ref)?;
+        let cfg = config(&read_config(cfg)?)?;
         cfg.validate()?;
         *slot = boxed(|id| Cache::new(cfg, Box::new(ExternalPool { id, ops, user_data, staging: Vec::new() })))?;
         Ok(())

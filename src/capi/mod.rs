@@ -86,6 +86,36 @@ pub(crate) fn nonnull<T>(p: *const T, n: usize, name: &str) -> Result<()> {
     }
 }
 
+/// A caller's versioned struct (one whose first field is `uint32_t struct_size`), read as
+/// the struct grows: every size from `first_size` (the first published sizeof) up is
+/// accepted; only `struct_size` bytes are read, and fields past them keep their zero default
+/// (NULL callbacks, zero numbers). A larger struct than this library's is accepted only when
+/// every byte past `sizeof(T)` is zero: a non-zero one is a field this library cannot honour.
+///
+/// # Safety
+/// `p` must be non-NULL and point at `struct_size` readable bytes, and an all-zero `T` must be
+/// a valid value.
+pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, first_size: u32, name: &str) -> Result<T> {
+    let ty = std::any::type_name::<T>().rsplit("::").next().unwrap_or("?");
+    let size = p.cast::<u32>().read_unaligned();
+    let full = std::mem::size_of::<T>();
+    if size < first_size {
+        return Err(Error::InvalidArg(format!(
+            "{name}->struct_size {size} < {first_size}, the first published sizeof({ty})"
+        )));
+    }
+    let bytes = p.cast::<u8>();
+    if let Some(at) = (full..size as usize).find(|&i| *bytes.add(i) != 0) {
+        return Err(Error::InvalidArg(format!(
+            "{name}->struct_size {size}: byte {at}, past this library's sizeof({ty}) {full}, is non-zero \
+             (a field this library does not know)"
+        )));
+    }
+    let mut out = std::mem::MaybeUninit::<T>::zeroed();
+    std::ptr::copy_nonoverlapping(bytes, out.as_mut_ptr().cast::<u8>(), full.min(size as usize));
+    Ok(out.assume_init())
+}
+
 fn checked_len<T>(n: usize, name: &str) -> Result<usize> {
     match n.checked_mul(std::mem::size_of::<T>()) {
         Some(bytes) if bytes <= isize::MAX as usize => Ok(n),

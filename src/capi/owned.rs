@@ -358,13 +358,18 @@ pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_engine_hooks {
-    /// sizeof(skv_engine_hooks); lets the struct grow.
+    /// sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
+    /// and 2). Accepted from 24 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Drop the prefix-tree lock a session inherited from its first request.
     pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
     /// Free engine auxiliary state.
     pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
 }
+
+/// The first published sizeof(skv_engine_hooks) (ABI 1); every later size is accepted.
+pub(crate) const HOOKS_SIZE_V1: u32 = 24;
+const _: () = assert!(std::mem::size_of::<skv_engine_hooks>() as u32 >= HOOKS_SIZE_V1);
 
 struct Hooks {
     /// The handle's id, for the callbacks' re-entry check.
@@ -422,17 +427,11 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
             let id = super::arg(c.cast_const(), "cache")?.id;
             let mut c = lock(c)?;
             c.require_owned()?;
-            let hooks = match hooks.as_ref() {
-                None => None,
-                Some(h) => {
-                    let need = std::mem::size_of::<skv_engine_hooks>() as u32;
-                    if h.struct_size < need {
-                        return Err(Error::InvalidArg(format!(
-                            "hooks->struct_size {} < sizeof(skv_engine_hooks) {need}",
-                            h.struct_size
-                        )));
-                    }
-                    Some(Box::new(Hooks { id, hooks: *h, user_data }) as Box<dyn EngineHooks>)
+            let hooks = match hooks.is_null() {
+                true => None,
+                false => {
+                    let hooks = super::read_versioned(hooks, HOOKS_SIZE_V1, "hooks")?;
+                    Some(Box::new(Hooks { id, hooks, user_data }) as Box<dyn EngineHooks>)
                 }
             };
             c.set_hooks(hooks)
