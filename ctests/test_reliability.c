@@ -1,9 +1,28 @@
 /* Hostile-input regressions (issue 9): versioned struct sizes, traced calls given arrays no
  * caller could own, calls made from inside callbacks, stale reqs on reused rows, and
  * skv_row_indices on an external handle. */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
 
 #include "common.h"
+
+/* The whole file as a string (caller frees). */
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  char *buf;
+  long n;
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  buf = malloc((size_t)n + 1);
+  if (fread(buf, 1, (size_t)n, f) != (size_t)n) n = 0;
+  buf[n] = '\0';
+  fclose(f);
+  return buf;
+}
 
 static skv_cache_config owned_cfg(void) {
   skv_cache_config cfg;
@@ -114,7 +133,58 @@ static void versioned_hooks(void) {
   fe_free(&fe);
 }
 
+/* ------------------------------------------- traced calls and hostile arrays */
+
+/* A traced handle reads no array before the body's own checks: lengths no array can have
+ * are SKV_ERR_INVALID_ARG as untraced, and the trace says the array was invalid. */
+static void traced_hostile_arrays(void) {
+  char path[] = "/tmp/skv_rel_trace_XXXXXX";
+  int fd = mkstemp(path), a[4] = {4, 5, 6, 7}, indptr[2], indices[4], last[1];
+  uint32_t counts[4];
+  size_t huge = SIZE_MAX / 2, needed = 0;
+  skv_held h;
+  skv_cache *c = owned_new();
+  uint32_t *four;
+  char *text;
+  CHECK(fd >= 0);
+  close(fd);
+  CHECK_OK(skv_cache_set_trace(c, path));
+  CHECK_STATUS(skv_session_held(c, a, huge, &h), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("skv_session_held");
+  CHECK_STATUS(skv_pool_free(c, a, huge), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("skv_pool_free");
+  CHECK_STATUS(skv_page_refs(c, a, huge, counts), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("skv_page_refs");
+  CHECK_STATUS(skv_build_flashinfer(c, a, huge, indptr, indices, last, 4, &needed),
+               SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("skv_build_flashinfer");
+  /* a hooks struct of 4 bytes, on the heap so a sanitizer sees any read past it */
+  four = malloc(sizeof *four);
+  *four = 4;
+  CHECK_STATUS(skv_cache_set_hooks(c, (const skv_engine_hooks *)(void *)four, NULL),
+               SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("struct_size 4");
+  free(four);
+  /* the same arrays with real lengths are traced in full */
+  CHECK_OK(skv_session_held(c, a, 4, &h));
+  CHECK_OK(skv_cache_set_trace(c, NULL));
+  text = slurp(path);
+  CHECK(text != NULL);
+  if (text) {
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_session_held\",\"active_rows\":\"invalid\"");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_pool_free\",\"indices\":\"invalid\"");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_page_refs\",\"indices\":\"invalid\"");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_build_flashinfer\",\"rows\":\"invalid\"");
+    CHECK_STR_CONTAINS(text, "\"fn\":\"skv_cache_set_hooks\",\"hooks\":\"invalid\"");
+    CHECK_STR_CONTAINS(text, "\"active_rows\":[4,5,6,7]");
+  }
+  free(text);
+  unlink(path);
+  skv_cache_free(c);
+}
+
 int main(void) {
+  traced_hostile_arrays();
   versioned_config();
   versioned_pool_ops();
   versioned_hooks();

@@ -417,11 +417,21 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
         c,
         "skv_cache_set_hooks",
         |t| {
-            // SAFETY: NULL or a valid struct by the call's contract.
-            let h = unsafe { hooks.as_ref() };
-            t.num("hooks", h.is_some() as u8);
-            t.num("dec_lock_ref", h.is_some_and(|h| h.dec_lock_ref.is_some()) as u8);
-            t.num("free_aux", h.is_some_and(|h| h.free_aux.is_some()) as u8);
+            // SAFETY: NULL or a struct of struct_size bytes by the call's contract; read as
+            // the body reads it.
+            match (!hooks.is_null()).then(|| unsafe { super::read_versioned(hooks, HOOKS_SIZE_V1, "hooks") }) {
+                None => {
+                    t.num("hooks", 0);
+                }
+                Some(Err(_)) => {
+                    t.text("hooks", "invalid");
+                }
+                Some(Ok(h)) => {
+                    t.num("hooks", 1);
+                    t.num("dec_lock_ref", h.dec_lock_ref.is_some() as u8);
+                    t.num("free_aux", h.free_aux.is_some() as u8);
+                }
+            }
         },
         || {
             let id = super::arg(c.cast_const(), "cache")?.id;

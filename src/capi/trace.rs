@@ -7,11 +7,14 @@
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{LineWriter, Write};
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{guard, in_callback_of, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str};
+use super::{
+    guard, in_callback_of, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str,
+};
 use crate::core::{Cache, Error, Result};
 
 /// Where a handle's trace goes; `None` when it is not traced.
@@ -83,7 +86,7 @@ impl Line {
         self
     }
 
-    fn text(&mut self, name: &str, v: &str) -> &mut Self {
+    pub(crate) fn text(&mut self, name: &str, v: &str) -> &mut Self {
         let _ = write!(self.0, ",\"{name}\":\"");
         for c in v.chars() {
             match c {
@@ -99,17 +102,22 @@ impl Line {
         self
     }
 
-    /// An array of `n` values at `p` (`null` for a NULL pointer).
+    /// An array of `n` values at `p`, read only when the pair passes the checks the call's
+    /// body makes (`slice`): `null` for a NULL pointer with a length, `"invalid"` for a length
+    /// no array can have.
     pub(crate) fn list<T: Copy + Into<i128>>(&mut self, name: &str, p: *const T, n: usize) -> &mut Self {
-        if p.is_null() && n > 0 {
-            let _ = write!(self.0, ",\"{name}\":null");
-            return self;
-        }
+        // SAFETY: the caller's array of n values by the call's contract, once `slice` has
+        // refused the pairs no caller could own.
+        let values = match unsafe { super::slice(p, n, name) } {
+            Ok(v) => v,
+            Err(_) => {
+                let _ = write!(self.0, ",\"{name}\":{}", if p.is_null() { "null" } else { "\"invalid\"" });
+                return self;
+            }
+        };
         let _ = write!(self.0, ",\"{name}\":[");
-        for i in 0..n.min(MAX_LIST) {
-            // SAFETY: the caller's array of n values, by the call's contract.
-            let v: i128 = unsafe { *p.add(i) }.into();
-            let _ = write!(self.0, "{}{v}", if i == 0 { "" } else { "," });
+        for (i, &v) in values.iter().take(MAX_LIST).enumerate() {
+            let _ = write!(self.0, "{}{}", if i == 0 { "" } else { "," }, v.into());
         }
         self.0.push(']');
         if n > MAX_LIST {
@@ -171,7 +179,9 @@ impl Line {
 
 /// Runs one export's body behind `guard`; on a traced handle, appends the call's line:
 /// `args` describes its arguments before the call, `results` what it wrote back (only
-/// after a call that completed: OK, or a free callback failing part-way).
+/// after a call that completed: OK, or a free callback failing part-way). The whole traced
+/// path runs inside the panic boundary, and `args` reads the caller's memory only through
+/// the checks the body makes (`Line::list`, `read_versioned`).
 pub(crate) fn traced(
     c: *mut skv_cache,
     function: &'static str,
@@ -181,29 +191,75 @@ pub(crate) fn traced(
 ) -> skv_status {
     // SAFETY: a handle pointer is NULL or live by the call's contract.
     let handle = unsafe { c.as_ref() }.filter(|h| h.trace.on.load(Ordering::Relaxed));
-    // A callback calling back into its own handle is refused without touching the trace,
-    // whose lock the outer call holds.
+    // A call from inside a callback is refused without touching the trace, whose lock the
+    // outer call may hold.
     let Some(handle) = handle.filter(|h| !in_callback_of(h.id)) else { return guard(function, body) };
-    // The trace lock is held across the call, so lines appear in the order calls ran.
-    let Ok(mut file) = handle.trace.file.lock() else { return guard(function, body) };
-    let mut line = Line(format!("{{\"h\":{},\"fn\":\"{function}\"", handle.id));
-    args(&mut line);
-    let status = guard(function, body);
-    // SAFETY: skv_status_str returns a static NUL-terminated string.
-    let name = unsafe { std::ffi::CStr::from_ptr(skv_status_str(status as i32)) };
-    line.text("status", &name.to_string_lossy());
-    if matches!(status, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK) {
-        results(&mut line);
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        // The trace lock is held across the call, so lines appear in the order calls ran.
+        // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.
+        let mut file = handle.trace.file.lock().unwrap_or_else(|p| p.into_inner());
+        let mut line = Line(format!("{{\"h\":{},\"fn\":\"{function}\"", handle.id));
+        args(&mut line);
+        let status = guard(function, body);
+        // SAFETY: skv_status_str returns a static NUL-terminated string.
+        let name = unsafe { std::ffi::CStr::from_ptr(skv_status_str(status as i32)) };
+        line.text("status", &name.to_string_lossy());
+        if matches!(status, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK) {
+            results(&mut line);
+        }
+        if status != skv_status::SKV_OK {
+            // SAFETY: the thread's last error, NUL-terminated, valid until the next call.
+            let err = unsafe { std::ffi::CStr::from_ptr(super::skv_last_error()) };
+            line.text("error", &err.to_string_lossy());
+        }
+        line.0.push_str("}\n");
+        if let Some(f) = file.as_mut() {
+            // A trace is a debugging aid: a full disk must not fail the engine's call.
+            let _ = f.write_all(line.0.as_bytes());
+        }
+        status
+    }));
+    outcome.unwrap_or_else(|_| {
+        set_last_error(function, "internal error (a libskv bug): tracing the call panicked");
+        skv_status::SKV_ERR_INTERNAL
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capi::{skv_cache_config, skv_cache_free, skv_cache_new, skv_cache_set_trace};
+
+    /// A panic while the line is written (arguments, results) is caught like one in the body.
+    #[test]
+    fn tracing_runs_inside_the_panic_boundary() {
+        let path = std::env::temp_dir().join(format!("skv_trace_panic_{}.jsonl", std::process::id()));
+        let cfg = skv_cache_config {
+            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+            page_size: 4,
+            num_token_slots: 64,
+            num_rows: 4,
+            max_context_len: 32,
+            flags: 0,
+        };
+        let mut c = std::ptr::null_mut();
+        let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: valid pointers throughout; the handle is freed at the end.
+        unsafe {
+            assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
+            assert_eq!(skv_cache_set_trace(c, cpath.as_ptr()), skv_status::SKV_OK);
+            let s = traced(c, "probe_args", |_| panic!("args"), || Ok(()), |_| {});
+            assert_eq!(s, skv_status::SKV_ERR_INTERNAL);
+            let s = traced(c, "probe_results", |_| {}, || Ok(()), |_| panic!("results"));
+            assert_eq!(s, skv_status::SKV_ERR_INTERNAL);
+            // Later calls are still traced.
+            let s = traced(c, "probe_after", |_| {}, || Ok(()), |_| {});
+            assert_eq!(s, skv_status::SKV_OK);
+            skv_cache_free(c);
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("\"fn\":\"probe_after\",\"status\":\"SKV_OK\""), "{text}");
+        assert!(!text.contains("probe_args"), "{text}");
+        let _ = std::fs::remove_file(path);
     }
-    if status != skv_status::SKV_OK {
-        // SAFETY: the thread's last error, NUL-terminated, valid until the next call.
-        let err = unsafe { std::ffi::CStr::from_ptr(super::skv_last_error()) };
-        line.text("error", &err.to_string_lossy());
-    }
-    line.0.push_str("}\n");
-    if let Some(f) = file.as_mut() {
-        // A trace is a debugging aid: a full disk must not fail the engine's call.
-        let _ = f.write_all(line.0.as_bytes());
-    }
-    status
 }
