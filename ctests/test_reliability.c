@@ -183,7 +183,188 @@ static void traced_hostile_arrays(void) {
   skv_cache_free(c);
 }
 
+/* --------------------------------------------- calls from inside callbacks */
+
+#define CHAIN 9
+
+/* One external handle whose free_row calls the next handle of the chain, its own handle,
+ * and skv_cache_free of the chain's first (running) handle. */
+typedef struct chain_link {
+  fake_engine fe; /* first: the fake engine's callbacks see the same pointer */
+  skv_cache *self, *next, *first;
+  int called;
+  skv_status next_status, self_status;
+  char next_msg[256];
+} chain_link;
+
+static int chained_free_row(void *ud, int32_t row) {
+  chain_link *l = (chain_link *)ud;
+  skv_held h;
+  l->called++;
+  if (l->next) {
+    l->next_status = skv_release_session(l->next, 1);
+    strncpy(l->next_msg, skv_last_error(), sizeof l->next_msg - 1);
+  }
+  l->self_status = skv_session_held(l->self, NULL, 0, &h);
+  skv_cache_free(l->first); /* a running handle: must do nothing */
+  return fe_cb_free_row(ud, row);
+}
+
+static void callbacks_calling_other_handles(void) {
+  chain_link links[CHAIN];
+  skv_pool_ops ops = fe_ops();
+  skv_cache_config cfg;
+  int i;
+  ops.free_row = chained_free_row;
+  for (i = 0; i < CHAIN; i++) {
+    memset(&links[i], 0, sizeof links[i]);
+    fe_init(&links[i].fe, 2, 32);
+    cfg = fe_config(&links[i].fe, 4, 0);
+    CHECK_OK(skv_cache_new_external(&cfg, &ops, &links[i], &links[i].self));
+    links[i].next_status = links[i].self_status = SKV_OK;
+  }
+  for (i = 0; i < CHAIN; i++) {
+    links[i].next = i + 1 < CHAIN ? links[i + 1].self : NULL;
+    links[i].first = links[0].self;
+    fe_save_slot(links[i].self, &links[i].fe, 1, 0, 0, 0, 8, 0, 0, -1);
+  }
+  /* every call the chain's callbacks make on a handle is refused at once */
+  CHECK_OK(skv_release_session(links[0].self, 1));
+  CHECK_EQ_INT(links[0].called, 1);
+  CHECK_EQ_INT(links[0].next_status, SKV_ERR_STATE);
+  CHECK_STR_CONTAINS(links[0].next_msg, "skv_release_session");
+  CHECK_STR_CONTAINS(links[0].next_msg, "callback");
+  CHECK_EQ_INT(links[0].self_status, SKV_ERR_STATE);
+  CHECK_EQ_INT(links[1].called, 0);
+  /* the first handle survived its callback's skv_cache_free */
+  CHECK_HELD(held_of(links[0].self, NULL, 0), 0, 0, 0, 0, 0);
+  /* the others still hold their slots; releasing each from outside runs its callback, whose
+   * call on the next handle (the 9th handle last) is refused the same way */
+  for (i = 1; i < CHAIN; i++) {
+    CHECK_HELD(held_of(links[i].self, NULL, 0), 8, 8, 1, 0, 1);
+    CHECK_OK(skv_release_session(links[i].self, 1));
+    CHECK_EQ_INT(links[i].called, 1);
+    CHECK_EQ_INT(links[i].next_status, i + 1 < CHAIN ? SKV_ERR_STATE : SKV_OK);
+    CHECK_EQ_INT(links[i].self_status, SKV_ERR_STATE);
+    CHECK_HELD(held_of(links[i].self, NULL, 0), 0, 0, 0, 0, 0);
+  }
+  /* outside any callback the rule is lifted */
+  CHECK_HELD(held_of(links[CHAIN - 1].self, NULL, 0), 0, 0, 0, 0, 0);
+  for (i = 0; i < CHAIN; i++) {
+    CHECK_EQ_INT(links[i].fe.bad_args, 0);
+    skv_cache_free(links[i].self);
+    fe_free(&links[i].fe);
+  }
+}
+
+/* Two threads, each inside a callback at the same time (a barrier in the callback), each
+ * calling the other's handle: both are refused; before, each waited on the lock the other
+ * held. */
+typedef struct crossing {
+  fake_engine fe;
+  skv_cache *self, *other;
+  pthread_barrier_t *barrier;
+  skv_status seen;
+} crossing;
+
+static int crossing_free_row(void *ud, int32_t row) {
+  crossing *x = (crossing *)ud;
+  pthread_barrier_wait(x->barrier);
+  x->seen = skv_release_session(x->other, 1);
+  return fe_cb_free_row(ud, row);
+}
+
+static void *release_one(void *arg) {
+  crossing *x = (crossing *)arg;
+  return (void *)(intptr_t)skv_release_session(x->self, 1);
+}
+
+static void callbacks_crossing_threads(void) {
+  crossing x[2];
+  pthread_barrier_t barrier;
+  pthread_t t[2];
+  skv_pool_ops ops = fe_ops();
+  skv_cache_config cfg;
+  void *rc[2];
+  int i;
+  ops.free_row = crossing_free_row;
+  pthread_barrier_init(&barrier, NULL, 2);
+  for (i = 0; i < 2; i++) {
+    memset(&x[i], 0, sizeof x[i]);
+    fe_init(&x[i].fe, 2, 32);
+    cfg = fe_config(&x[i].fe, 4, 0);
+    CHECK_OK(skv_cache_new_external(&cfg, &ops, &x[i], &x[i].self));
+    x[i].barrier = &barrier;
+    x[i].seen = SKV_OK;
+  }
+  for (i = 0; i < 2; i++) {
+    x[i].other = x[1 - i].self;
+    fe_save_slot(x[i].self, &x[i].fe, 1, 0, 0, 0, 8, 0, 0, -1);
+  }
+  for (i = 0; i < 2; i++) CHECK(pthread_create(&t[i], NULL, release_one, &x[i]) == 0);
+  for (i = 0; i < 2; i++) {
+    CHECK(pthread_join(t[i], &rc[i]) == 0);
+    CHECK_EQ_INT((intptr_t)rc[i], SKV_OK);
+    CHECK_EQ_INT(x[i].seen, SKV_ERR_STATE);
+  }
+  for (i = 0; i < 2; i++) {
+    CHECK_HELD(held_of(x[i].self, NULL, 0), 0, 0, 0, 0, 0);
+    skv_cache_free(x[i].self);
+    fe_free(&x[i].fe);
+  }
+  pthread_barrier_destroy(&barrier);
+}
+
+/* Owned mode's hooks fall under the same rule. */
+typedef struct hooked {
+  fake_engine fe;
+  skv_cache *self, *other;
+  skv_status self_seen, other_seen;
+} hooked;
+
+static int hooked_free_aux(void *ud, int64_t aux) {
+  hooked *h = (hooked *)ud;
+  skv_stats s;
+  h->self_seen = skv_cache_stats(h->self, &s);
+  h->other_seen = skv_cache_stats(h->other, &s);
+  skv_cache_free(h->self);
+  return fe_cb_free_aux(ud, aux);
+}
+
+static void hooks_calling_libskv(void) {
+  hooked h;
+  skv_engine_hooks hooks;
+  skv_req r;
+  skv_stats s;
+  memset(&h, 0, sizeof h);
+  fe_init(&h.fe, 2, 32);
+  h.self = owned_new();
+  h.other = owned_new();
+  memset(&hooks, 0, sizeof hooks);
+  hooks.struct_size = (uint32_t)sizeof hooks;
+  hooks.free_aux = hooked_free_aux;
+  CHECK_OK(skv_cache_set_hooks(h.self, &hooks, &h));
+  CHECK_OK(skv_req_init(&r));
+  CHECK_OK(skv_alloc_row(h.self, &r));
+  CHECK_OK(skv_alloc_extend(h.self, &r, 6));
+  CHECK_OK(skv_commit(h.self, &r, 6));
+  r.origin_input_len = 6;
+  r.aux_state = 5;
+  CHECK_OK(skv_cache_finished_req(h.self, 1, 0, &r, 0));
+  CHECK_OK(skv_release_session(h.self, 1));
+  CHECK_EQ_INT(h.self_seen, SKV_ERR_STATE);
+  CHECK_EQ_INT(h.other_seen, SKV_ERR_STATE);
+  CHECK_OK(skv_cache_stats(h.self, &s)); /* the free inside the hook did nothing */
+  CHECK_EQ_U64(s.free_rows, 8);
+  skv_cache_free(h.self);
+  skv_cache_free(h.other);
+  fe_free(&h.fe);
+}
+
 int main(void) {
+  callbacks_calling_other_handles();
+  callbacks_crossing_threads();
+  hooks_calling_libskv();
   traced_hostile_arrays();
   versioned_config();
   versioned_pool_ops();

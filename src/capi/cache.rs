@@ -7,14 +7,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
-use super::{arg, guard, in_callback_of, lock, out_mut, skv_status, CallbackScope};
+use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope};
 use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
 /// may use it, calls on one handle are serialized inside.
 pub struct skv_cache {
-    /// Names the handle to its callbacks' re-entry check.
+    /// Names the handle in its trace.
     pub(crate) id: u64,
     pub(crate) inner: Mutex<Cache>,
     pub(crate) trace: TraceFile,
@@ -50,7 +50,9 @@ pub struct skv_cache_config {
 
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
-/// locked: they must not call back into the same handle (SKV_ERR_STATE) and must not throw.
+/// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
+/// handle, not only this one) made on its thread returns SKV_ERR_STATE, and skv_cache_free
+/// does nothing: a callback must not call libskv with a handle.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
@@ -94,10 +96,9 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
     })
 }
 
-/// A new handle; `cache` is given the handle's id.
-fn boxed(cache: impl FnOnce(u64) -> Result<Cache>) -> Result<*mut skv_cache> {
+/// A new handle over `cache`.
+fn boxed(cache: Cache) -> Result<*mut skv_cache> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-    let cache = cache(id)?;
     let trace = TraceFile::from_env(id, &cache)?;
     Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache), trace, device: Mutex::new(None) })))
 }
@@ -112,7 +113,7 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
         arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
         let cfg = config(&read_config(cfg)?)?;
-        *slot = boxed(|_| Cache::new_owned(cfg))?;
+        *slot = boxed(Cache::new_owned(cfg)?)?;
         Ok(())
     })
 }
@@ -139,20 +140,20 @@ pub unsafe extern "C" fn skv_cache_new_external(
         };
         let cfg = config(&read_config(cfg)?)?;
         cfg.validate()?;
-        *slot = boxed(|id| Cache::new(cfg, Box::new(ExternalPool { id, ops, user_data, staging: Vec::new() })))?;
+        *slot = boxed(Cache::new(cfg, Box::new(ExternalPool { ops, user_data, staging: Vec::new() }))?)?;
         Ok(())
     })
 }
 
-/// Destroys a handle; NULL is a no-op. Frees host memory only: no callback runs and no
-/// session is released.
+/// Destroys a handle; NULL is a no-op, and so is a call from inside a libskv callback (of any
+/// handle). Frees host memory only: no callback runs and no session is released.
 ///
 /// # Safety
 /// `cache` must be NULL or a handle not yet freed, with no call on it in progress.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
-    // Freeing a handle from inside its own callback would free the lock the call holds.
-    if !cache.is_null() && !in_callback_of((*cache).id) {
+    // Freeing a handle from inside a callback could free the lock a running call holds.
+    if !cache.is_null() && !in_callback() {
         let _ = std::panic::catch_unwind(|| drop(Box::from_raw(cache)));
     }
 }
@@ -180,8 +181,6 @@ pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_c
 
 /// The engine's pools, reached through `skv_pool_ops`.
 struct ExternalPool {
-    /// The handle's id, for the callbacks' re-entry check.
-    id: u64,
     ops: skv_pool_ops,
     user_data: *mut c_void,
     /// The indices read for the call in progress, in effect order.
@@ -206,7 +205,7 @@ impl Pool for ExternalPool {
 
     fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
         self.staging.clear();
-        let _scope = CallbackScope::enter(self.id);
+        let _scope = CallbackScope::enter();
         let read_row = self.ops.read_row.expect("checked at creation");
         for e in effects {
             if let Effect::FreeKv { row, start, end, .. } = *e {
@@ -232,7 +231,7 @@ impl Pool for ExternalPool {
 
     fn apply(&mut self, effects: &[Effect]) -> Result<()> {
         let ud = self.user_data;
-        let _scope = CallbackScope::enter(self.id);
+        let _scope = CallbackScope::enter();
         let mut failures = Vec::new();
         let (mut at, mut handed) = (0usize, 0usize);
         for e in effects {

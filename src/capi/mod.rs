@@ -124,24 +124,19 @@ fn checked_len<T>(n: usize, name: &str) -> Result<usize> {
 }
 
 thread_local! {
-    /// The handles whose engine callbacks this thread is running, innermost last: a
-    /// callback calling back into its own handle would otherwise deadlock on the lock.
-    static IN_CALLBACK: Cell<[u64; 8]> = const { Cell::new([0; 8]) };
-    static CALLBACK_DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// How many libskv callbacks (pool ops, engine hooks, of any handle) this thread is
+    /// running. While it is non-zero, every call that takes a handle is refused: a callback
+    /// reaching any handle could wait on a lock its own call holds, directly or through another
+    /// thread doing the mirror image (A's callback calls B while B's calls A).
+    static CALLBACK_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
-/// Marks the thread as inside one of handle `id`'s callbacks until dropped.
+/// Marks the thread as inside a libskv callback until dropped.
 pub(crate) struct CallbackScope;
 
 impl CallbackScope {
-    pub(crate) fn enter(id: u64) -> CallbackScope {
-        let depth = CALLBACK_DEPTH.get();
-        if depth < 8 {
-            let mut ids = IN_CALLBACK.get();
-            ids[depth] = id;
-            IN_CALLBACK.set(ids);
-        }
-        CALLBACK_DEPTH.set(depth + 1);
+    pub(crate) fn enter() -> CallbackScope {
+        CALLBACK_DEPTH.set(CALLBACK_DEPTH.get() + 1);
         CallbackScope
     }
 }
@@ -152,16 +147,20 @@ impl Drop for CallbackScope {
     }
 }
 
-pub(crate) fn in_callback_of(id: u64) -> bool {
-    let depth = CALLBACK_DEPTH.get();
-    depth > 0 && IN_CALLBACK.get()[..depth.min(8)].contains(&id)
+/// Whether this thread is running a libskv callback.
+pub(crate) fn in_callback() -> bool {
+    CALLBACK_DEPTH.get() > 0
 }
 
 /// Locks a handle for one call.
 pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<MutexGuard<'a, Cache>> {
     let handle = arg(c.cast_const(), "cache")?;
-    if in_callback_of(handle.id) {
-        return Err(Error::State("called from inside one of this handle's own callbacks".into()));
+    if in_callback() {
+        return Err(Error::State(
+            "called from inside a libskv callback (skv_pool_ops or skv_engine_hooks): a callback must not \
+             call libskv on any handle"
+                .into(),
+        ));
     }
     handle.inner.lock().map_err(|_| Error::Internal("the handle is unusable after an earlier internal error".into()))
 }

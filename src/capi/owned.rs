@@ -354,7 +354,10 @@ pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_
 }
 
 /// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
-/// here (release, aborted finish, aligned-reuse release). Either may be NULL.
+/// here (release, aborted finish, aligned-reuse release). Either may be NULL. They run on the
+/// calling thread while the handle is locked; as for skv_pool_ops, a libskv call taking a
+/// handle (any handle) made from inside one returns SKV_ERR_STATE, and skv_cache_free does
+/// nothing.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_engine_hooks {
@@ -372,8 +375,6 @@ pub(crate) const HOOKS_SIZE_V1: u32 = 24;
 const _: () = assert!(std::mem::size_of::<skv_engine_hooks>() as u32 >= HOOKS_SIZE_V1);
 
 struct Hooks {
-    /// The handle's id, for the callbacks' re-entry check.
-    id: u64,
     hooks: skv_engine_hooks,
     user_data: *mut c_void,
 }
@@ -391,12 +392,12 @@ fn rc(code: c_int) -> Result<(), i32> {
 
 impl EngineHooks for Hooks {
     fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
-        let _scope = CallbackScope::enter(self.id);
+        let _scope = CallbackScope::enter();
         self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
     }
 
     fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
-        let _scope = CallbackScope::enter(self.id);
+        let _scope = CallbackScope::enter();
         self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
     }
 }
@@ -434,14 +435,13 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
             }
         },
         || {
-            let id = super::arg(c.cast_const(), "cache")?.id;
             let mut c = lock(c)?;
             c.require_owned()?;
             let hooks = match hooks.is_null() {
                 true => None,
                 false => {
                     let hooks = super::read_versioned(hooks, HOOKS_SIZE_V1, "hooks")?;
-                    Some(Box::new(Hooks { id, hooks, user_data }) as Box<dyn EngineHooks>)
+                    Some(Box::new(Hooks { hooks, user_data }) as Box<dyn EngineHooks>)
                 }
             };
             c.set_hooks(hooks)

@@ -24,7 +24,8 @@ pub enum skv_status {
     /// Row not in use (a session or branch with no slot is not an error).
     SKV_ERR_NOT_FOUND = 4,
     /// The call would break an invariant: a prefix shrinking below the protected length, a
-    /// double free, a row already in use, releasing a slot in flight.
+    /// double free, a row already in use, releasing a slot in flight, a stale req copy, a
+    /// call made from inside a libskv callback.
     SKV_ERR_STATE = 5,
     /// An engine callback returned non-zero.
     SKV_ERR_CALLBACK = 6,

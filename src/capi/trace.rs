@@ -12,9 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{
-    guard, in_callback_of, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str,
-};
+use super::{guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str};
 use crate::core::{Cache, Error, Result};
 
 /// Where a handle's trace goes; `None` when it is not traced.
@@ -193,7 +191,7 @@ pub(crate) fn traced(
     let handle = unsafe { c.as_ref() }.filter(|h| h.trace.on.load(Ordering::Relaxed));
     // A call from inside a callback is refused without touching the trace, whose lock the
     // outer call may hold.
-    let Some(handle) = handle.filter(|h| !in_callback_of(h.id)) else { return guard(function, body) };
+    let Some(handle) = handle.filter(|_| !in_callback()) else { return guard(function, body) };
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // The trace lock is held across the call, so lines appear in the order calls ran.
         // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.
