@@ -361,7 +361,31 @@ static void hooks_calling_libskv(void) {
   fe_free(&h.fe);
 }
 
+/* ------------------------------------------- owned-only calls in external mode */
+
+static void row_indices_external(void) {
+  fake_engine fe;
+  skv_cache *c;
+  int32_t out[4] = {-7, -7, -7, -7};
+  int rows[] = {-1, 0, 1, 2, 1000, -1000}, i;
+  fe_init(&fe, 2, 32);
+  c = fe_cache(&fe, 4, 0);
+  for (i = 0; i < (int)(sizeof rows / sizeof rows[0]); i++) {
+    CHECK_STATUS(skv_row_indices(c, rows[i], 0, 4, out), SKV_ERR_UNSUPPORTED);
+    CHECK_MSG_HAS("skv_row_indices");
+    CHECK_STATUS(skv_row_indices(c, rows[i], 9, 4, out), SKV_ERR_UNSUPPORTED);
+  }
+  CHECK_EQ_INT(out[0], -7);
+  /* the NULL checks come first */
+  CHECK_STATUS(skv_row_indices(c, 5, 0, 4, NULL), SKV_ERR_NULL_ARG);
+  CHECK_STATUS(skv_row_indices(NULL, 0, 0, 4, out), SKV_ERR_NULL_ARG);
+  CHECK_NO_CALLS(&fe);
+  skv_cache_free(c);
+  fe_free(&fe);
+}
+
 int main(void) {
+  row_indices_external();
   callbacks_calling_other_handles();
   callbacks_crossing_threads();
   hooks_calling_libskv();

@@ -725,7 +725,8 @@ enum skv_status skv_publish_prefix(struct skv_cache *c,
                                    uint32_t new_protected_len);
 
 /**
- * Copies req_to_token[row, start:end) into out (end-start values).
+ * Copies req_to_token[row, start:end) into out (end-start values). External mode:
+ * SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
  *
  * # Safety
  * out must hold end-start values.

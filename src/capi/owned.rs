@@ -214,7 +214,8 @@ pub unsafe extern "C" fn skv_publish_prefix(
     )
 }
 
-/// Copies req_to_token[row, start:end) into out (end-start values).
+/// Copies req_to_token[row, start:end) into out (end-start values). External mode:
+/// SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
 ///
 /// # Safety
 /// out must hold end-start values.
@@ -233,10 +234,15 @@ pub unsafe extern "C" fn skv_row_indices(
             t.num("row", row).num("start", start).num("end", end);
         },
         || {
-            super::arg(c.cast_const(), "cache")?;
-            let out = slice_mut(out, end.saturating_sub(start) as usize, "out")?;
-            let Ok(row) = u32::try_from(row) else { return Err(Error::InvalidArg(format!("row {row} out of range"))) };
-            lock(c)?.row_indices(row, start, end, out)
+            let n = end.saturating_sub(start) as usize;
+            nonnull(out, n, "out")?;
+            let c = lock(c)?;
+            c.require_owned()?;
+            let out = slice_mut(out, n, "out")?;
+            let Ok(row) = u32::try_from(row) else {
+                return Err(Error::InvalidArg(format!("row {row} out of range [0, {})", c.config().num_rows)));
+            };
+            c.row_indices(row, start, end, out)
         },
         |t| {
             t.list("out", out.cast_const(), end.saturating_sub(start) as usize);
