@@ -384,7 +384,125 @@ static void row_indices_external(void) {
   fe_free(&fe);
 }
 
+/* ------------------------------------------------- stale reqs on reused rows */
+
+/* Owned mode: copy a req, free it, let another request take the row and extend it: the
+ * stale copy's free is refused and the live request's row stays. */
+static void stale_free_req(void) {
+  skv_cache *c = owned_new();
+  skv_req a, b, stale, before;
+  int32_t idx[4];
+  skv_check_report rep;
+  CHECK_OK(skv_req_init(&a));
+  CHECK_OK(skv_alloc_row(c, &a));
+  CHECK(a.row_generation != 0);
+  CHECK_OK(skv_alloc_extend(c, &a, 8));
+  stale = a;
+  CHECK_OK(skv_free_req(c, &a));
+  CHECK_EQ_U64(a.row_generation, 0);
+  CHECK_OK(skv_req_init(&b));
+  CHECK_OK(skv_alloc_row(c, &b));
+  CHECK_EQ_INT(b.req_pool_idx, stale.req_pool_idx);
+  CHECK(b.row_generation != stale.row_generation);
+  CHECK_OK(skv_alloc_extend(c, &b, 8));
+  before = stale;
+  CHECK_STATUS(skv_free_req(c, &stale), SKV_ERR_STATE);
+  CHECK_MSG_HAS("skv_free_req");
+  CHECK_MSG_HAS("stale copy");
+  CHECK_REQ_SAME(&stale, &before);
+  /* every call taking the stale req says the same */
+  CHECK_STATUS(skv_alloc_extend(c, &stale, 1), SKV_ERR_STATE);
+  CHECK_STATUS(skv_commit(c, &stale, 1), SKV_ERR_STATE);
+  CHECK_STATUS(skv_trim_overshoot(c, &stale, 0), SKV_ERR_STATE);
+  CHECK_STATUS(skv_free_tail(c, &stale, 0), SKV_ERR_STATE);
+  CHECK_STATUS(skv_publish_prefix(c, &stale, 0), SKV_ERR_STATE);
+  CHECK_REQ_SAME(&stale, &before);
+  /* the live request's row is intact */
+  CHECK_OK(skv_row_indices(c, b.req_pool_idx, 0, 4, idx));
+  CHECK_OK(skv_cache_check(c, &rep));
+  CHECK_EQ_U64(rep.violations, 0);
+  CHECK_OK(skv_free_req(c, &b));
+  skv_cache_free(c);
+}
+
+/* A finished session's stale req, after release and row reuse, cannot turn another
+ * request's row into that session's slot (owned mode). */
+static void stale_finish_after_release_owned(void) {
+  skv_cache *c = owned_new();
+  skv_req r, stale, other, before;
+  skv_stats st;
+  skv_check_report rep;
+  CHECK_OK(skv_req_init(&r));
+  r.origin_input_len = 8;
+  CHECK_OK(skv_alloc_row(c, &r));
+  CHECK_OK(skv_alloc_extend(c, &r, 8));
+  CHECK_OK(skv_commit(c, &r, 8));
+  stale = r;
+  CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
+  CHECK_OK(skv_release_session(c, 1));
+  CHECK_OK(skv_req_init(&other));
+  CHECK_OK(skv_alloc_row(c, &other));
+  CHECK_EQ_INT(other.req_pool_idx, stale.req_pool_idx);
+  CHECK_OK(skv_alloc_extend(c, &other, 12));
+  CHECK_OK(skv_commit(c, &other, 8));
+  before = stale;
+  /* kv lengths made to agree with the live row: only the generation tells them apart */
+  stale.kv_allocated_len = 12;
+  before = stale;
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &stale, 0), SKV_ERR_STATE);
+  CHECK_MSG_HAS("stale copy");
+  CHECK_REQ_SAME(&stale, &before);
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &stale, 1), SKV_ERR_STATE);
+  CHECK_REQ_SAME(&stale, &before);
+  CHECK_OK(skv_cache_stats(c, &st));
+  CHECK_EQ_U64(st.sessions, 0);
+  CHECK_OK(skv_free_req(c, &other));
+  CHECK_OK(skv_cache_check(c, &rep));
+  CHECK_EQ_U64(rep.violations, 0);
+  skv_cache_free(c);
+}
+
+/* The same in external mode: a match hit stamps the generation, release hands the row back
+ * (its generation moves on), the engine gives the row to another request. */
+static void stale_finish_after_release_external(void) {
+  fake_engine fe;
+  skv_cache *c;
+  skv_req r, stale, before, fresh;
+  skv_match m;
+  fe_init(&fe, 4, 32);
+  c = fe_cache(&fe, 4, 0);
+  fe_save_slot(c, &fe, 1, 0, 2, 0, 8, 0, 0, -1);
+  r = req_make(-1, 0, 0);
+  r.origin_input_len = 10;
+  CHECK_OK(skv_match_prefix(c, 1, 0, &r, 8, 0, &m));
+  CHECK_EQ_INT(m.hit, 1);
+  CHECK(r.row_generation != 0);
+  r.kv_allocated_len = r.kv_committed_len = 10;
+  stale = r;
+  CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
+  CHECK_OK(skv_release_session(c, 1));
+  fe_reset_calls(&fe);
+  before = stale;
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &stale, 0), SKV_ERR_STATE);
+  CHECK_MSG_HAS("stale copy");
+  CHECK_REQ_SAME(&stale, &before);
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &stale, 1), SKV_ERR_STATE);
+  CHECK_REQ_SAME(&stale, &before);
+  CHECK_NO_CALLS(&fe);
+  CHECK_HELD(held_of(c, NULL, 0), 0, 0, 0, 0, 0);
+  /* the engine's own req on that row (never stamped) is fine */
+  fresh = req_make(2, 4, 4);
+  fresh.origin_input_len = 4;
+  CHECK_OK(skv_cache_finished_req(c, 3, 0, &fresh, 0));
+  CHECK_HELD(held_of(c, NULL, 0), 4, 4, 1, 0, 1);
+  skv_cache_free(c);
+  fe_free(&fe);
+}
+
 int main(void) {
+  stale_free_req();
+  stale_finish_after_release_owned();
+  stale_finish_after_release_external();
   row_indices_external();
   callbacks_calling_other_handles();
   callbacks_crossing_threads();

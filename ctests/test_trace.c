@@ -144,9 +144,9 @@ int main(void) {
     CHECK_STR_CONTAINS(text, "\"fn\":\"skv_match_prefix\",\"session_id\":7,\"branch_id\":0,\"req\":{\"req_pool_idx\":-1");
     CHECK_STR_CONTAINS(text, "\"out\":{\"hit\":0,\"prefix_len\":0}");
     CHECK_STR_CONTAINS(text, "\"fn\":\"skv_alloc_extend\"");
-    CHECK_STR_CONTAINS(text, "\"n_tokens\":9,\"status\":\"SKV_OK\",\"req_out\":{\"req_pool_idx\":0,\"kv_committed_len\":0,\"kv_allocated_len\":9");
+    CHECK_STR_CONTAINS(text, "\"n_tokens\":9,\"status\":\"SKV_OK\",\"req_out\":{\"req_pool_idx\":0,\"row_generation\":1,\"kv_committed_len\":0,\"kv_allocated_len\":9");
     CHECK_STR_CONTAINS(text, "\"fn\":\"skv_cache_finished_req\",\"session_id\":7");
-    CHECK_STR_CONTAINS(text, "\"req_out\":{\"req_pool_idx\":-1,\"kv_committed_len\":0,\"kv_allocated_len\":0");
+    CHECK_STR_CONTAINS(text, "\"req_out\":{\"req_pool_idx\":-1,\"row_generation\":0,\"kv_committed_len\":0,\"kv_allocated_len\":0");
     CHECK_STR_CONTAINS(text, "\"status\":\"SKV_ERR_INVALID_ARG\",\"error\":\"skv_commit: req_pool_idx -1: the req holds no row\"}");
     CHECK(strstr(text, "skv_release_session") == NULL);
     CHECK(strstr(text, "skv_cache_set_trace") == NULL);

@@ -9,8 +9,9 @@
  * - skv_last_error() on the calling thread names the function and the offending value after
  *   a failure, and is "" after a success.
  * - When several things are wrong, the first of these wins: SKV_ERR_NULL_ARG,
- *   SKV_ERR_INVALID_ARG (the arguments alone), SKV_ERR_NOT_FOUND, SKV_ERR_INVALID_ARG (owned
- *   mode: a req disagreeing with libskv's record of its row), SKV_ERR_STATE, then the rest;
+ *   SKV_ERR_INVALID_ARG (the arguments alone), SKV_ERR_NOT_FOUND, SKV_ERR_STATE (a stale req:
+ *   its row_generation is not its row's), SKV_ERR_INVALID_ARG (owned mode: a req disagreeing
+ *   with libskv's record of its row), SKV_ERR_STATE, then the rest;
  *   an owned-mode function on an external-mode handle is SKV_ERR_UNSUPPORTED whatever its
  *   arguments (after the NULL checks).
  * - Versioned structs (skv_cache_config, skv_pool_ops, skv_engine_hooks) start with
@@ -182,6 +183,15 @@ typedef struct skv_req {
    * req_to_token row, -1 = none.
    */
   int32_t req_pool_idx;
+  /**
+   * The generation of req_pool_idx when libskv handed the row to this req (skv_alloc_row,
+   * a skv_match_prefix hit); 0 = not stamped. A req whose non-zero row_generation differs
+   * from its row's current generation is a stale copy (the row was released and handed
+   * out again since): SKV_ERR_STATE. Engines copy it with the req and never set it; a req
+   * built by hand carries 0, which is not checked (in external mode rows the engine
+   * allocates itself are never stamped).
+   */
+  uint32_t row_generation;
   /**
    * Tokens whose KV is final.
    */
@@ -787,7 +797,8 @@ enum skv_status skv_build_flashinfer(struct skv_cache *c,
                                      size_t *needed);
 
 /**
- * Sets a req to hold nothing: row -1, lengths 0, finished_len -1, lock 0, aux -1.
+ * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
+ * aux -1.
  *
  * # Safety
  * `req` must be NULL or valid.

@@ -76,6 +76,8 @@ class Req {
   bool has_row() const noexcept { return req_.req_pool_idx >= 0; }
 
   int32_t req_pool_idx() const noexcept { return req_.req_pool_idx; }
+  /// The row's generation libskv stamped (0 = not stamped); libskv's alone to set.
+  uint32_t row_generation() const noexcept { return req_.row_generation; }
   uint32_t kv_committed_len() const noexcept { return req_.kv_committed_len; }
   uint32_t kv_allocated_len() const noexcept { return req_.kv_allocated_len; }
   uint32_t cache_protected_len() const noexcept { return req_.cache_protected_len; }

@@ -9,6 +9,13 @@ use crate::core::{Held, Match, Req};
 pub struct skv_req {
     /// req_to_token row, -1 = none.
     pub req_pool_idx: i32,
+    /// The generation of req_pool_idx when libskv handed the row to this req (skv_alloc_row,
+    /// a skv_match_prefix hit); 0 = not stamped. A req whose non-zero row_generation differs
+    /// from its row's current generation is a stale copy (the row was released and handed
+    /// out again since): SKV_ERR_STATE. Engines copy it with the req and never set it; a req
+    /// built by hand carries 0, which is not checked (in external mode rows the engine
+    /// allocates itself are never stamped).
+    pub row_generation: u32,
     /// Tokens whose KV is final.
     pub kv_committed_len: u32,
     /// Tokens with KV slots assigned (>= committed).
@@ -35,6 +42,7 @@ impl From<&skv_req> for Req {
     fn from(r: &skv_req) -> Req {
         Req {
             row: r.req_pool_idx,
+            generation: r.row_generation,
             committed: r.kv_committed_len,
             allocated: r.kv_allocated_len,
             protected: r.cache_protected_len,
@@ -53,6 +61,7 @@ impl From<Req> for skv_req {
     fn from(r: Req) -> skv_req {
         skv_req {
             req_pool_idx: r.row,
+            row_generation: r.generation,
             kv_committed_len: r.committed,
             kv_allocated_len: r.allocated,
             cache_protected_len: r.protected,
@@ -111,6 +120,24 @@ impl From<Held> for skv_held {
     }
 }
 
+/// Writes `r` into the caller's req field by field: the padding bytes of skv_req (after
+/// finished_len) stay as the caller left them, so byte comparisons of reqs are meaningful.
+pub(crate) fn store(req: &mut skv_req, r: Req) {
+    let r = skv_req::from(r);
+    req.req_pool_idx = r.req_pool_idx;
+    req.row_generation = r.row_generation;
+    req.kv_committed_len = r.kv_committed_len;
+    req.kv_allocated_len = r.kv_allocated_len;
+    req.cache_protected_len = r.cache_protected_len;
+    req.swa_evicted_seqlen = r.swa_evicted_seqlen;
+    req.origin_input_len = r.origin_input_len;
+    req.output_len = r.output_len;
+    req.finished_len = r.finished_len;
+    req.lock_node = r.lock_node;
+    req.lock_receipt = r.lock_receipt;
+    req.aux_state = r.aux_state;
+}
+
 /// Runs a core operation on a copy of `*req`, writing it back when the call completes
 /// (also when a free callback failed part-way: the state advanced).
 pub(crate) unsafe fn on_req<T>(
@@ -123,19 +150,23 @@ pub(crate) unsafe fn on_req<T>(
     let mut c = lock(cache)?;
     let mut r = Req::from(&*req);
     let value = op(&mut c, &mut r)?;
-    *req = r.into();
+    store(req, r);
     write(value);
     c.take_deferred()
 }
 
-/// Sets a req to hold nothing: row -1, lengths 0, finished_len -1, lock 0, aux -1.
+/// Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
+/// aux -1.
 ///
 /// # Safety
 /// `req` must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     guard("skv_req_init", || {
-        *out_mut(req, "req")? = Req::default().into();
+        let req = out_mut(req, "req")?;
+        // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value.
+        std::ptr::write_bytes(req as *mut skv_req, 0, 1);
+        store(req, Req::default());
         Ok(())
     })
 }

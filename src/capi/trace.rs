@@ -134,10 +134,11 @@ impl Line {
             Some(r) => {
                 let _ = write!(
                     self.0,
-                    ",\"{name}\":{{\"req_pool_idx\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
+                    ",\"{name}\":{{\"req_pool_idx\":{},\"row_generation\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
                      \"cache_protected_len\":{},\"swa_evicted_seqlen\":{},\"origin_input_len\":{},\
                      \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{}}}",
                     r.req_pool_idx,
+                    r.row_generation,
                     r.kv_committed_len,
                     r.kv_allocated_len,
                     r.cache_protected_len,

@@ -113,6 +113,12 @@ impl Cache {
                         )
                     })
                 }
+                Some(_) if s.generation != self.generations[row as usize] => rep.violation(|| {
+                    format!(
+                        "slot of session {} branch {} records generation {} of row {row}, which is at {}",
+                        s.session, s.branch, s.generation, self.generations[row as usize]
+                    )
+                }),
                 Some(_) => {}
             }
         }

@@ -13,6 +13,10 @@ pub struct Cache {
     pub(crate) pool: Box<dyn Pool>,
     /// The effects of the call in progress (kept to reuse its allocation).
     pub(crate) effects: Vec<Effect>,
+    /// Each row's generation: owned mode bumps it when `alloc_row` hands the row out,
+    /// external mode when libskv hands the row back through `free_row`. Never 0 once the row
+    /// was handed out (0 on a req means "not stamped").
+    pub(crate) generations: Vec<u32>,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
     deferred: Option<Error>,
     /// Tokens released by `trim_overshoot` since creation.
@@ -24,9 +28,12 @@ pub struct Cache {
 impl Cache {
     /// A cache over `pool`; `cfg` must already be valid for the pool's mode.
     pub fn new(cfg: Config, pool: Box<dyn Pool>) -> Result<Self> {
+        // External rows exist before libskv sees them: they start at generation 1.
+        let first = if pool.owned().is_some() { 0 } else { 1 };
         Ok(Cache {
             cfg,
             slots: Slots::new(cfg.num_rows)?,
+            generations: super::error::try_vec(cfg.num_rows as usize, "row generations", |_| first)?,
             pool,
             effects: Vec::with_capacity(8),
             deferred: None,
@@ -55,6 +62,13 @@ impl Cache {
         self.deferred = None;
         self.pool.prepare(&self.effects)?;
         mutate(self);
+        if self.pool.owned().is_none() {
+            for e in &self.effects {
+                if let Effect::FreeRow { row } = *e {
+                    next_generation(&mut self.generations[row as usize]);
+                }
+            }
+        }
         if let Err(e) = self.pool.apply(&self.effects) {
             self.deferred = Some(e);
         }
@@ -80,11 +94,43 @@ impl Cache {
     }
 
     /// Checks a req and its row against everything libskv knows, in the documented order of
-    /// errors: fields (`InvalidArg`), then the pool's record (`NotFound`, `InvalidArg`).
+    /// errors: fields (`InvalidArg`), then `check_record`.
     pub(crate) fn check_req(&self, req: &Req) -> Result<()> {
         req.validate(&self.cfg)?;
+        self.check_record(req)
+    }
+
+    /// Checks a valid req against libskv's record of its row, in the documented order: a row
+    /// not in use (`NotFound`, owned mode), a stale copy (`State`: a stamped generation the
+    /// row has left), then fields disagreeing with the row (`InvalidArg`, owned mode).
+    pub(crate) fn check_record(&self, req: &Req) -> Result<()> {
+        if let Some(row) = req.row() {
+            if let Some(p) = self.pool.owned() {
+                p.row(row)?;
+            }
+            let now = self.generations[row as usize];
+            if req.generation != 0 && req.generation != now {
+                bail!(
+                    State,
+                    "req_pool_idx {row} is a stale copy: its row_generation is {} but row {row} is now at \
+                     generation {now} (the row was released and handed out again since)",
+                    req.generation
+                );
+            }
+        }
         self.pool.check_req(req)
     }
+
+    /// The row changes lifetime: copies stamped with its old generation become stale.
+    pub(crate) fn bump_generation(&mut self, row: u32) -> u32 {
+        next_generation(&mut self.generations[row as usize])
+    }
+}
+
+/// Moves a row generation on, skipping 0 (which on a req means "not stamped").
+fn next_generation(g: &mut u32) -> u32 {
+    *g = g.wrapping_add(1).max(1);
+    *g
 }
 
 /// The effect of `free_aligned(row, target, end)`: whole pages from `ceil_align(target)` go

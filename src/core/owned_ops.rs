@@ -56,8 +56,8 @@ impl Cache {
         Ok(())
     }
 
-    /// Assigns a free row to a req that holds none. The row maps nothing yet, so the req's
-    /// KV lengths become 0.
+    /// Assigns a free row to a req that holds none, stamped with the row's new generation.
+    /// The row maps nothing yet, so the req's KV lengths become 0.
     pub fn alloc_row(&mut self, req: &mut Req) -> Result<()> {
         self.owned_pool()?;
         req.validate(&self.cfg)?;
@@ -68,7 +68,8 @@ impl Cache {
         let Some(row) = pool.take_row() else {
             bail!(OutOfMemory, "no free row (num_rows {})", pool.total_rows());
         };
-        *req = Req { row: row as i32, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
+        let generation = self.bump_generation(row);
+        *req = Req { row: row as i32, generation, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
         Ok(())
     }
 
@@ -82,7 +83,7 @@ impl Cache {
             Some(l) if l <= max => l,
             _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
         };
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         self.guard_idle_session_row(row)?;
         let ps = self.cfg.page_size;
         let pool = self.owned_pool_mut()?;
@@ -113,7 +114,7 @@ impl Cache {
                 req.allocated
             ),
         };
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         self.guard_idle_session_row(row)?;
         req.committed = committed;
         Ok(())
@@ -132,7 +133,7 @@ impl Cache {
         }
         self.effects.push(Effect::FreeRow { row });
         self.run_effects(|_| {})?;
-        *req = Req { row: -1, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
+        *req = Req { row: -1, generation: 0, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
         Ok(())
     }
 
@@ -228,7 +229,7 @@ impl Cache {
         if let Some(p) = twice {
             bail!(InvalidArg, "page {p} appears twice in the prefix");
         }
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
         for &p in &pages {
@@ -261,7 +262,7 @@ impl Cache {
                 req.committed
             );
         }
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         if new_protected < req.protected {
             bail!(
                 State,

@@ -55,6 +55,8 @@ impl Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Req {
     pub row: i32,
+    /// The generation of `row` when libskv handed it to this req; 0 = not stamped.
+    pub generation: u32,
     pub committed: u32,
     pub allocated: u32,
     pub protected: u32,
@@ -71,6 +73,7 @@ impl Default for Req {
     fn default() -> Self {
         Req {
             row: -1,
+            generation: 0,
             committed: 0,
             allocated: 0,
             protected: 0,

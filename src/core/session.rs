@@ -47,7 +47,7 @@ impl Cache {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let target = self.trim_target(req, finished_len)?;
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         let end = req.allocated;
         self.shorten_row(row, target, end, |c| c.apply_trim(req, target, finished_len))
     }
@@ -59,7 +59,7 @@ impl Cache {
         if prefix_len > req.allocated {
             bail!(InvalidArg, "prefix_len {prefix_len} > kv_allocated_len {}", req.allocated);
         }
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         if prefix_len < req.protected {
             bail!(
                 State,
@@ -158,6 +158,7 @@ impl Cache {
         });
         Req {
             row: row as i32,
+            generation: slot.generation,
             committed: slot.committed,
             allocated,
             protected: slot.protected,
@@ -179,7 +180,7 @@ impl Cache {
         let row = req.require_row()?;
         let finished_len = req.finished();
         let trim_target = self.trim_target(req, finished_len)?;
-        self.pool.check_req(req)?;
+        self.check_record(req)?;
         let found = self.slots.find(session, branch).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
         match found.map(|(_, s)| s) {
@@ -209,7 +210,8 @@ impl Cache {
                     s
                 }
                 None => {
-                    c.slots.insert(row, slot_from(session, branch, req));
+                    let generation = c.generations[row as usize];
+                    c.slots.insert(row, slot_from(session, branch, generation, req));
                     c.slots.of_row_mut(row).expect("just inserted")
                 }
             };
@@ -226,7 +228,7 @@ impl Cache {
             (None, None) => return Ok(()),
             (None, Some(row)) => {
                 self.check_row_belongs(row, None, session, branch)?;
-                (row, slot_from(session, branch, req))
+                (row, slot_from(session, branch, 0, req))
             }
             (Some((row, slot)), held) => {
                 if held != Some(row) {
@@ -403,10 +405,11 @@ fn clamp_slot(s: &mut Slot, len: u32) {
     s.swa = s.swa.min(len);
 }
 
-fn slot_from(session: u64, branch: u64, r: &Req) -> Slot {
+fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
     Slot {
         session,
         branch,
+        generation,
         committed: r.committed,
         allocated: r.allocated,
         protected: r.protected,

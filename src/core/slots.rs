@@ -16,6 +16,8 @@ use super::error::{try_vec, Result};
 pub struct Slot {
     pub session: u64,
     pub branch: u64,
+    /// The generation of the slot's row (stamped into the req a hit restores).
+    pub generation: u32,
     pub committed: u32,
     pub allocated: u32,
     pub protected: u32,
@@ -111,6 +113,7 @@ mod tests {
         Slot {
             session,
             branch,
+            generation: 1,
             committed: 0,
             allocated: 0,
             protected: 0,

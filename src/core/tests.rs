@@ -557,3 +557,63 @@ fn a_failed_upload_is_owed_again() {
     .unwrap();
     assert_eq!(got, [(r.row as u32, 0, indices(&c, &r))]);
 }
+
+/// Owned mode: a copy of a freed req, its row handed to another request since, is refused
+/// as stale and the live request's row is untouched.
+#[test]
+fn a_stale_copy_cannot_free_a_reused_row() {
+    let mut c = owned(4, 32);
+    let mut a = Req::default();
+    c.alloc_row(&mut a).unwrap();
+    c.alloc_extend(&mut a, 8).unwrap();
+    let stale = a;
+    c.free_req(&mut a).unwrap();
+    assert_eq!(a.generation, 0, "a req holding nothing is not stamped");
+    let mut b = Req::default();
+    c.alloc_row(&mut b).unwrap();
+    assert_eq!(b.row, stale.row, "the row is handed out again");
+    assert_ne!(b.generation, stale.generation);
+    c.alloc_extend(&mut b, 8).unwrap();
+    let mut s = stale;
+    let err = c.free_req(&mut s).unwrap_err();
+    assert!(matches!(err, Error::State(_)), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("stale copy") && text.contains(&format!("row_generation is {}", stale.generation)), "{text}");
+    assert!(text.contains(&format!("generation {}", b.generation)), "{text}");
+    assert_eq!(s, stale, "a refused call changes nothing");
+    assert_eq!(c.pool().mapped_len(b.row as u32), Some(8));
+    // Precedence: a row no longer in use is NOT_FOUND before the stale check.
+    c.free_req(&mut b).unwrap();
+    assert!(matches!(c.free_req(&mut s), Err(Error::NotFound(_))));
+    assert_eq!(c.check().unwrap().violations, 0);
+}
+
+/// External mode: a match hit stamps the slot's generation; once the slot is released (the
+/// row handed back), a stale copy cannot make another request's row that session's slot.
+#[test]
+fn external_stale_copy_after_release_is_refused() {
+    let mut c = external(4, 64, false);
+    let mut first = Req { origin_input_len: 8, output_len: 0, ..req(2, 8, 8) };
+    c.cache_finished_req(1, 0, &mut first, false).unwrap();
+    let mut turn = Req { origin_input_len: 10, ..Req::default() };
+    assert!(c.match_prefix(1, 0, &mut turn, 8, false).unwrap().hit);
+    assert_eq!(turn.row, 2);
+    assert_ne!(turn.generation, 0, "a hit stamps the row's generation");
+    turn.allocated = 10;
+    turn.committed = 10;
+    let stale = Req { finished_len: -1, ..turn };
+    c.cache_finished_req(1, 0, &mut turn, false).unwrap();
+    c.release_session(1).unwrap();
+    log(&mut c);
+    // The engine reuses row 2 for another request; the stale copy comes back.
+    let mut s = stale;
+    let err = c.cache_finished_req(1, 0, &mut s, false).unwrap_err();
+    assert!(matches!(err, Error::State(_)), "{err}");
+    assert_eq!(s, stale);
+    assert!(c.slots().is_empty(), "no slot was made of the other request's row");
+    assert!(log(&mut c).is_empty());
+    // An unstamped req (the engine's own) is not checked.
+    let mut fresh = req(2, 4, 4);
+    c.cache_finished_req(2, 0, &mut fresh, false).unwrap();
+    assert_eq!(c.slots().len(), 1);
+}

@@ -50,7 +50,9 @@ pub fn fresh_req() -> skv_req {
     r
 }
 
-/// Every field, in declaration order, widened to i128 so one array holds them all.
+/// Every field the reference models track, in declaration order, widened to i128 so one array
+/// holds them all. row_generation is left out: the models do not track row lifetimes (the
+/// stale-copy rule has its own tests); `req_from` leaves it 0 ("not stamped").
 pub fn fields(r: &skv_req) -> [i128; 11] {
     [
         r.req_pool_idx as i128,
@@ -70,6 +72,7 @@ pub fn fields(r: &skv_req) -> [i128; 11] {
 pub fn req_from(f: [i128; 11]) -> skv_req {
     skv_req {
         req_pool_idx: f[0] as i32,
+        row_generation: 0,
         kv_committed_len: f[1] as u32,
         kv_allocated_len: f[2] as u32,
         cache_protected_len: f[3] as u32,
