@@ -7,7 +7,7 @@ CARGO ?= cargo
 all: build
 
 build:
-	$(CARGO) build --release
+	$(CARGO) build --release -p skv
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
 # AddressSanitizer and under valgrind; the installed-package consumers.
@@ -20,7 +20,7 @@ deps:
 test-rust: | deps
 	$(CARGO) test
 	$(CARGO) test --benches
-	$(CARGO) test --features cuda --test device -- --nocapture
+	$(CARGO) test -p skv --features cuda --test device -- --nocapture
 
 test-c: build | deps
 	ctests/run.sh target/release

@@ -29,7 +29,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 
 if [ "$build" = 1 ]; then
-  cargo build --release --lib
+  cargo build --release -p skv --lib
 fi
 
 # The crate version is the one fact everything below derives from.
