@@ -1,8 +1,11 @@
 # libskv's commands. `make test` is the one test command; `make sim` runs the main job.
 PREFIX ?= /usr/local
 CARGO ?= cargo
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+# build.rs generates the header here (and into OUT_DIR); include/skv.h is its committed copy.
+GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 
-.PHONY: all build deps test test-rust test-c test-integration sim bench install header-check clean
+.PHONY: all build deps test test-rust test-c test-integration sim bench install header header-check clean
 
 all: build
 
@@ -39,9 +42,14 @@ bench:
 install:
 	scripts/install.sh $(PREFIX)
 
-# The committed header must be what cbindgen generates from src/capi.
+# Refreshes include/skv.h from what build.rs generated from src/capi.
+header: build
+	cp $(GENERATED_HEADER) include/skv.h
+
+# The committed header must be what cbindgen generates from src/capi (committed or not).
 header-check: build
-	git diff --exit-code -- include/skv.h
+	@diff -u include/skv.h $(GENERATED_HEADER) || \
+	  { echo "include/skv.h differs from the generated header: run make header" >&2; exit 1; }
 
 clean:
 	$(CARGO) clean
