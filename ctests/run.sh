@@ -33,7 +33,7 @@ fi
 
 build="$root/target/ctests/$mode"
 mkdir -p "$build/lib"
-# the library's SONAME is libskv.so.0, which a cargo target dir does not have: the tests
+# the library's SONAME (SKV_SONAME), which a cargo target dir does not have: the tests
 # load it through a link to the very file they were linked against
 soname="$(readelf -d "$libdir/libskv.so" 2>/dev/null | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')"
 ln -sfn "$libdir/libskv.so" "$build/lib/${soname:-libskv.so}"

@@ -25,20 +25,24 @@
 #include <stdint.h>
 
 /** The version of the headers, from Cargo.toml. */
-#define SKV_VERSION "0.1.0"
+#define SKV_VERSION "0.2.0"
 #define SKV_VERSION_MAJOR 0
-#define SKV_VERSION_MINOR 1
+#define SKV_VERSION_MINOR 2
 #define SKV_VERSION_PATCH 0
+
+/**
+ * The ABI this library implements; skv_get_api accepts it. A 0.y release implements ABI y,
+ * an x.y release (x >= 1) ABI 1000 * x.
+ */
+#define SKV_ABI_VERSION 2
+
+/** The shared library's SONAME: libskv.so.0.y for 0.y releases, libskv.so.x from 1.0. */
+#define SKV_SONAME "libskv.so.0.2"
 
 /**
  * A session prefix is reused only in whole pages (SEMANTICS.md, match_prefix steps 3, 6).
  */
 #define SKV_FLAG_ALIGNED_REUSE 1
-
-/**
- * The ABI this library implements; `skv_get_api` accepts it.
- */
-#define SKV_ABI_VERSION 1
 
 /**
  * The result of every libskv call. Numbers are never reused.
