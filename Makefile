@@ -39,8 +39,9 @@ sim:
 bench:
 	$(CARGO) bench
 
+# make install PREFIX=/opt/skv INSTALL_FLAGS=--debug-info keeps the debug info in lib/.debug
 install:
-	scripts/install.sh $(PREFIX)
+	scripts/install.sh $(INSTALL_FLAGS) $(PREFIX)
 
 # Refreshes include/skv.h from what build.rs generated from src/capi.
 header: build

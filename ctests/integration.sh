@@ -103,6 +103,16 @@ soname_check() {
 }
 step soname soname_check
 
+# Installed without debug info by default (install.sh --debug-info keeps it in lib/.debug).
+no_debug_info() {
+  local f
+  for f in "$real" "$lib/libskv.a"; do
+    if readelf -S "$f" | grep -qF '.debug_'; then echo "$f has debug sections"; return 1; fi
+  done
+  ls -l "$real" "$lib/libskv.a"
+}
+step no_debug_info no_debug_info
+
 # A cdylib's version script exports only its #[no_mangle] functions; anything else
 # (Rust std, allocator shims, dependencies' symbols) is a leak.
 exports() {

@@ -5,22 +5,27 @@
 #   include/skv.h, include/skv.hpp, lib/pkgconfig/skv.pc,
 #   lib/cmake/skv/skvConfig.cmake, lib/cmake/skv/skvConfigVersion.cmake
 #
-# usage: scripts/install.sh [--no-build] PREFIX
-#   --no-build  install what `cargo build --release` already produced
-#   DESTDIR     staged install: files go to $DESTDIR$PREFIX, paths inside them name PREFIX
+# usage: scripts/install.sh [--no-build] [--debug-info] PREFIX
+#   --no-build    install what `cargo build --release` already produced
+#   --debug-info  also install the shared library's debug info as
+#                 lib/.debug/libskv.so.X.Y.Z.debug (gdb finds it through .gnu_debuglink)
+#                 and libskv.a unstripped; by default both are installed without debug info
+#   DESTDIR       staged install: files go to $DESTDIR$PREFIX, paths inside them name PREFIX
 set -euo pipefail
 
 build=1
+debug_info=0
 prefix=
 for arg in "$@"; do
   case "$arg" in
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,10s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --debug-info) debug_info=1 ;;
+    -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
     -*) echo "install.sh: unknown option $arg" >&2; exit 2 ;;
     *) [ -z "$prefix" ] || { echo "install.sh: one PREFIX only" >&2; exit 2; }; prefix=$arg ;;
   esac
 done
-[ -n "$prefix" ] || { echo "usage: scripts/install.sh [--no-build] PREFIX" >&2; exit 2; }
+[ -n "$prefix" ] || { echo "usage: scripts/install.sh [--no-build] [--debug-info] PREFIX" >&2; exit 2; }
 case "$prefix" in /*) ;; *) prefix="$PWD/$prefix" ;; esac
 prefix=${prefix%/}
 destdir=${DESTDIR:-}
@@ -74,10 +79,21 @@ done
 
 dest="$destdir$prefix"
 install -d "$dest/lib/pkgconfig" "$dest/lib/cmake/skv" "$dest/include"
-install -m 0755 "$release/libskv.so" "$dest/lib/libskv.so.$full"
+so="$dest/lib/libskv.so.$full"
+install -m 0755 "$release/libskv.so" "$so"
 ln -sfn "libskv.so.$full" "$dest/lib/$soname"
 ln -sfn "$soname" "$dest/lib/libskv.so"
 install -m 0644 "$release/libskv.a" "$dest/lib/libskv.a"
+# Without debug info by default; --debug-info keeps it beside, as distributions do.
+if [ "$debug_info" = 1 ]; then
+  install -d "$dest/lib/.debug"
+  objcopy --only-keep-debug "$so" "$dest/lib/.debug/libskv.so.$full.debug"
+  chmod 0644 "$dest/lib/.debug/libskv.so.$full.debug"
+  objcopy --strip-debug --add-gnu-debuglink="$dest/lib/.debug/libskv.so.$full.debug" "$so"
+else
+  objcopy --strip-debug "$so"
+  objcopy --strip-debug "$dest/lib/libskv.a"
+fi
 install -m 0644 "$header" include/skv.hpp "$dest/include/"
 
 # Fills @FIELD@s from the environment: perl takes the values literally, whatever characters
