@@ -5,7 +5,7 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 # build.rs generates the header here (and into OUT_DIR); include/skv.h is its committed copy.
 GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 
-.PHONY: all build deps test test-rust test-c test-integration sim bench install header header-check clean
+.PHONY: all build deps test test-rust test-c test-integration sim bench install header header-check lint clean
 
 all: build
 
@@ -13,7 +13,7 @@ build:
 	$(CARGO) build --release -p skv
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
-# AddressSanitizer and under valgrind; the installed-package consumers.
+# AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
 test: deps test-rust test-c test-integration
 
 # cmake, pkg-config and valgrind (apt-get as root when missing).
@@ -28,10 +28,19 @@ test-rust: | deps
 test-c: build | deps
 	ctests/run.sh target/release
 	SKV_CTEST_SANITIZE=address ctests/run.sh target/release
+	SKV_CTEST_SANITIZE=undefined ctests/run.sh target/release
 	SKV_CTEST_VALGRIND=1 ctests/run.sh target/release
 
 test-integration: build | deps
 	ctests/integration.sh --no-build
+
+# The cheap gates: formatting, clippy with warnings denied (its incompatible_msrv lint holds
+# the code to Cargo.toml's rust-version), rustdoc without warnings.
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps
 
 sim:
 	$(CARGO) run --release --bin skv-sim
