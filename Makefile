@@ -1,16 +1,19 @@
 # libskv's commands. `make test` is the one test command; `make sim` runs the main job.
 PREFIX ?= /usr/local
 CARGO ?= cargo
+TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
+# build.rs generates the header here (and into OUT_DIR); include/skv.h is its committed copy.
+GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 
-.PHONY: all build deps test test-rust test-c test-integration sim bench install header-check clean
+.PHONY: all build deps test test-rust test-c test-integration sim bench install header header-check lint clean
 
 all: build
 
 build:
-	$(CARGO) build --release
+	$(CARGO) build --release -p skv
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
-# AddressSanitizer and under valgrind; the installed-package consumers.
+# AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
 test: deps test-rust test-c test-integration
 
 # cmake, pkg-config and valgrind (apt-get as root when missing).
@@ -20,15 +23,24 @@ deps:
 test-rust: | deps
 	$(CARGO) test
 	$(CARGO) test --benches
-	$(CARGO) test --features cuda --test device -- --nocapture
+	$(CARGO) test -p skv --features cuda --test device -- --nocapture
 
 test-c: build | deps
 	ctests/run.sh target/release
 	SKV_CTEST_SANITIZE=address ctests/run.sh target/release
+	SKV_CTEST_SANITIZE=undefined ctests/run.sh target/release
 	SKV_CTEST_VALGRIND=1 ctests/run.sh target/release
 
 test-integration: build | deps
 	ctests/integration.sh --no-build
+
+# The cheap gates: formatting, clippy with warnings denied (its incompatible_msrv lint holds
+# the code to Cargo.toml's rust-version), rustdoc without warnings.
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps
 
 sim:
 	$(CARGO) run --release --bin skv-sim
@@ -36,12 +48,18 @@ sim:
 bench:
 	$(CARGO) bench
 
+# make install PREFIX=/opt/skv INSTALL_FLAGS=--debug-info keeps the debug info in lib/.debug
 install:
-	scripts/install.sh $(PREFIX)
+	scripts/install.sh $(INSTALL_FLAGS) $(PREFIX)
 
-# The committed header must be what cbindgen generates from src/capi.
+# Refreshes include/skv.h from what build.rs generated from src/capi.
+header: build
+	cp $(GENERATED_HEADER) include/skv.h
+
+# The committed header must be what cbindgen generates from src/capi (committed or not).
 header-check: build
-	git diff --exit-code -- include/skv.h
+	@diff -u include/skv.h $(GENERATED_HEADER) || \
+	  { echo "include/skv.h differs from the generated header: run make header" >&2; exit 1; }
 
 clean:
 	$(CARGO) clean

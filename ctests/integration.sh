@@ -53,11 +53,34 @@ lib="$prefix/lib"
 step install "$root/scripts/install.sh" "${install_args[@]}" "$prefix"
 [ "$failed" -eq 0 ] || finish # nothing below can work without the install
 
-version=$(cd "$root" && cargo pkgid)
-version=${version##*[@#]}
-full=$(echo "$version" | grep -oE '^[0-9]+\.[0-9]+\.[0-9]+')
-soname="libskv.so.${full%%.*}"
+# Every version fact as the installed header states it (build.rs derived them all from the
+# crate version); the steps below check that the installed files agree with it.
+define() { sed -n "s/^#define $1 \(.*\)\$/\1/p" "$inc/skv.h" | tr -d '"'; }
+version=$(define SKV_VERSION)
+major=$(define SKV_VERSION_MAJOR)
+minor=$(define SKV_VERSION_MINOR)
+full="$major.$minor.$(define SKV_VERSION_PATCH)"
+abi=$(define SKV_ABI_VERSION)
+soname=$(define SKV_SONAME)
 real="$lib/libskv.so.$full"
+
+# The one rule (build.rs): 0.y -> libskv.so.0.y, ABI y; x.y (x >= 1) -> libskv.so.x, ABI 1000x.
+version_rule() {
+  echo "SKV_VERSION=$version SKV_ABI_VERSION=$abi SKV_SONAME=$soname"
+  [ -n "$version" ] && [ -n "$abi" ] && [ -n "$soname" ] || { echo "version macros missing from skv.h"; return 1; }
+  case "$version" in "$full"|"$full"[-+]*) ;; *) echo "SKV_VERSION $version is not $full"; return 1 ;; esac
+  if [ "$major" = 0 ]; then
+    [ "$soname" = "libskv.so.0.$minor" ] && [ "$abi" = "$minor" ]
+  else
+    [ "$soname" = "libskv.so.$major" ] && [ "$abi" = "$((1000 * major))" ]
+  fi || { echo "SONAME/ABI do not follow the rule for $version"; return 1; }
+  grep -qxF "Version: $version" "$lib/pkgconfig/skv.pc" || { echo "skv.pc Version is not $version"; return 1; }
+  grep -qF "set(PACKAGE_VERSION \"$version\")" "$lib/cmake/skv/skvConfigVersion.cmake" ||
+    { echo "skvConfigVersion.cmake is not $version"; return 1; }
+  grep -qF "IMPORTED_SONAME \"$soname\"" "$lib/cmake/skv/skvConfig.cmake" ||
+    { echo "skvConfig.cmake does not name $soname"; return 1; }
+}
+step version_rule version_rule
 
 layout() {
   local f
@@ -79,6 +102,16 @@ soname_check() {
   readelf -d "$real" | grep -qF "Library soname: [$soname]"
 }
 step soname soname_check
+
+# Installed without debug info by default (install.sh --debug-info keeps it in lib/.debug).
+no_debug_info() {
+  local f
+  for f in "$real" "$lib/libskv.a"; do
+    if readelf -S "$f" | grep -qF '.debug_'; then echo "$f has debug sections"; return 1; fi
+  done
+  ls -l "$real" "$lib/libskv.a"
+}
+step no_debug_info no_debug_info
 
 # A cdylib's version script exports only its #[no_mangle] functions; anything else
 # (Rust std, allocator shims, dependencies' symbols) is a leak.
@@ -131,6 +164,35 @@ cmake_consumer() {
   ctest --test-dir "$build" --output-on-failure
 }
 step cmake cmake_consumer
+
+# find_package(skv VERSION) accepts exactly the versions with this SONAME: 0.y takes 0.y.*
+# requests (SameMinorVersion), x.y takes x.* (SameMajorVersion); never a newer one.
+find_version() {
+  local want=$1 expect=$2 dir="$work/find_version/${1//[^0-9A-Za-z.]/_}" out
+  mkdir -p "$dir/src" &&
+  printf 'cmake_minimum_required(VERSION 3.16)\nproject(find_skv NONE)\nfind_package(skv %s CONFIG REQUIRED)\n' \
+    "$want" >"$dir/src/CMakeLists.txt" || return 1
+  if out=$(cmake -S "$dir/src" -B "$dir/build" -DCMAKE_PREFIX_PATH="$prefix" 2>&1); then
+    echo "$out"
+    [ "$expect" = ok ] || { echo "find_package(skv $want) accepted $version"; return 1; }
+  else
+    echo "$out"
+    [ "$expect" = fail ] || { echo "find_package(skv $want) refused $version"; return 1; }
+    # refused for its version, not for anything else
+    echo "$out" | tr -s " \n" "  " | grep -q "compatible with requested version" || { echo "failed for another reason"; return 1; }
+  fi
+}
+if [ "$major" = 0 ]; then
+  step find_same_minor find_version "0.$minor" ok
+  step find_same_minor_range find_version "0.$minor...<0.$((minor + 1))" ok
+  step find_next_minor find_version "0.$((minor + 1))" fail
+  [ "$minor" -gt 0 ] && step find_older_minor find_version "0.$((minor - 1))" fail
+  [ "$minor" -gt 0 ] && step find_older_minor_range find_version "0.$((minor - 1))...<0.$((minor + 1))" fail
+else
+  step find_same_major find_version "$major.0" ok
+  step find_older_major find_version "$((major - 1)).$minor" fail
+fi
+step find_any_version find_version "" ok
 
 pkgconfig_consumer() {
   local out="$work/pkgconfig_test"

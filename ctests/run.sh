@@ -3,6 +3,7 @@
 # include/skv.h and libskv.so.
 #   ctests/run.sh [LIBDIR]            LIBDIR defaults to target/release
 #   SKV_CTEST_SANITIZE=address        build the C/C++ side with AddressSanitizer
+#   SKV_CTEST_SANITIZE=undefined      ... with UndefinedBehaviorSanitizer (any report fails)
 #   SKV_CTEST_VALGRIND=1              run each test under valgrind
 # Prints "ctests: N passed, N failed" (test programs) and exits non-zero on any failure.
 set -u
@@ -20,20 +21,23 @@ san_flags=()
 if [ "${SKV_CTEST_SANITIZE:-}" = address ]; then
   mode=asan
   san_flags=(-fsanitize=address -fno-omit-frame-pointer)
+elif [ "${SKV_CTEST_SANITIZE:-}" = undefined ]; then
+  mode=ubsan
+  san_flags=(-fsanitize=undefined -fno-sanitize-recover=all -fno-omit-frame-pointer)
 elif [ -n "${SKV_CTEST_SANITIZE:-}" ]; then
   echo "ctests: unknown SKV_CTEST_SANITIZE=${SKV_CTEST_SANITIZE}" >&2
   exit 2
 fi
 runner=()
 if [ "${SKV_CTEST_VALGRIND:-0}" = 1 ]; then
-  [ "$mode" = asan ] && { echo "ctests: valgrind and ASan do not mix" >&2; exit 2; }
+  [ "$mode" = plain ] || { echo "ctests: valgrind and a sanitizer do not mix" >&2; exit 2; }
   mode=valgrind
   runner=(valgrind --error-exitcode=1 --leak-check=full -q)
 fi
 
 build="$root/target/ctests/$mode"
 mkdir -p "$build/lib"
-# the library's SONAME is libskv.so.0, which a cargo target dir does not have: the tests
+# the library's SONAME (SKV_SONAME), which a cargo target dir does not have: the tests
 # load it through a link to the very file they were linked against
 soname="$(readelf -d "$libdir/libskv.so" 2>/dev/null | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')"
 ln -sfn "$libdir/libskv.so" "$build/lib/${soname:-libskv.so}"
@@ -56,7 +60,8 @@ for src in "$root"/ctests/test_*.c "$root"/ctests/test_*.cpp; do
     failed=$((failed + 1))
     continue
   fi
-  if ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" "${runner[@]}" "$exe"; then
+  if ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1}" UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1}" \
+      "${runner[@]}" "$exe"; then
     echo "ok   $name"
     passed=$((passed + 1))
   else

@@ -65,7 +65,7 @@ int main() {
   skv_cache *cache = nullptr;
   CHECK(skv_cache_new_external(&cfg, &ops, &engine, &cache) == SKV_OK);
   CHECK(cache != nullptr);
-  CHECK(skv_abi_version() == 1);
+  CHECK(skv_abi_version() == SKV_ABI_VERSION);
   CHECK(std::strlen(skv_version()) > 0);
   CHECK(skv_status_str(SKV_ERR_STATE) != nullptr);
 

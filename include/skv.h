@@ -36,20 +36,24 @@
 #include <stdint.h>
 
 /** The version of the headers, from Cargo.toml. */
-#define SKV_VERSION "0.1.0"
+#define SKV_VERSION "0.2.0"
 #define SKV_VERSION_MAJOR 0
-#define SKV_VERSION_MINOR 1
+#define SKV_VERSION_MINOR 2
 #define SKV_VERSION_PATCH 0
+
+/**
+ * The ABI this library implements; skv_get_api accepts it. A 0.y release implements ABI y,
+ * an x.y release (x >= 1) ABI 1000 * x.
+ */
+#define SKV_ABI_VERSION 2
+
+/** The shared library's SONAME: libskv.so.0.y for 0.y releases, libskv.so.x from 1.0. */
+#define SKV_SONAME "libskv.so.0.2"
 
 /**
  * A session prefix is reused only in whole pages (SEMANTICS.md, match_prefix steps 3, 6).
  */
 #define SKV_FLAG_ALIGNED_REUSE 1
-
-/**
- * The ABI this library implements; `skv_get_api` accepts it.
- */
-#define SKV_ABI_VERSION 1
 
 /**
  * The result of every libskv call. Numbers are never reused.
@@ -779,8 +783,8 @@ enum skv_status skv_cache_set_hooks(struct skv_cache *c,
                                     void *user_data);
 
 /**
- * FlashInfer's paged-KV triple for a batch of rows: kv_indptr[n+1] (prefix sums of page
- * counts), kv_indices (page ids), kv_last_page_len[n] (1..page_size; 0 for an empty row).
+ * FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
+ * counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
  * *needed receives the number of page ids, also when it exceeds cap: then
  * SKV_ERR_INVALID_ARG and nothing else is written.
  *

@@ -78,7 +78,7 @@ int main(void) {
   cfg.num_rows = ROWS;
   cfg.max_context_len = 512;
   OK(skv_cache_new(&cfg, &c));
-  EQ(skv_abi_version(), 1);
+  EQ(skv_abi_version(), SKV_ABI_VERSION);
   st = stats(c);
   EQ(st.total_pages, PAGES);
   EQ(st.free_pages, PAGES - 1);

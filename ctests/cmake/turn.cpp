@@ -107,7 +107,7 @@ static void external_mode() {
 }
 
 int main() {
-  EXPECT(skv::abi_version() == 1);
+  EXPECT(skv::abi_version() == SKV_ABI_VERSION);
   EXPECT(std::strlen(skv::version()) > 0);
 
   expect_error(SKV_ERR_INVALID_ARG, "page_size",

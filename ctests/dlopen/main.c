@@ -1,6 +1,6 @@
 /* How a serving engine loads libskv at run time: dlopen, one dlsym of skv_get_api, every
  * later call through the returned table. Built without -lskv; skv.h only supplies the
- * types. usage: dlopen_test [library]   (default "libskv.so.0", found on the loader path) */
+ * types. usage: dlopen_test [library]   (default SKV_SONAME, found on the loader path) */
 #include <skv.h>
 
 #include <dlfcn.h>
@@ -110,7 +110,7 @@ static int streaming_session(const skv_api_v1 *api) {
 }
 
 int main(int argc, char **argv) {
-  const char *path = argc > 1 ? argv[1] : "libskv.so.0";
+  const char *path = argc > 1 ? argv[1] : SKV_SONAME;
   const skv_api_v1 *api;
   get_api_fn get_api;
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -126,17 +126,18 @@ int main(int argc, char **argv) {
   }
   EXPECT(get_api(999) == NULL);
   EXPECT(get_api(0) == NULL);
-  api = get_api(1);
+  EXPECT(get_api(SKV_ABI_VERSION - 1) == NULL);
+  api = get_api(SKV_ABI_VERSION);
   if (!api) {
-    fprintf(stderr, "skv_get_api(1) returned NULL\n");
+    fprintf(stderr, "skv_get_api(%u) returned NULL\n", (unsigned)SKV_ABI_VERSION);
     return 1;
   }
-  EXPECT(api->abi_version == 1);
+  EXPECT(api->abi_version == SKV_ABI_VERSION);
   /* The table this header describes must fit in what the library gave. */
   EXPECT(api->struct_size >= sizeof(skv_api_v1));
-  EXPECT(api->abi_version_fn() == 1);
+  EXPECT(api->abi_version_fn() == SKV_ABI_VERSION);
   EXPECT(strcmp(api->version(), SKV_VERSION) == 0);
-  EXPECT(api->get_api(1) == api && api->get_api(2) == NULL);
+  EXPECT(api->get_api(SKV_ABI_VERSION) == api && api->get_api(SKV_ABI_VERSION + 1) == NULL);
   /* The table points at the library's own exports. */
   EXPECT(same_fn(&api->cache_new, lib, "skv_cache_new"));
   EXPECT(same_fn(&api->match_prefix, lib, "skv_match_prefix"));

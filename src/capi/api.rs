@@ -230,8 +230,9 @@ mod tests {
         // SAFETY: a non-NULL result points at the static table.
         let api = unsafe { &*api };
         assert_eq!(api.struct_size as usize, std::mem::size_of::<skv_api_v1>());
-        assert_eq!(api.abi_version, 1);
-        assert_eq!((api.abi_version_fn.unwrap())(), 1);
+        assert_eq!(api.abi_version, SKV_ABI_VERSION);
+        assert_eq!((api.abi_version_fn.unwrap())(), SKV_ABI_VERSION);
+        assert!(skv_get_api(SKV_ABI_VERSION - 1).is_null());
         assert!(skv_get_api(0).is_null());
         assert!(skv_get_api(999).is_null());
         // SAFETY: skv_last_error returns a NUL-terminated thread-local string.

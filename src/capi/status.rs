@@ -5,8 +5,9 @@ use std::ffi::{c_char, c_int};
 
 use crate::core::Error;
 
-/// The ABI this library implements; `skv_get_api` accepts it.
-pub const SKV_ABI_VERSION: u32 = 1;
+// SKV_ABI_VERSION and SKV_SONAME, from the crate version by build.rs's one rule (the header
+// gets them as macros from build.rs too).
+include!(concat!(env!("OUT_DIR"), "/version.rs"));
 
 /// The result of every libskv call. Numbers are never reused.
 #[repr(C)]

@@ -1,6 +1,5 @@
 //! Runs the built `skv-sim` binary on small workloads: a clean run must exit 0 with a clean
 //! audit and real trimming; bad options must exit 2 with one line on stderr.
-#![cfg(feature = "sim")]
 
 use std::process::{Command, Output};
 
