@@ -69,7 +69,6 @@ fn fuzz_c_abi() {
     ];
     let by: Vec<String> = names.iter().zip(t.by_status).map(|(n, c)| format!("{n} {c}")).collect();
     println!("skv fuzz: statuses: {}", by.join(", "));
-    println!("skv fuzz: external worlds with engine pages left after release: {}", t.external_leak_worlds);
     assert!(t.calls >= plan.calls);
     // Every status class a hostile caller can reach must have been reached.
     for (i, n) in names.iter().enumerate() {

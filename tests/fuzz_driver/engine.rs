@@ -25,6 +25,8 @@ pub struct Engine {
     /// Every state change a callback made (a failed call other than SKV_ERR_CALLBACK makes none).
     pub events: u64,
     pub findings: Vec<String>,
+    /// What the callbacks of the current call did, for the finding's call log.
+    pub trail: Vec<String>,
     /// Reads of positions the engine never mapped for that row.
     pub unmapped_reads: u64,
     /// Callbacks that returned non-zero during the current call.
@@ -52,6 +54,7 @@ impl Engine {
             aux_returned: BTreeSet::new(),
             events: 0,
             findings: Vec::new(),
+            trail: Vec::new(),
             unmapped_reads: 0,
             injected: 0,
             fail_rate: 0,
@@ -105,6 +108,7 @@ impl Engine {
     /// Pops a free page for `row`.
     pub fn take_page(&mut self, row: i32) -> Option<u32> {
         let p = self.free_pages.pop()?;
+        self.trail.push(format!("take page {p}"));
         self.page_owner[p as usize] = Some(row);
         Some(p)
     }
@@ -183,6 +187,7 @@ pub unsafe extern "C" fn free_kv(ud: *mut c_void, idx: *const i32, n: usize) -> 
         match e.page_owner[p] {
             None => e.findings.push(format!("double free: page {p} (index in free_kv of {n}) is already free")),
             Some(_) => {
+                e.trail.push(format!("page {p}"));
                 e.page_owner[p] = None;
                 e.free_pages.push(p as u32);
                 e.events += 1;
@@ -199,6 +204,7 @@ pub unsafe extern "C" fn free_row(ud: *mut c_void, row: i32) -> c_int {
         None => e.findings.push(format!("free_row({row}): no such row")),
         Some(true) => e.findings.push(format!("double free: row {row} is already free")),
         Some(false) => {
+            e.trail.push(format!("free_row({row})"));
             e.row_free[row as usize] = true;
             e.events += 1;
         }

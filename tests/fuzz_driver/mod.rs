@@ -73,9 +73,6 @@ pub struct Probes {
     /// Config/hooks structs larger than this header's with non-zero unknown tail bytes must be
     /// refused (hole 7).
     pub struct_tails: bool,
-    /// External mode: a world whose fake engine still holds pages after releasing every
-    /// session and request fails the run (open: see the branch's report; counted otherwise).
-    pub external_leaks: bool,
 }
 
 impl Probes {
@@ -93,7 +90,6 @@ impl Probes {
                 ("stale-reused-rows", &mut p.stale_reused_rows),
                 ("external-unsupported", &mut p.external_unsupported),
                 ("struct-tails", &mut p.struct_tails),
-                ("external-leaks", &mut p.external_leaks),
             ] {
                 if all || n == name {
                     *f = true;
@@ -123,7 +119,6 @@ pub struct Totals {
     pub by_status: [u64; 10],
     pub traced_worlds: u64,
     pub injected_failures: u64,
-    pub external_leak_worlds: u64,
 }
 
 /// Progress for the watchdog: a deadlock (a probe of hole 3) ends the process with the seed.
@@ -158,7 +153,7 @@ pub fn run(plan: &Plan) -> Totals {
         let mut w = World::new(rng.next(), t.worlds, t.calls, plan);
         t.traced_worlds += w.traced() as u64;
         w.run(n, &mut t);
-        t.external_leak_worlds += w.teardown();
+        w.teardown();
         t.worlds += 1;
     }
     PROGRESS.store(u64::MAX, Ordering::Relaxed);

@@ -86,10 +86,12 @@ pub struct World {
     log: VecDeque<String>,
     /// Honest call: an unmapped read by libskv is then a finding.
     honest: bool,
-    /// External worlds whose engine still held pages or rows after releasing everything.
-    pub leaks_seen: u64,
     /// Callback failures injected so far.
     pub injected: u64,
+    /// The last call's error message.
+    last_msg: String,
+    /// The next req call passes the req as it is (the fuzzer must know what it published).
+    no_mutate: bool,
 }
 
 impl Side {
@@ -232,8 +234,9 @@ impl World {
             sides,
             log: VecDeque::new(),
             honest: true,
-            leaks_seen: 0,
             injected: 0,
+            last_msg: String::new(),
+            no_mutate: false,
         };
         for s in 0..2 {
             let (me, other) = (w.sides[s].c, w.sides[1 - s].c);
@@ -280,6 +283,12 @@ impl World {
         )
     }
 
+    /// Whether the last call (status `st`) took effect: OK, or a free callback failing after
+    /// the state advanced. A failing read_row changes nothing (and is checked as a failure).
+    fn completed(&self, st: skv_status) -> bool {
+        st == SKV_OK || (st == SKV_ERR_CALLBACK && !self.last_msg.contains("nothing was changed"))
+    }
+
     /// Makes one call on side `s` and checks everything after it. `req` is the req the call
     /// reads and writes, if any.
     fn call(
@@ -305,8 +314,12 @@ impl World {
         let st = f();
         let st_name = format!("{st:?}");
         let msg = crate::common::last_error();
+        let trail = std::mem::take(&mut self.sides[s].eng().trail);
         if let Some(l) = self.log.back_mut() {
             l.push_str(&format!(" -> {st_name} {msg}"));
+            if !trail.is_empty() {
+                l.push_str(&format!(" [freed: {}]", trail.join(" ")));
+            }
         }
         let side = &self.sides[s];
         let e = side.eng();
@@ -333,7 +346,8 @@ impl World {
                 self.fail("SKV_ERR_CALLBACK though no callback failed");
             }
         }
-        if st != SKV_OK && st != SKV_ERR_CALLBACK {
+        self.last_msg = msg;
+        if !self.completed(st) {
             // SAFETY: as above.
             let req_after = unsafe { req.as_ref().copied() };
             if req_before != req_after {
@@ -550,7 +564,8 @@ impl World {
             r.kv_allocated_len = pos + 1;
         }
         let a = r.kv_allocated_len;
-        self.note(s, format!("req#{i} row {row} extended to {a}"));
+        let trail = std::mem::take(&mut e.trail).join(" ");
+        self.note(s, format!("req#{i} row {row} extended to {a} {trail}"));
         SKV_OK
     }
 
@@ -584,7 +599,8 @@ impl World {
     /// A req to pass: the live one, or (owned mode) a hostile mutation of it. Returns the value
     /// and whether it was mutated.
     fn maybe_mutate(&mut self, s: usize, r: skv_req) -> (skv_req, bool) {
-        if !self.rng.chance(120) {
+        let frozen = std::mem::take(&mut self.no_mutate);
+        if !self.rng.chance(120) || frozen {
             return (r, false);
         }
         let side = &self.sides[s];
@@ -623,7 +639,7 @@ impl World {
         let desc = format!("{name}(req#{i} {}{args})", show(&r));
         self.honest = !mutated;
         let st = self.call(s, desc, &r, expect, || f(c, &mut r));
-        if matches!(st, SKV_OK | SKV_ERR_CALLBACK) {
+        if self.completed(st) {
             let side = &mut self.sides[s];
             let row = r.req_pool_idx;
             if mutated && row != fr.r.req_pool_idx {
@@ -649,7 +665,7 @@ impl World {
             self.req_call(s, i, "skv_match_prefix", format!(", s {sid} b {b}, key {key}, pre {pre}"), |c, r| unsafe {
                 skv_match_prefix(c, sid, b, r, key, pre, mp)
             });
-        if st == SKV_OK && m.hit == 1 {
+        if self.completed(st) && m.hit == 1 {
             let fr = &mut self.sides[s].reqs[i];
             fr.hit = Some((sid, b));
         }
@@ -670,9 +686,6 @@ impl World {
             format!(", s {sid} b {b}, aborted {aborted}"),
             |c, r| unsafe { skv_cache_finished_req(c, sid, b, r, aborted) },
         );
-        if matches!(st, SKV_OK | SKV_ERR_CALLBACK) {
-            self.sides[s].reqs[i].hit = None;
-        }
         st
     }
 
@@ -750,7 +763,7 @@ impl World {
         let st = self.call(s, format!("skv_free_aligned({row}, {target}, {end})"), null(), expect, || unsafe {
             skv_free_aligned(c, row, target, end)
         });
-        if matches!(st, SKV_OK | SKV_ERR_CALLBACK) {
+        if self.completed(st) {
             for fr in self.sides[s].reqs.iter_mut().filter(|f| f.r.req_pool_idx == row) {
                 // The engine lowers its own req after a row-level free.
                 let r = &mut fr.r;
@@ -1046,6 +1059,7 @@ impl World {
             1 => old + 1,
             _ => old + self.rng.upto(r.kv_committed_len.saturating_sub(old)) / ps * ps,
         };
+        self.no_mutate = true;
         let (st, mutated) = self.req_call(s, i, "skv_publish_prefix", format!(", {newp}"), |c, r| unsafe {
             skv_publish_prefix(c, r, newp)
         });
@@ -1251,7 +1265,7 @@ impl World {
                 )
             }
         };
-        if matches!(st, SKV_OK | SKV_ERR_CALLBACK) && name != "checkpoint" && r != fr.r {
+        if self.completed(st) && name != "checkpoint" && r != fr.r {
             // The copy acted as the live req: the live one is stale now.
             let side = &mut self.sides[s];
             side.stale.remove(k);
@@ -1315,7 +1329,7 @@ impl World {
     // --- the end of a world ---------------------------------------------------------------------
 
     /// Releases everything and checks that nothing leaked, then frees the handles.
-    pub fn teardown(mut self) -> u64 {
+    pub fn teardown(mut self) {
         for s in 0..2 {
             let e = self.sides[s].eng();
             (e.fail_rate, e.reenter_rate) = (0, 0);
@@ -1357,10 +1371,7 @@ impl World {
                     }
                 }
                 if let Some(l) = self.sides[s].eng().leaks() {
-                    if self.probes.external_leaks {
-                        self.fail(&format!("external mode, after releasing everything: {l}"));
-                    }
-                    self.leaks_seen += 1;
+                    self.fail(&format!("external mode, after releasing everything: {l}"));
                 }
             }
         }
@@ -1374,7 +1385,6 @@ impl World {
                 let _ = std::fs::remove_file(p);
             }
         }
-        self.leaks_seen
     }
 
     /// Owned mode: aborts the running requests of session `sid` whose req the fuzzer no longer
