@@ -7,7 +7,9 @@
 //! ```
 //! `SKV_FUZZ_PROBES=name,name` (or `all`) adds probe classes that libskv 0.1.0 fails (see
 //! `Probes`); `SKV_FUZZ_WORLD_CALLS` sets how many calls a pair of handles lives for. A finding
-//! panics with the seed and call index: rerun with that seed to reproduce it.
+//! panics with the seed, world and call index: rerun with that seed, or jump to the world with
+//! `SKV_FUZZ_FIRST_WORLD=N SKV_FUZZ_CALLS=<calls per world>`; `SKV_FUZZ_LOG=N` prints the last N
+//! calls before the finding (default 48).
 
 mod common;
 #[path = "fuzz_driver/mod.rs"]
@@ -38,6 +40,7 @@ fn fuzz_c_abi() {
         seed: env_u64("SKV_FUZZ_SEED", 0x5eed_0001),
         calls: env_u64("SKV_FUZZ_CALLS", 100_000),
         world_calls: env_u64("SKV_FUZZ_WORLD_CALLS", 4_000),
+        first_world: env_u64("SKV_FUZZ_FIRST_WORLD", 0),
         probes: Probes::parse(&std::env::var("SKV_FUZZ_PROBES").unwrap_or_else(|_| CI_PROBES.into())),
     };
     println!(

@@ -109,6 +109,9 @@ pub struct Plan {
     pub calls: u64,
     /// Calls per world (a pair of handles) before it is torn down and audited for leaks.
     pub world_calls: u64,
+    /// Skips the worlds before this one (each world's seed comes from the run's seed alone), so
+    /// a finding in world N reproduces in seconds.
+    pub first_world: u64,
     pub probes: Probes,
 }
 
@@ -148,9 +151,16 @@ pub fn run(plan: &Plan) -> Totals {
     watchdog(plan.seed);
     let mut rng = Rng(plan.seed);
     let mut t = Totals::default();
-    while t.calls < plan.calls {
-        let n = plan.world_calls.min(plan.calls - t.calls);
-        let mut w = World::new(rng.next(), t.worlds, t.calls, plan);
+    for _ in 0..plan.first_world {
+        rng.next();
+        t.worlds += 1;
+    }
+    let mut done = 0;
+    while done < plan.calls {
+        let n = plan.world_calls.min(plan.calls - done);
+        done += n;
+        let first = t.worlds * plan.world_calls;
+        let mut w = World::new(rng.next(), t.worlds, first, plan);
         t.traced_worlds += w.traced() as u64;
         w.run(n, &mut t);
         w.teardown();

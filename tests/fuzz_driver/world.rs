@@ -617,7 +617,12 @@ impl World {
             5 => m.req_pool_idx = -7,
             6 => m.kv_allocated_len = self.rng.upto(max),
             7 => m.cache_protected_len = self.rng.upto(max) / ps * ps,
-            _ => m.req_pool_idx = self.rng.below(rows as u64) as i32,
+            _ => {
+                // Another row, as a second req on it: without this request's lock and aux
+                // state, which belong to one request only.
+                m.req_pool_idx = self.rng.below(rows as u64) as i32;
+                (m.lock_node, m.lock_receipt, m.aux_state) = (0, 0, -1);
+            }
         }
         (m, true)
     }
