@@ -2,7 +2,7 @@
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all build deps test test-rust test-c test-integration sim bench install header-check clean
+.PHONY: all build deps test test-rust test-c test-integration sim fuzz bench install header-check clean
 
 all: build
 
@@ -32,6 +32,13 @@ test-integration: build | deps
 
 sim:
 	$(CARGO) run --release --bin skv-sim
+
+# The long fuzz run (cargo test runs 100,000 calls); FUZZ_PROBES=all once the holes are closed.
+FUZZ_CALLS ?= 10000000
+FUZZ_SEED ?= 0x10c0ffee
+fuzz:
+	SKV_FUZZ_CALLS=$(FUZZ_CALLS) SKV_FUZZ_SEED=$(FUZZ_SEED) SKV_FUZZ_PROBES=$(FUZZ_PROBES) \
+		$(CARGO) test --release --test fuzz -- --nocapture
 
 bench:
 	$(CARGO) bench

@@ -5,8 +5,8 @@
 //! ```sh
 //! SKV_FUZZ_CALLS=10000000 SKV_FUZZ_SEED=0x1234 cargo test --release --test fuzz -- --nocapture
 //! ```
-//! `SKV_FUZZ_PROBES=name,name` (or `all`) adds probe classes that libskv 0.1.0 fails (see
-//! `Probes`); `SKV_FUZZ_WORLD_CALLS` sets how many calls a pair of handles lives for. A finding
+//! `SKV_FUZZ_PROBES=name,name` (or `all`, or `none`) sets the probe classes beyond `CI_PROBES`
+//! (see `Probes`: each names the hole it probes); `SKV_FUZZ_WORLD_CALLS` sets how many calls a pair of handles lives for. A finding
 //! panics with the seed, world and call index: rerun with that seed, or jump to the world with
 //! `SKV_FUZZ_FIRST_WORLD=N SKV_FUZZ_CALLS=<calls per world>`; `SKV_FUZZ_LOG=N` prints the last N
 //! calls before the finding (default 48).
@@ -17,8 +17,10 @@ mod fuzz_driver;
 
 use fuzz_driver::{Plan, Probes};
 
-/// The probe classes the CI run includes (`SKV_FUZZ_PROBES` overrides).
-const CI_PROBES: &str = "";
+/// The probe classes every run includes unless `SKV_FUZZ_PROBES` names others. Each fails on
+/// libskv 0.1.0 (a crash, a deadlock or a wrong status); "all" once holes 1-7 of issue 9 are
+/// closed.
+const CI_PROBES: &str = "none";
 
 fn env_u64(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -41,7 +43,9 @@ fn fuzz_c_abi() {
         calls: env_u64("SKV_FUZZ_CALLS", 100_000),
         world_calls: env_u64("SKV_FUZZ_WORLD_CALLS", 4_000),
         first_world: env_u64("SKV_FUZZ_FIRST_WORLD", 0),
-        probes: Probes::parse(&std::env::var("SKV_FUZZ_PROBES").unwrap_or_else(|_| CI_PROBES.into())),
+        probes: Probes::parse(
+            &std::env::var("SKV_FUZZ_PROBES").ok().filter(|p| !p.is_empty()).unwrap_or_else(|| CI_PROBES.into()),
+        ),
     };
     println!(
         "skv fuzz: seed {:#x}, {} calls, {} per world, probes {:?}",
