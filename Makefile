@@ -5,7 +5,7 @@ TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 # build.rs generates the header here (and into OUT_DIR); include/skv.h is its committed copy.
 GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 
-.PHONY: all build deps test test-rust test-c test-integration sim bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-c test-integration sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -44,6 +44,13 @@ lint:
 
 sim:
 	$(CARGO) run --release --bin skv-sim
+
+# The long fuzz run (cargo test runs 100,000 calls); FUZZ_PROBES=all once the holes are closed.
+FUZZ_CALLS ?= 10000000
+FUZZ_SEED ?= 0x10c0ffee
+fuzz:
+	SKV_FUZZ_CALLS=$(FUZZ_CALLS) SKV_FUZZ_SEED=$(FUZZ_SEED) SKV_FUZZ_PROBES=$(FUZZ_PROBES) \
+		$(CARGO) test --release --test fuzz -- --nocapture
 
 bench:
 	$(CARGO) bench

@@ -4,6 +4,7 @@
 mod cli;
 mod engine;
 mod ffi;
+mod replay;
 mod report;
 mod workload;
 
@@ -24,6 +25,9 @@ fn usage_error(msg: &str) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    if let Some(code) = replay::from_args() {
+        return code;
+    }
     let args = match Args::try_parse() {
         Ok(a) => a,
         Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) => e.exit(),

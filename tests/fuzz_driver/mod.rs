@@ -1,0 +1,214 @@
+//! A seeded fuzzer of libskv's C ABI on stable Rust: it plays an engine against one owned and
+//! one external handle at a time, mixing honest turns with hostile arguments, and checks after
+//! every call that nothing crashed, the owned audit is clean, the fake engine saw no double
+//! free, and that a failed call (other than SKV_ERR_CALLBACK) changed nothing: the req bytes,
+//! `skv_cache_stats`, `skv_session_held` and every live row are compared with a snapshot taken
+//! before it. At the end of each world everything is released and nothing may leak.
+//!
+//! Deterministic for a seed. Probe classes that fail on libskv 0.1.0 are off unless named in
+//! `Probes` (see `Probes::parse`).
+
+pub mod engine;
+mod probes;
+mod world;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+pub use world::World;
+
+/// splitmix64: small, seedable, good enough to pick operations.
+#[derive(Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)`; 0 when n is 0.
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next() % n
+        }
+    }
+
+    pub fn upto(&mut self, n: u32) -> u32 {
+        self.below(n as u64 + 1) as u32
+    }
+
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// Probe classes beyond what passes on libskv 0.1.0. Each names the hole it probes.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Probes {
+    /// Array lengths no array can have (SIZE_MAX/2 ...) on traced handles: the trace must
+    /// not read the array before the call checks its length (hole 1).
+    pub traced_huge_lengths: bool,
+    /// `skv_cache_set_hooks` with a struct_size smaller than the struct, at the end of a
+    /// readable page, on a traced handle: nothing past struct_size may be read (hole 2).
+    pub traced_short_hooks: bool,
+    /// A chain of nine handles whose callbacks call the next; the ninth calls the first (hole 3).
+    pub deep_reentry: bool,
+    /// A callback calling another handle must get SKV_ERR_STATE (the round's rule, holes 3-4).
+    pub strict_reentry: bool,
+    /// Stale req copies on rows reused by another request: owned mode must refuse them with
+    /// SKV_ERR_STATE (hole 5).
+    pub stale_reused_rows: bool,
+    /// Owned-only calls on an external handle with bad rows: SKV_ERR_UNSUPPORTED wins (hole 6).
+    pub external_unsupported: bool,
+    /// Config/hooks structs larger than this header's with non-zero unknown tail bytes must be
+    /// refused (hole 7).
+    pub struct_tails: bool,
+}
+
+impl Probes {
+    /// A comma-separated list of probe names, or `all`.
+    pub fn parse(s: &str) -> Probes {
+        let mut p = Probes::default();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty() && *n != "none") {
+            let all = name == "all";
+            let mut hit = all;
+            for (n, f) in [
+                ("traced-huge-lengths", &mut p.traced_huge_lengths),
+                ("traced-short-hooks", &mut p.traced_short_hooks),
+                ("deep-reentry", &mut p.deep_reentry),
+                ("strict-reentry", &mut p.strict_reentry),
+                ("stale-reused-rows", &mut p.stale_reused_rows),
+                ("external-unsupported", &mut p.external_unsupported),
+                ("struct-tails", &mut p.struct_tails),
+            ] {
+                if all || n == name {
+                    *f = true;
+                    hit = true;
+                }
+            }
+            assert!(hit, "SKV_FUZZ_PROBES: unknown probe {name:?}");
+        }
+        p
+    }
+}
+
+/// What one run does.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub seed: u64,
+    pub calls: u64,
+    /// Calls per world (a pair of handles) before it is torn down and audited for leaks.
+    pub world_calls: u64,
+    /// Skips the worlds before this one (each world's seed comes from the run's seed alone), so
+    /// a finding in world N reproduces in seconds.
+    pub first_world: u64,
+    pub probes: Probes,
+}
+
+#[derive(Default, Debug)]
+pub struct Totals {
+    pub calls: u64,
+    pub worlds: u64,
+    pub by_status: [u64; 10],
+    pub traced_worlds: u64,
+    pub injected_failures: u64,
+}
+
+/// Progress for the watchdog: a deadlock (a probe of hole 3) ends the process with the seed.
+static PROGRESS: AtomicU64 = AtomicU64::new(0);
+
+fn watchdog(seed: u64) {
+    std::thread::spawn(move || {
+        let (mut last, mut since) = (u64::MAX, Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_millis(500));
+            let now = PROGRESS.load(Ordering::Relaxed);
+            if now == u64::MAX {
+                return;
+            }
+            if now != last {
+                (last, since) = (now, Instant::now());
+            } else if since.elapsed() > Duration::from_secs(30) {
+                eprintln!("skv fuzz: no progress for 30 s at call {now} (a deadlock?); seed {seed:#x}");
+                std::process::abort();
+            }
+        }
+    });
+}
+
+static SEED: AtomicU64 = AtomicU64::new(0);
+
+/// A crash (a probe of a hole that reads past a caller's array) still names the seed and call.
+extern "C" fn on_crash(sig: libc::c_int) {
+    let mut buf = *b"skv fuzz: crashed (signal   ) at call                     , seed 0x                \n";
+    let put = |buf: &mut [u8], end: usize, mut v: u64, radix: u64| {
+        let mut i = end;
+        loop {
+            i -= 1;
+            buf[i] = b"0123456789abcdef"[(v % radix) as usize];
+            v /= radix;
+            if v == 0 {
+                break;
+            }
+        }
+    };
+    put(&mut buf, 28, sig as u64, 10);
+    put(&mut buf, 57, PROGRESS.load(Ordering::Relaxed), 10);
+    put(&mut buf, 81, SEED.load(Ordering::Relaxed), 16);
+    // SAFETY: write(2) and signal(2) are async-signal-safe; the default action then ends the
+    // process as the signal would have.
+    unsafe {
+        libc::write(2, buf.as_ptr().cast(), buf.len());
+        libc::signal(sig, libc::SIG_DFL);
+        libc::raise(sig);
+    }
+}
+
+fn crash_report(seed: u64) {
+    SEED.store(seed, Ordering::Relaxed);
+    // SAFETY: installing a handler that only writes and re-raises.
+    unsafe {
+        for sig in [libc::SIGSEGV, libc::SIGBUS] {
+            libc::signal(sig, on_crash as extern "C" fn(libc::c_int) as libc::sighandler_t);
+        }
+    }
+}
+
+/// Runs the plan; panics with the seed, world, call index and the recent calls on a finding.
+pub fn run(plan: &Plan) -> Totals {
+    watchdog(plan.seed);
+    crash_report(plan.seed);
+    let mut rng = Rng(plan.seed);
+    let mut t = Totals::default();
+    for _ in 0..plan.first_world {
+        rng.next();
+        t.worlds += 1;
+    }
+    let mut done = 0;
+    while done < plan.calls {
+        let n = plan.world_calls.min(plan.calls - done);
+        done += n;
+        let first = t.worlds * plan.world_calls;
+        let mut w = World::new(rng.next(), t.worlds, first, plan);
+        t.traced_worlds += w.traced() as u64;
+        w.run(n, &mut t);
+        w.teardown();
+        t.worlds += 1;
+    }
+    PROGRESS.store(u64::MAX, Ordering::Relaxed);
+    t
+}
+
+pub(crate) fn tick(call: u64) {
+    PROGRESS.store(call, Ordering::Relaxed);
+}
