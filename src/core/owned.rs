@@ -101,14 +101,11 @@ impl OwnedPool {
     /// Gives a row back: its owned pages go free, its engine-held pages lose one map.
     fn free_row(&mut self, row: u32) {
         let r = self.rows[row as usize].take().expect("row in use");
-        let shared = (r.protected / self.ps) as usize;
-        for (i, &page) in r.pages.iter().enumerate() {
-            if i < shared {
-                self.unmap_held(page);
-            } else {
-                self.pages.free(page);
-            }
+        let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
+        for &page in &r.pages[..shared] {
+            self.unmap_held(page);
         }
+        self.pages.free_owned(&r.pages[shared..]);
         self.free_rows.push(row);
     }
 
@@ -128,12 +125,14 @@ impl OwnedPool {
         if kept == r.pages.len() {
             return;
         }
-        for &page in &r.pages[kept..] {
-            self.pages.free(page);
-        }
+        self.pages.free_owned(&r.pages[kept..]);
         r.pages.truncate(kept);
-        // Held rows cost 4 bytes per mapped page, not per page they ever mapped.
-        r.pages.shrink_to_fit();
+        // Held rows cost 4 bytes per mapped page, not per page they ever mapped; halving only
+        // when less than half is used keeps a turn's trim and the next turn's growth from
+        // reallocating every time.
+        if r.pages.capacity() > 2 * kept.max(4) {
+            r.pages.shrink_to_fit();
+        }
     }
 
     fn hook(
