@@ -149,7 +149,7 @@ impl Bed {
         let mut req = new_req();
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
-            check(skv_alloc_extend(c, &mut req, TOKENS), "skv_alloc_extend");
+            check(skv_alloc_extend(c, &mut req, TOKENS, std::ptr::null_mut()), "skv_alloc_extend");
             check(skv_commit(c, &mut req, TOKENS), "skv_commit");
             req.origin_input_len = TOKENS;
             check(skv_cache_finished_req(c, id as u64, 0, &mut req, 0), "skv_cache_finished_req");
@@ -166,7 +166,7 @@ impl Bed {
     }
 
     fn extend(&mut self, id: usize, n: u32) {
-        check(unsafe { skv_alloc_extend(self.c, &mut self.reqs[id], n) }, "skv_alloc_extend");
+        check(unsafe { skv_alloc_extend(self.c, &mut self.reqs[id], n, std::ptr::null_mut()) }, "skv_alloc_extend");
     }
 
     /// Frees the running turn's tail past `TOKENS` and finishes it: the session is idle again.
@@ -230,7 +230,7 @@ impl Bed {
                     st
                 }
                 Op::FinishTrim => skv_cache_finished_req(c, lo as u64, 0, &mut self.reqs[lo], 0),
-                Op::Extend => skv_alloc_extend(c, &mut self.reqs[lo], 1),
+                Op::Extend => skv_alloc_extend(c, &mut self.reqs[lo], 1, std::ptr::null_mut()),
                 Op::Release => skv_release_session(c, lo as u64),
                 Op::Stats => {
                     let mut s = std::mem::MaybeUninit::<skv_stats>::uninit();
@@ -311,20 +311,13 @@ impl Drop for Bed {
 unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status {
     let n = hi - lo;
     let reqs = bed.reqs[lo..hi].as_mut_ptr();
-    // Until the batch calls exist: n single calls, the cost they replace.
-    let mut st = skv_status::SKV_OK;
-    for i in 0..n {
-        let r = reqs.add(i);
-        let s = match op {
-            Op::ExtendBatch(_) => skv_alloc_extend(bed.c, r, 1),
-            Op::CommitBatch(_) => skv_commit(bed.c, r, 1),
-            _ => unreachable!(),
-        };
-        if s != skv_status::SKV_OK {
-            st = s;
+    match op {
+        Op::ExtendBatch(_) => {
+            skv_alloc_extend_batch(bed.c, reqs, n, bed.ones.as_ptr(), bed.out_loc.as_mut_ptr(), bed.out_loc.len())
         }
+        Op::CommitBatch(_) => skv_commit_batch(bed.c, reqs, n, bed.ones.as_ptr()),
+        _ => unreachable!(),
     }
-    st
 }
 
 /// The median cost of reading the clock twice.

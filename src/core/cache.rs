@@ -13,6 +13,8 @@ pub struct Cache {
     pub(crate) pool: Box<dyn Pool>,
     /// The effects of the call in progress (kept to reuse its allocation).
     pub(crate) effects: Vec<Effect>,
+    /// The reqs of the batch call in progress (kept to reuse the allocation).
+    pub(crate) batch_reqs: Vec<Req>,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
     deferred: Option<Error>,
     /// Tokens released by `trim_overshoot` since creation.
@@ -29,6 +31,7 @@ impl Cache {
             slots: Slots::new(cfg.num_rows)?,
             pool,
             effects: Vec::with_capacity(8),
+            batch_reqs: Vec::new(),
             deferred: None,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,

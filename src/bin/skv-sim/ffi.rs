@@ -140,7 +140,7 @@ impl Cache {
 
     pub fn alloc_extend(&mut self, req: &mut skv_req, n: u32) -> skv_status {
         let c = self.ptr;
-        self.timed(Op::Extend, || unsafe { skv::skv_alloc_extend(c, req, n) })
+        self.timed(Op::Extend, || unsafe { skv::skv_alloc_extend(c, req, n, std::ptr::null_mut()) })
     }
 
     pub fn commit(&mut self, req: &mut skv_req, n: u32) -> skv_status {
