@@ -14,6 +14,7 @@ mod trace;
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::MutexGuard;
 
 pub use api::*;
@@ -100,11 +101,17 @@ thread_local! {
     static CALLBACK_DEPTH: Cell<usize> = const { Cell::new(0) };
 }
 
+/// Callback scopes open on all threads. While it is 0 no thread is inside a callback, so a
+/// call skips the thread-local check (in a shared library each thread-local access is a
+/// `__tls_get_addr` call). A thread inside a callback raised it itself, so it never reads 0.
+static CALLBACKS_RUNNING: AtomicUsize = AtomicUsize::new(0);
+
 /// Marks the thread as inside one of handle `id`'s callbacks until dropped.
 pub(crate) struct CallbackScope;
 
 impl CallbackScope {
     pub(crate) fn enter(id: u64) -> CallbackScope {
+        CALLBACKS_RUNNING.fetch_add(1, Ordering::Relaxed);
         let depth = CALLBACK_DEPTH.get();
         if depth < 8 {
             let mut ids = IN_CALLBACK.get();
@@ -119,10 +126,14 @@ impl CallbackScope {
 impl Drop for CallbackScope {
     fn drop(&mut self) {
         CALLBACK_DEPTH.set(CALLBACK_DEPTH.get() - 1);
+        CALLBACKS_RUNNING.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 pub(crate) fn in_callback_of(id: u64) -> bool {
+    if CALLBACKS_RUNNING.load(Ordering::Relaxed) == 0 {
+        return false;
+    }
     let depth = CALLBACK_DEPTH.get();
     depth > 0 && IN_CALLBACK.get()[..depth.min(8)].contains(&id)
 }
