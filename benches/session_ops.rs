@@ -163,7 +163,7 @@ impl Bed {
         let mut req = new_req();
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
-            check(skv_alloc_extend(c, &mut req, tokens), "skv_alloc_extend");
+            check(skv_alloc_extend(c, &mut req, tokens, std::ptr::null_mut()), "skv_alloc_extend");
             check(skv_commit(c, &mut req, tokens), "skv_commit");
             req.origin_input_len = tokens;
             check(skv_cache_finished_req(c, id, 0, &mut req, 0), "skv_cache_finished_req");
@@ -255,7 +255,7 @@ impl Bed {
                 let id = self.next_session();
                 let mut req = self.restore(id);
                 unsafe {
-                    check(skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS), "extend");
+                    check(skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS, std::ptr::null_mut()), "extend");
                     check(skv_commit(self.cache, &mut req, TAIL_TOKENS), "commit");
                 }
                 req.origin_input_len = HELD_TOKENS - 8;
@@ -268,7 +268,7 @@ impl Bed {
             Op::MatchTailFree => {
                 let id = self.next_session();
                 let mut req = self.restore(id);
-                check(unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS) }, "extend");
+                check(unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS, std::ptr::null_mut()) }, "extend");
                 self.batch[k] = (id, req);
             }
             Op::Release => {
@@ -314,7 +314,9 @@ impl Bed {
             let n = (left as usize).min(DECODE_BATCH - self.decode_pos);
             let c = self.cache;
             let batch = &mut self.decode[self.decode_pos..self.decode_pos + n];
-            let elapsed = time_calls(batch, lat.as_deref_mut(), |_, req| unsafe { skv_alloc_extend(c, req, 1) });
+            let elapsed = time_calls(batch, lat.as_deref_mut(), |_, req| unsafe {
+                skv_alloc_extend(c, req, 1, std::ptr::null_mut())
+            });
             self.decode_pos += n;
             if self.decode_pos == DECODE_BATCH {
                 self.decode_pos = 0;

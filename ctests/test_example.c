@@ -23,10 +23,10 @@ static uint32_t turn(skv_cache *c, uint64_t session, uint32_t prompt_len, uint32
   req.origin_input_len = prompt_len; /* the whole session history */
   TRY(skv_match_prefix(c, session, 0, &req, prompt_len - 1, 0, &m));
   if (!m.hit) TRY(skv_alloc_row(c, &req)); /* first turn: a fresh row */
-  TRY(skv_alloc_extend(c, &req, prompt_len - req.kv_allocated_len)); /* prefill the rest */
+  TRY(skv_alloc_extend(c, &req, prompt_len - req.kv_allocated_len, NULL)); /* prefill the rest */
   TRY(skv_commit(c, &req, prompt_len - req.kv_committed_len));
   while (req.output_len < max_new) {
-    TRY(skv_alloc_extend(c, &req, k + 1)); /* KV for the drafts and the bonus token */
+    TRY(skv_alloc_extend(c, &req, k + 1, NULL)); /* KV for the drafts and the bonus token */
     TRY(skv_commit(c, &req, accepted + 1));
     req.output_len += accepted + 1;
     TRY(skv_free_tail(c, &req, req.kv_committed_len)); /* rejected drafts' slots */

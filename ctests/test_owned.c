@@ -391,7 +391,7 @@ static void test_alloc_extend(void) {
   if (!c) return;
 
   a = ot_row(c);
-  CHECK_OK(skv_alloc_extend(c, &a, 3));
+  CHECK_OK(skv_alloc_extend(c, &a, 3, NULL));
   CHECK_EQ_INT(a.kv_allocated_len, 3);
   CHECK_EQ_INT(a.kv_committed_len, 0);
   OT_INDICES(c, a.req_pool_idx, 0, 3, idx);
@@ -399,7 +399,7 @@ static void test_alloc_extend(void) {
   CHECK_PAGES(c, 6, 1, 0);
 
   /* the partial last page is filled before a new page is taken */
-  CHECK_OK(skv_alloc_extend(c, &a, 3));
+  CHECK_OK(skv_alloc_extend(c, &a, 3, NULL));
   CHECK_EQ_INT(a.kv_allocated_len, 6);
   OT_INDICES(c, a.req_pool_idx, 0, 6, idx2);
   CHECK(memcmp(idx, idx2, 3 * sizeof(int32_t)) == 0); /* earlier positions never move */
@@ -409,9 +409,9 @@ static void test_alloc_extend(void) {
   CHECK_PAGES(c, 5, 2, 0);
 
   /* zero tokens: nothing to do */
-  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 0), SKV_OK, "");
+  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 0, NULL), SKV_OK, "");
 
-  CHECK_OK(skv_alloc_extend(c, &a, 10)); /* 2 in the partial page, then 2 whole pages */
+  CHECK_OK(skv_alloc_extend(c, &a, 10, NULL)); /* 2 in the partial page, then 2 whole pages */
   CHECK_EQ_INT(a.kv_allocated_len, 16);
   OT_INDICES(c, a.req_pool_idx, 0, 16, idx);
   CHECK(memcmp(idx, idx2, 6 * sizeof(int32_t)) == 0);
@@ -421,17 +421,17 @@ static void test_alloc_extend(void) {
   CHECK_PAGES(c, 3, 4, 0);
 
   /* 13 tokens need 4 pages, 3 are free: all or nothing */
-  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 13), SKV_ERR_OUT_OF_MEMORY, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 13, NULL), SKV_ERR_OUT_OF_MEMORY, "skv_alloc_extend");
 
   /* a second row takes the last pages; its partial page still grows with none free */
   b = ot_row(c);
-  CHECK_OK(skv_alloc_extend(c, &b, 10));
+  CHECK_OK(skv_alloc_extend(c, &b, 10, NULL));
   CHECK_PAGES(c, 0, 7, 0);
-  OT_REFUSED(c, ps, &b, skv_alloc_extend(c, &b, 3), SKV_ERR_OUT_OF_MEMORY, "skv_alloc_extend");
-  CHECK_OK(skv_alloc_extend(c, &b, 2));
+  OT_REFUSED(c, ps, &b, skv_alloc_extend(c, &b, 3, NULL), SKV_ERR_OUT_OF_MEMORY, "skv_alloc_extend");
+  CHECK_OK(skv_alloc_extend(c, &b, 2, NULL));
   CHECK_EQ_INT(b.kv_allocated_len, 12);
   CHECK_PAGES(c, 0, 7, 0);
-  OT_REFUSED(c, ps, &b, skv_alloc_extend(c, &b, 1), SKV_ERR_OUT_OF_MEMORY, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &b, skv_alloc_extend(c, &b, 1, NULL), SKV_ERR_OUT_OF_MEMORY, "skv_alloc_extend");
   OT_INDICES(c, b.req_pool_idx, 0, 12, idx2);
   CHECK(ot_paged(idx2, 12, ps, 8));
   {
@@ -443,29 +443,29 @@ static void test_alloc_extend(void) {
   }
 
   /* past max_context_len is a bad argument, even when memory is also short */
-  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 17), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 17, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
   CHECK_MSG_NUMBER(32);
-  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, UINT32_MAX), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, UINT32_MAX, NULL), SKV_ERR_INVALID_ARG,
              "skv_alloc_extend");
 
   /* a req holding no row, a row not in use, a req that breaks the field rules */
   none = ot_req();
-  OT_REFUSED(c, ps, &none, skv_alloc_extend(c, &none, 1), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &none, skv_alloc_extend(c, &none, 1, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
   stale = req_make(3 - a.req_pool_idx - b.req_pool_idx, 0, 0); /* the row nobody took */
-  OT_REFUSED(c, ps, &stale, skv_alloc_extend(c, &stale, 1), SKV_ERR_NOT_FOUND, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &stale, skv_alloc_extend(c, &stale, 1, NULL), SKV_ERR_NOT_FOUND, "skv_alloc_extend");
   saved = a;
   saved.kv_committed_len = 17; /* > allocated */
-  OT_REFUSED(c, ps, &saved, skv_alloc_extend(c, &saved, 1), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &saved, skv_alloc_extend(c, &saved, 1, NULL), SKV_ERR_INVALID_ARG,
              "skv_alloc_extend");
   saved = a;
   saved.req_pool_idx = 3;
-  OT_REFUSED(c, ps, &saved, skv_alloc_extend(c, &saved, 1), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &saved, skv_alloc_extend(c, &saved, 1, NULL), SKV_ERR_INVALID_ARG,
              "skv_alloc_extend");
 
   /* freed pages are reused */
   CHECK_OK(skv_free_req(c, &b));
   CHECK_PAGES(c, 3, 4, 0);
-  CHECK_OK(skv_alloc_extend(c, &a, 12));
+  CHECK_OK(skv_alloc_extend(c, &a, 12, NULL));
   CHECK_EQ_INT(a.kv_allocated_len, 28);
   OT_INDICES(c, a.req_pool_idx, 0, 28, idx);
   CHECK(ot_paged(idx, 28, ps, 8));
@@ -483,7 +483,7 @@ static void test_commit(void) {
   skv_req a, none;
   if (!c) return;
   a = ot_row(c);
-  CHECK_OK(skv_alloc_extend(c, &a, 6));
+  CHECK_OK(skv_alloc_extend(c, &a, 6, NULL));
   CHECK_OK(skv_commit(c, &a, 4));
   CHECK_EQ_INT(a.kv_committed_len, 4);
   CHECK_EQ_INT(a.kv_allocated_len, 6);
@@ -518,7 +518,7 @@ static void test_free_req(void) {
   CHECK_OK(skv_pool_alloc(c, 8, held));
   a = ot_row(c);
   CHECK_OK(skv_map_prefix(c, &a, held, 8));
-  CHECK_OK(skv_alloc_extend(c, &a, 9)); /* 17 tokens: 2 shared pages, 3 own */
+  CHECK_OK(skv_alloc_extend(c, &a, 9, NULL)); /* 17 tokens: 2 shared pages, 3 own */
   CHECK_OK(skv_commit(c, &a, 9));
   CHECK_PAGES(c, 10, 3, 2);
   stale = a;
@@ -585,7 +585,7 @@ static void test_pool(void) {
 
   /* a row owns a page: the engine may not free it */
   a = ot_row(c);
-  CHECK_OK(skv_alloc_extend(c, &a, 4));
+  CHECK_OK(skv_alloc_extend(c, &a, 4, NULL));
   OT_INDICES(c, a.req_pool_idx, 0, 4, own);
   CHECK_PAGES(c, 4, 1, 2);
 
@@ -718,7 +718,7 @@ static void test_prefix_sharing(void) {
   OT_REFUSED(c, ps, NULL, skv_pool_free(c, e, 4), SKV_ERR_STATE, "skv_pool_free");
 
   /* the row grows past its prefix with pages of its own */
-  CHECK_OK(skv_alloc_extend(c, &a, 5));
+  CHECK_OK(skv_alloc_extend(c, &a, 5, NULL));
   CHECK_EQ_INT(a.kv_allocated_len, 13);
   CHECK_EQ_INT(a.cache_protected_len, 8);
   OT_INDICES(c, a.req_pool_idx, 0, 13, ia);
@@ -779,7 +779,7 @@ static void test_prefix_sharing(void) {
     }
   }
   /* a row that already maps tokens is not fresh */
-  CHECK_OK(skv_alloc_extend(c, &x, 1));
+  CHECK_OK(skv_alloc_extend(c, &x, 1, NULL));
   {
     ot_snap sb, sa;
     skv_req xb = x;
@@ -818,7 +818,7 @@ static void test_prefix_sharing(void) {
   OT_REFUSED(c, ps, NULL, skv_publish_prefix(NULL, &a, 12), SKV_ERR_NULL_ARG, "skv_publish_prefix");
   OT_REFUSED(c, ps, NULL, skv_publish_prefix(c, NULL, 12), SKV_ERR_NULL_ARG, "skv_publish_prefix");
   /* publishing needs committed tokens: b maps 4, commits nothing more */
-  CHECK_OK(skv_alloc_extend(c, &b, 4));
+  CHECK_OK(skv_alloc_extend(c, &b, 4, NULL));
   OT_REFUSED(c, ps, &b, skv_publish_prefix(c, &b, 8), SKV_ERR_INVALID_ARG, "skv_publish_prefix");
   CHECK_OK(skv_commit(c, &b, 4));
   CHECK_PAGES(c, 10, 2, 3);
@@ -875,9 +875,9 @@ static void test_row_indices(void) {
   if (!c) return;
   a = ot_row(c);
   b = ot_row(c);
-  CHECK_OK(skv_alloc_extend(c, &a, 3));
-  CHECK_OK(skv_alloc_extend(c, &b, 5));
-  CHECK_OK(skv_alloc_extend(c, &a, 7)); /* interleaved growth: a's pages are not adjacent */
+  CHECK_OK(skv_alloc_extend(c, &a, 3, NULL));
+  CHECK_OK(skv_alloc_extend(c, &b, 5, NULL));
+  CHECK_OK(skv_alloc_extend(c, &a, 7, NULL)); /* interleaved growth: a's pages are not adjacent */
   arow = a.req_pool_idx;
   unused = 3 - a.req_pool_idx - b.req_pool_idx;
   OT_INDICES(c, a.req_pool_idx, 0, 10, all);
@@ -933,9 +933,9 @@ static void test_flashinfer(void) {
   r2 = ot_row(c);
   r3 = ot_row(c);
   CHECK_OK(skv_map_prefix(c, &r2, e, 4)); /* shares the engine's page */
-  CHECK_OK(skv_alloc_extend(c, &r0, 9));
-  CHECK_OK(skv_alloc_extend(c, &r2, 4));
-  CHECK_OK(skv_alloc_extend(c, &r3, 3));
+  CHECK_OK(skv_alloc_extend(c, &r0, 9, NULL));
+  CHECK_OK(skv_alloc_extend(c, &r2, 4, NULL));
+  CHECK_OK(skv_alloc_extend(c, &r3, 3, NULL));
   OT_INDICES(c, r0.req_pool_idx, 0, 9, i0);
   OT_INDICES(c, r2.req_pool_idx, 0, 8, i2);
   OT_INDICES(c, r3.req_pool_idx, 0, 3, i3);
@@ -1077,12 +1077,12 @@ static void test_streaming_session(void) {
   CHECK_EQ_INT(m.prefix_len, 0);
   CHECK_OK(skv_alloc_row(c, &r));
   row = r.req_pool_idx;
-  CHECK_OK(skv_alloc_extend(c, &r, 10)); /* prefill */
+  CHECK_OK(skv_alloc_extend(c, &r, 10, NULL)); /* prefill */
   CHECK_OK(skv_commit(c, &r, 10));
-  CHECK_OK(skv_alloc_extend(c, &r, 4)); /* verify round: 3 of 4 drafts accepted */
+  CHECK_OK(skv_alloc_extend(c, &r, 4, NULL)); /* verify round: 3 of 4 drafts accepted */
   CHECK_OK(skv_commit(c, &r, 3));
   r.output_len = 3;
-  CHECK_OK(skv_alloc_extend(c, &r, 4)); /* all 4 accepted, past max_new_tokens 5 */
+  CHECK_OK(skv_alloc_extend(c, &r, 4, NULL)); /* all 4 accepted, past max_new_tokens 5 */
   CHECK_OK(skv_commit(c, &r, 4));
   r.output_len = 7;
   r.finished_len = 5;
@@ -1124,7 +1124,7 @@ static void test_streaming_session(void) {
   CHECK_EQ_INT(r.cache_protected_len, 0);
   OT_AUDIT(c);
   OT_REFUSED(c, ps, NULL, skv_release_session(c, sid), SKV_ERR_STATE, "skv_release_session");
-  CHECK_OK(skv_alloc_extend(c, &r, 5)); /* position 15 lands in the kept partial page */
+  CHECK_OK(skv_alloc_extend(c, &r, 5, NULL)); /* position 15 lands in the kept partial page */
   OT_INDICES(c, row, 0, 20, idx);
   CHECK(memcmp(idx, t1, 15 * sizeof(int32_t)) == 0);
   CHECK_EQ_INT(idx[15], t1[12] + 3);
@@ -1132,7 +1132,7 @@ static void test_streaming_session(void) {
   CHECK(ot_paged(idx, 20, ps, 16));
   CHECK_PAGES(c, 10, 5, 0);
   CHECK_OK(skv_commit(c, &r, 5));
-  CHECK_OK(skv_alloc_extend(c, &r, 2));
+  CHECK_OK(skv_alloc_extend(c, &r, 2, NULL));
   CHECK_OK(skv_commit(c, &r, 2));
   r.output_len = 2;
   CHECK_OK(skv_cache_finished_req(c, sid, 0, &r, 0)); /* nothing past 22 to trim */
@@ -1150,7 +1150,7 @@ static void test_streaming_session(void) {
   CHECK_EQ_INT(m.hit, 1);
   CHECK_EQ_INT(m.prefix_len, 22);
   CHECK_EQ_INT(r.kv_allocated_len, 22);
-  CHECK_OK(skv_alloc_extend(c, &r, 3));
+  CHECK_OK(skv_alloc_extend(c, &r, 3, NULL));
   CHECK_PAGES(c, 8, 7, 0);
   /* a fresh req cannot take over a running slot: only the running request's req may retry */
   retry = ot_req();
@@ -1167,13 +1167,13 @@ static void test_streaming_session(void) {
   CHECK_PAGES(c, 9, 6, 0);
   CHECK_EQ_U64(ot_stats(c).tail_freed_tokens, 3);
   /* the first try's copy is stale now: its allocated disagrees with the row */
-  OT_REFUSED(c, ps, &r, skv_alloc_extend(c, &r, 1), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &r, skv_alloc_extend(c, &r, 1, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
   CHECK_MSG_NUMBER(25);
   CHECK_MSG_NUMBER(22);
   r = retry;
-  CHECK_OK(skv_alloc_extend(c, &r, 3));
+  CHECK_OK(skv_alloc_extend(c, &r, 3, NULL));
   CHECK_OK(skv_commit(c, &r, 3));
-  CHECK_OK(skv_alloc_extend(c, &r, 4));
+  CHECK_OK(skv_alloc_extend(c, &r, 4, NULL));
   CHECK_OK(skv_commit(c, &r, 2));
   r.output_len = 2; /* finished_len -1: the whole output, target 27 */
   CHECK_PAGES(c, 7, 8, 0);
@@ -1219,7 +1219,7 @@ static void test_session_owns_row(void) {
   CHECK_OK(skv_pool_alloc(c, 4, e));
   r = ot_row(c);
   r.origin_input_len = 10;
-  CHECK_OK(skv_alloc_extend(c, &r, 10));
+  CHECK_OK(skv_alloc_extend(c, &r, 10, NULL));
   CHECK_OK(skv_commit(c, &r, 10));
   row = r.req_pool_idx;
   CHECK_OK(skv_cache_finished_req(c, 9, 0, &r, 0));
@@ -1237,7 +1237,7 @@ static void test_session_owns_row(void) {
   idle = req_make(row, 8, 10);
   idle.origin_input_len = 6;
   idle.output_len = 4;
-  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 1), SKV_ERR_STATE, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 1, NULL), SKV_ERR_STATE, "skv_alloc_extend");
   OT_REFUSED(c, ps, &idle, skv_commit(c, &idle, 2), SKV_ERR_STATE, "skv_commit");
   OT_REFUSED(c, ps, &idle, skv_free_req(c, &idle), SKV_ERR_STATE, "skv_free_req");
   OT_REFUSED(c, ps, &idle, skv_publish_prefix(c, &idle, 4), SKV_ERR_STATE, "skv_publish_prefix");
@@ -1246,7 +1246,7 @@ static void test_session_owns_row(void) {
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, row, 5, 10), SKV_ERR_STATE, "skv_free_aligned");
   /* the record check comes first: a req that disagrees is a bad argument */
   wrong = req_make(row, 8, 9);
-  OT_REFUSED(c, ps, &wrong, skv_alloc_extend(c, &wrong, 1), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &wrong, skv_alloc_extend(c, &wrong, 1, NULL), SKV_ERR_INVALID_ARG,
              "skv_alloc_extend");
   OT_REFUSED(c, ps, &wrong, skv_free_req(c, &wrong), SKV_ERR_INVALID_ARG, "skv_free_req");
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, row, 5, 9), SKV_ERR_INVALID_ARG, "skv_free_aligned");
@@ -1257,9 +1257,9 @@ static void test_session_owns_row(void) {
   CHECK_OK(skv_match_prefix(c, 9, 0, &r, 13, 0, &m));
   CHECK_EQ_INT(m.hit, 1);
   CHECK_EQ_INT(r.req_pool_idx, row);
-  CHECK_OK(skv_alloc_extend(c, &r, 4));
+  CHECK_OK(skv_alloc_extend(c, &r, 4, NULL));
   CHECK_OK(skv_commit(c, &r, 4));
-  CHECK_OK(skv_alloc_extend(c, &r, 3));
+  CHECK_OK(skv_alloc_extend(c, &r, 3, NULL));
   CHECK_PAGES(c, 9, 5, 1);
   /* ... but never frees or publishes it behind the session's back */
   OT_REFUSED(c, ps, &r, skv_free_req(c, &r), SKV_ERR_STATE, "skv_free_req");
@@ -1269,7 +1269,7 @@ static void test_session_owns_row(void) {
   CHECK_EQ_INT(r.kv_allocated_len, 16);
   CHECK_EQ_U64(ot_stats(c).tail_freed_tokens, 1);
   CHECK_PAGES(c, 10, 4, 1);
-  CHECK_OK(skv_alloc_extend(c, &r, 1));
+  CHECK_OK(skv_alloc_extend(c, &r, 1, NULL));
   CHECK_OK(skv_commit(c, &r, 1));
   r.output_len = 3;
   CHECK_OK(skv_cache_finished_req(c, 9, 0, &r, 0));
@@ -1277,12 +1277,12 @@ static void test_session_owns_row(void) {
 
   /* idle again: refused again */
   idle = req_make(row, 17, 17);
-  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 1), SKV_ERR_STATE, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 1, NULL), SKV_ERR_STATE, "skv_alloc_extend");
 
   CHECK_OK(skv_release_branch(c, 9, 0));
   CHECK_OK(skv_release_session(c, 10));
   /* the row is free: a req naming it finds nothing */
-  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 1), SKV_ERR_NOT_FOUND, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 1, NULL), SKV_ERR_NOT_FOUND, "skv_alloc_extend");
   CHECK_OK(skv_pool_free(c, e, 4));
   CHECK_PAGES(c, 15, 0, 0);
   CHECK_EQ_U64(ot_stats(c).free_rows, 3);
@@ -1300,14 +1300,14 @@ static void test_record_mismatch(void) {
   CHECK_OK(skv_pool_alloc(c, 12, e));
   a = ot_row(c);
   CHECK_OK(skv_map_prefix(c, &a, e, 12));
-  CHECK_OK(skv_alloc_extend(c, &a, 9)); /* allocated 21, protected 12 */
+  CHECK_OK(skv_alloc_extend(c, &a, 9, NULL)); /* allocated 21, protected 12 */
   CHECK_OK(skv_commit(c, &a, 6));       /* committed 18 */
 
 #define OT_MISMATCH(mut, n1, n2)                                                       \
   do {                                                                                 \
     w = a;                                                                             \
     mut;                                                                               \
-    OT_REFUSED(c, ps, &w, skv_alloc_extend(c, &w, 1), SKV_ERR_INVALID_ARG, "skv_alloc_extend"); \
+    OT_REFUSED(c, ps, &w, skv_alloc_extend(c, &w, 1, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend"); \
     CHECK_MSG_NUMBER(n1);                                                              \
     CHECK_MSG_NUMBER(n2);                                                              \
     OT_REFUSED(c, ps, &w, skv_commit(c, &w, 0), SKV_ERR_INVALID_ARG, "skv_commit");   \
@@ -1346,7 +1346,7 @@ static void test_record_mismatch(void) {
   /* the field rules run before the record: protected not whole pages */
   w = a;
   w.cache_protected_len = 10;
-  OT_REFUSED(c, ps, &w, skv_alloc_extend(c, &w, 1), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &w, skv_alloc_extend(c, &w, 1, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
   CHECK_MSG_NUMBER(10);
 
   CHECK_OK(skv_free_req(c, &a));
@@ -1367,7 +1367,7 @@ static void test_primitives_owned(void) {
   CHECK_OK(skv_pool_alloc(c, 8, e));
   a = ot_row(c);
   CHECK_OK(skv_map_prefix(c, &a, e, 8));
-  CHECK_OK(skv_alloc_extend(c, &a, 8)); /* 16 tokens: 2 shared pages, 2 own */
+  CHECK_OK(skv_alloc_extend(c, &a, 8, NULL)); /* 16 tokens: 2 shared pages, 2 own */
   CHECK_OK(skv_commit(c, &a, 8));
   OT_INDICES(c, a.req_pool_idx, 0, 16, before);
 
@@ -1401,7 +1401,7 @@ static void test_primitives_owned(void) {
   OT_INDICES(c, a.req_pool_idx, 0, 13, after);
   CHECK(memcmp(before, after, 13 * sizeof(int32_t)) == 0);
   /* the next extend continues inside the kept page */
-  CHECK_OK(skv_alloc_extend(c, &a, 1));
+  CHECK_OK(skv_alloc_extend(c, &a, 1, NULL));
   OT_INDICES(c, a.req_pool_idx, 0, 14, after);
   CHECK_EQ_INT(after[13], before[13]);
 
@@ -1417,7 +1417,7 @@ static void test_primitives_owned(void) {
   /* free_aligned on the row: it then maps the target; a req must follow */
   CHECK_OK(skv_free_aligned(c, a.req_pool_idx, 9, 12));
   CHECK_PAGES(c, 12, 1, 2); /* 9..11 share the page of 8 */
-  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 1), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &a, skv_alloc_extend(c, &a, 1, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
   CHECK_MSG_NUMBER(9);
   CHECK_MSG_NUMBER(12);
   a.kv_allocated_len = 9;
@@ -1428,7 +1428,7 @@ static void test_primitives_owned(void) {
   a.kv_allocated_len = 8;
   a.kv_committed_len = 8;
   CHECK_OK(skv_free_aligned(c, a.req_pool_idx, 8, 8)); /* nothing to do */
-  CHECK_OK(skv_alloc_extend(c, &a, 1));
+  CHECK_OK(skv_alloc_extend(c, &a, 1, NULL));
   CHECK_PAGES(c, 12, 1, 2);
   CHECK_OK(skv_free_req(c, &a));
   CHECK_OK(skv_pool_free(c, e, 8));
@@ -1445,7 +1445,7 @@ static void ot_turn(skv_cache *c, uint64_t sid, uint64_t bid, uint32_t n, uint64
   r.lock_node = lock;
   r.lock_receipt = lock ? lock + 1 : 0;
   r.aux_state = aux;
-  CHECK_OK(skv_alloc_extend(c, &r, n));
+  CHECK_OK(skv_alloc_extend(c, &r, n, NULL));
   CHECK_OK(skv_commit(c, &r, n));
   CHECK_OK(skv_cache_finished_req(c, sid, bid, &r, 0));
 }
@@ -1495,14 +1495,14 @@ static void test_hooks(void) {
   CHECK_EQ_INT(r.aux_state, 23);
   r.aux_state = 29;
   r.lock_node = 99;
-  CHECK_OK(skv_alloc_extend(c, &r, 3));
+  CHECK_OK(skv_alloc_extend(c, &r, 3, NULL));
   CHECK_OK(skv_commit(c, &r, 3));
   CHECK_OK(skv_cache_finished_req(c, 2, 0, &r, 0));
   CHECK_NO_CALLS(&fe);
   /* an aborted turn releases the slot */
   r = ot_req();
   CHECK_OK(skv_match_prefix(c, 2, 0, &r, 11, 0, &m));
-  CHECK_OK(skv_alloc_extend(c, &r, 2));
+  CHECK_OK(skv_alloc_extend(c, &r, 2, NULL));
   CHECK_OK(skv_cache_finished_req(c, 2, 0, &r, 1));
   CHECK(req_is_empty(&r));
   {
@@ -1517,7 +1517,7 @@ static void test_hooks(void) {
   r.lock_node = 41;
   r.lock_receipt = 42;
   r.aux_state = 43;
-  CHECK_OK(skv_alloc_extend(c, &r, 6));
+  CHECK_OK(skv_alloc_extend(c, &r, 6, NULL));
   CHECK_OK(skv_cache_finished_req(c, 4, 0, &r, 1));
   {
     const fe_expect want[] = {FE_LOCK(41, 42), FE_AUX(43)};
@@ -1630,23 +1630,23 @@ static void ot_script(skv_cache *c, ot_trace *t) {
   skv_match m;
   CHECK_OK(skv_pool_alloc(c, 16, e));
   ot_push(t, e, 16);
-  CHECK_OK(skv_alloc_extend(c, &a, 6));
-  CHECK_OK(skv_alloc_extend(c, &b, 9));
-  CHECK_OK(skv_alloc_extend(c, &a, 7));
+  CHECK_OK(skv_alloc_extend(c, &a, 6, NULL));
+  CHECK_OK(skv_alloc_extend(c, &b, 9, NULL));
+  CHECK_OK(skv_alloc_extend(c, &a, 7, NULL));
   ot_push_row(c, t, &a);
   ot_push_row(c, t, &b);
   CHECK_OK(skv_pool_free(c, e + 4, 8)); /* two pages back, in a given order */
   CHECK_OK(skv_free_req(c, &a));
-  CHECK_OK(skv_alloc_extend(c, &b, 14));
+  CHECK_OK(skv_alloc_extend(c, &b, 14, NULL));
   ot_push_row(c, t, &b);
   d = ot_row(c);
   CHECK_OK(skv_map_prefix(c, &d, e, 4));
-  CHECK_OK(skv_alloc_extend(c, &d, 10));
+  CHECK_OK(skv_alloc_extend(c, &d, 10, NULL));
   ot_push_row(c, t, &d);
   /* a session turn with a trim, then a match that continues the partial page */
   s = ot_row(c);
   s.origin_input_len = 9;
-  CHECK_OK(skv_alloc_extend(c, &s, 14));
+  CHECK_OK(skv_alloc_extend(c, &s, 14, NULL));
   CHECK_OK(skv_commit(c, &s, 12));
   s.output_len = 3;
   s.finished_len = 2;
@@ -1654,10 +1654,10 @@ static void ot_script(skv_cache *c, ot_trace *t) {
   CHECK_OK(skv_cache_finished_req(c, 3, 1, &s, 0));
   s = ot_req();
   CHECK_OK(skv_match_prefix(c, 3, 1, &s, 20, 0, &m));
-  CHECK_OK(skv_alloc_extend(c, &s, 9));
+  CHECK_OK(skv_alloc_extend(c, &s, 9, NULL));
   ot_push_row(c, t, &s);
   CHECK_OK(skv_free_req(c, &b));
-  CHECK_OK(skv_alloc_extend(c, &d, 8));
+  CHECK_OK(skv_alloc_extend(c, &d, 8, NULL));
   ot_push_row(c, t, &d);
   CHECK_OK(skv_commit(c, &s, s.kv_allocated_len - s.kv_committed_len));
   s.origin_input_len = 20;
@@ -1680,7 +1680,7 @@ static void test_determinism(void) {
   skv_req n;
   if (!c1 || !c2 || !noise) return;
   n = ot_row(noise);
-  CHECK_OK(skv_alloc_extend(noise, &n, 21));
+  CHECK_OK(skv_alloc_extend(noise, &n, 21, NULL));
   ot_script(c1, &t1);
   CHECK_OK(skv_free_req(noise, &n));
   ot_script(c2, &t2);
@@ -1739,7 +1739,7 @@ static void test_external_unsupported(void) {
     skv_req rowless = req_make(-1, 0, 0);
     OT_UNSUP(&rowless, skv_alloc_row(c, &rowless), "skv_alloc_row");
   }
-  OT_UNSUP(&r, skv_alloc_extend(c, &r, 1), "skv_alloc_extend");
+  OT_UNSUP(&r, skv_alloc_extend(c, &r, 1, NULL), "skv_alloc_extend");
   OT_UNSUP(&r, skv_commit(c, &r, 1), "skv_commit");
   OT_UNSUP(&r, skv_free_req(c, &r), "skv_free_req");
   OT_UNSUP(&r, skv_pool_alloc(c, 4, out), "skv_pool_alloc");
@@ -1769,7 +1769,7 @@ static void test_external_unsupported(void) {
   CHECK_NO_CALLS(&fe);
 
   /* NULL still wins over the mode */
-  CHECK_STATUS(skv_alloc_extend(c, NULL, 1), SKV_ERR_NULL_ARG);
+  CHECK_STATUS(skv_alloc_extend(c, NULL, 1, NULL), SKV_ERR_NULL_ARG);
   CHECK_STATUS(skv_cache_stats(c, NULL), SKV_ERR_NULL_ARG);
   /* the hooks did not take: a release calls only the pool ops' callbacks */
   fe_alloc(&fe, 1, 0, 4);
@@ -1795,7 +1795,7 @@ static void test_null_handle(void) {
   skv_stats s;
   skv_check_report rep;
   CHECK_STATUS(skv_alloc_row(NULL, &r), SKV_ERR_NULL_ARG);
-  CHECK_STATUS(skv_alloc_extend(NULL, &r, 1), SKV_ERR_NULL_ARG);
+  CHECK_STATUS(skv_alloc_extend(NULL, &r, 1, NULL), SKV_ERR_NULL_ARG);
   CHECK_STATUS(skv_commit(NULL, &r, 1), SKV_ERR_NULL_ARG);
   CHECK_STATUS(skv_free_req(NULL, &r), SKV_ERR_NULL_ARG);
   CHECK_STATUS(skv_pool_alloc(NULL, 4, idx), SKV_ERR_NULL_ARG);
@@ -1836,7 +1836,7 @@ static void test_error_priority(void) {
   CHECK_OK(skv_pool_alloc(c, 8, e));
   a = ot_row(c);
   a.origin_input_len = 6;
-  CHECK_OK(skv_alloc_extend(c, &a, 6));
+  CHECK_OK(skv_alloc_extend(c, &a, 6, NULL));
   CHECK_OK(skv_commit(c, &a, 6));
   CHECK_OK(skv_cache_finished_req(c, 1, 0, &a, 0)); /* an idle slot holds the row */
   spare = ot_row(c);
@@ -1846,7 +1846,7 @@ static void test_error_priority(void) {
   stale = req_make(unused, 0, 0);
 
   /* arguments alone bad, on a row not in use: INVALID_ARG, not NOT_FOUND */
-  OT_REFUSED(c, ps, &stale, skv_alloc_extend(c, &stale, 65), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &stale, skv_alloc_extend(c, &stale, 65, NULL), SKV_ERR_INVALID_ARG,
              "skv_alloc_extend");
   OT_REFUSED(c, ps, &stale, skv_commit(c, &stale, 1), SKV_ERR_INVALID_ARG, "skv_commit");
   OT_REFUSED(c, ps, &stale, skv_map_prefix(c, &stale, e, 6), SKV_ERR_INVALID_ARG, "skv_map_prefix");
@@ -1860,13 +1860,13 @@ static void test_error_priority(void) {
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, unused, 0, 65), SKV_ERR_INVALID_ARG,
              "skv_free_aligned");
   /* then the row not in use */
-  OT_REFUSED(c, ps, &stale, skv_alloc_extend(c, &stale, 1), SKV_ERR_NOT_FOUND, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &stale, skv_alloc_extend(c, &stale, 1, NULL), SKV_ERR_NOT_FOUND, "skv_alloc_extend");
   OT_REFUSED(c, ps, &stale, skv_map_prefix(c, &stale, e, 4), SKV_ERR_NOT_FOUND, "skv_map_prefix");
   OT_REFUSED(c, ps, &stale, skv_free_req(c, &stale), SKV_ERR_NOT_FOUND, "skv_free_req");
 
   /* arguments alone bad on the idle slot's row: INVALID_ARG, not STATE */
   idle = req_make(a.req_pool_idx, 6, 6);
-  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 59), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
+  OT_REFUSED(c, ps, &idle, skv_alloc_extend(c, &idle, 59, NULL), SKV_ERR_INVALID_ARG, "skv_alloc_extend");
   OT_REFUSED(c, ps, &idle, skv_commit(c, &idle, 1), SKV_ERR_INVALID_ARG, "skv_commit");
   OT_REFUSED(c, ps, &idle, skv_publish_prefix(c, &idle, 2), SKV_ERR_INVALID_ARG,
              "skv_publish_prefix");

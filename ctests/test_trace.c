@@ -125,7 +125,7 @@ int main(void) {
   r.origin_input_len = 6;
   CHECK_OK(skv_match_prefix(c, 7, 0, &r, 5, 0, &m));                 /* line 1: a miss */
   CHECK_OK(skv_alloc_row(c, &r));                                    /* 2 */
-  CHECK_OK(skv_alloc_extend(c, &r, 9));                              /* 3 */
+  CHECK_OK(skv_alloc_extend(c, &r, 9, NULL));                              /* 3 */
   CHECK_OK(skv_commit(c, &r, 8));                                    /* 4 */
   r.output_len = 3;
   r.finished_len = 0;

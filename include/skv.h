@@ -479,7 +479,10 @@ typedef struct skv_api_v1 {
   /**
    * Same as skv_alloc_extend.
    */
-  enum skv_status (*alloc_extend)(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
+  enum skv_status (*alloc_extend)(struct skv_cache *c,
+                                  struct skv_req *req,
+                                  uint32_t n_tokens,
+                                  int32_t *out_loc);
   /**
    * Same as skv_commit.
    */
@@ -567,6 +570,22 @@ typedef struct skv_api_v1 {
   enum skv_status (*device_sync)(struct skv_cache *c,
                                  uint64_t *out_device_ptr,
                                  uint64_t *out_row_stride);
+  /**
+   * Same as skv_alloc_extend_batch.
+   */
+  enum skv_status (*alloc_extend_batch)(struct skv_cache *c,
+                                        struct skv_req *reqs,
+                                        size_t n,
+                                        const uint32_t *n_tokens,
+                                        int32_t *out_loc,
+                                        size_t out_cap);
+  /**
+   * Same as skv_commit_batch.
+   */
+  enum skv_status (*commit_batch)(struct skv_cache *c,
+                                  struct skv_req *reqs,
+                                  size_t n,
+                                  const uint32_t *n_tokens);
 } skv_api_v1;
 
 #ifdef __cplusplus
@@ -662,12 +681,17 @@ enum skv_status skv_alloc_row(struct skv_cache *c, struct skv_req *req);
 
 /**
  * Maps n_tokens more positions of the req's row: the partial last page is filled first,
- * then whole new pages. SKV_ERR_OUT_OF_MEMORY leaves everything unchanged.
+ * then whole new pages. out_loc, when not NULL, receives the n_tokens new positions' KV slot
+ * indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
+ * everything unchanged.
  *
  * # Safety
- * Pointers must be NULL or valid.
+ * Pointers must be NULL or valid; out_loc must hold n_tokens values.
  */
-enum skv_status skv_alloc_extend(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
+enum skv_status skv_alloc_extend(struct skv_cache *c,
+                                 struct skv_req *req,
+                                 uint32_t n_tokens,
+                                 int32_t *out_loc);
 
 /**
  * kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
@@ -676,6 +700,37 @@ enum skv_status skv_alloc_extend(struct skv_cache *c, struct skv_req *req, uint3
  * Pointers must be NULL or valid.
  */
 enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
+
+/**
+ * skv_alloc_extend for every request of a running batch in one call: reqs[i] gains
+ * n_tokens[i] positions, and out_loc (when not NULL) receives every newly assigned KV slot
+ * index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
+ * must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
+ * it (and no row may appear twice), and the pool must hold the pages of the whole batch,
+ * before anything changes; the error names the request's position ("reqs[17]: ...").
+ * (NULL, 0) is an empty batch.
+ *
+ * # Safety
+ * reqs and n_tokens must hold n values, out_loc out_cap values (or be NULL).
+ */
+enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
+                                       struct skv_req *reqs,
+                                       size_t n,
+                                       const uint32_t *n_tokens,
+                                       int32_t *out_loc,
+                                       size_t out_cap);
+
+/**
+ * skv_commit for every request of a running batch in one call: reqs[i].kv_committed_len +=
+ * n_tokens[i]. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
+ *
+ * # Safety
+ * reqs and n_tokens must hold n values.
+ */
+enum skv_status skv_commit_batch(struct skv_cache *c,
+                                 struct skv_req *reqs,
+                                 size_t n,
+                                 const uint32_t *n_tokens);
 
 /**
  * A non-session finish: frees [protected, allocated) and the row. The req ends with row -1

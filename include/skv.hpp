@@ -202,11 +202,40 @@ class Cache {
   // Owned-pool operations (owned mode; SKV_ERR_UNSUPPORTED in external mode)
 
   void alloc_row(Req &req) { detail::check(skv_alloc_row(handle_, req.get())); }
-  void alloc_extend(Req &req, uint32_t n_tokens) {
-    detail::check(skv_alloc_extend(handle_, req.get(), n_tokens));
+  /// out_loc, when not NULL, receives the n_tokens new KV slot indices.
+  void alloc_extend(Req &req, uint32_t n_tokens, int32_t *out_loc = nullptr) {
+    detail::check(skv_alloc_extend(handle_, req.get(), n_tokens, out_loc));
   }
   void commit(Req &req, uint32_t n_tokens) {
     detail::check(skv_commit(handle_, req.get(), n_tokens));
+  }
+  /// Extends reqs[i] by n_tokens[i] for every i, all or nothing; out_loc (NULL: not asked)
+  /// receives every new KV slot index, request after request (out_cap values at most).
+  void alloc_extend_batch(skv_req *reqs, std::size_t n, const uint32_t *n_tokens,
+                          int32_t *out_loc = nullptr, std::size_t out_cap = 0) {
+    detail::check(skv_alloc_extend_batch(handle_, reqs, n, n_tokens, out_loc, out_cap));
+  }
+  /// The batch's new KV slot indices (sglang's out_cache_loc).
+  std::vector<int32_t> alloc_extend_batch(std::vector<skv_req> &reqs,
+                                          const std::vector<uint32_t> &n_tokens) {
+    if (reqs.size() != n_tokens.size()) {
+      throw Error(SKV_ERR_INVALID_ARG, "alloc_extend_batch: reqs and n_tokens differ in size");
+    }
+    std::size_t total = 0;
+    for (uint32_t k : n_tokens) total += k;
+    std::vector<int32_t> out_loc(total);
+    alloc_extend_batch(reqs.data(), reqs.size(), n_tokens.data(), out_loc.data(), total);
+    return out_loc;
+  }
+  /// Commits n_tokens[i] more tokens of reqs[i] for every i, all or nothing.
+  void commit_batch(skv_req *reqs, std::size_t n, const uint32_t *n_tokens) {
+    detail::check(skv_commit_batch(handle_, reqs, n, n_tokens));
+  }
+  void commit_batch(std::vector<skv_req> &reqs, const std::vector<uint32_t> &n_tokens) {
+    if (reqs.size() != n_tokens.size()) {
+      throw Error(SKV_ERR_INVALID_ARG, "commit_batch: reqs and n_tokens differ in size");
+    }
+    commit_batch(reqs.data(), reqs.size(), n_tokens.data());
   }
   void free_req(Req &req) { detail::check(skv_free_req(handle_, req.get())); }
   /// n_tokens KV slot indices (page-structured), engine-held until pool_free.

@@ -34,7 +34,7 @@ fn device_copy_equals_the_host_rows() {
         for r in reqs.iter_mut() {
             skv_req_init(r);
             assert_eq!(skv_alloc_row(c, r), skv_status::SKV_OK);
-            assert_eq!(skv_alloc_extend(c, r, 40), skv_status::SKV_OK);
+            assert_eq!(skv_alloc_extend(c, r, 40, std::ptr::null_mut()), skv_status::SKV_OK);
         }
         let st = skv_device_attach(c, 0, ptr::null_mut());
         if !sys::is_culib_present() {
@@ -75,7 +75,7 @@ fn device_copy_equals_the_host_rows() {
                     _ => {}
                 }
                 if r.kv_allocated_len + n <= cfg.max_context_len {
-                    assert_eq!(skv_alloc_extend(c, r, n), skv_status::SKV_OK);
+                    assert_eq!(skv_alloc_extend(c, r, n, std::ptr::null_mut()), skv_status::SKV_OK);
                 }
             }
             assert_eq!(skv_device_sync(c, &mut dptr, &mut stride), skv_status::SKV_OK, "{}", last_error());

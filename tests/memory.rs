@@ -157,7 +157,7 @@ fn hold_sessions(layout: &SessionLayout) -> Held {
                 let st = skv_map_prefix(cache, &mut req, prefix.as_ptr(), shared * PAGE_SIZE);
                 check(st, "skv_map_prefix");
             }
-            check(skv_alloc_extend(cache, &mut req, tokens), "skv_alloc_extend");
+            check(skv_alloc_extend(cache, &mut req, tokens, std::ptr::null_mut()), "skv_alloc_extend");
             check(skv_commit(cache, &mut req, tokens), "skv_commit");
             req.origin_input_len = req.kv_allocated_len;
             let st = skv_cache_finished_req(cache, u64::from(i), 0, &mut req, 0);

@@ -538,8 +538,9 @@ impl Sim {
         };
         let mut w = *req;
         w.kv_allocated_len = a.wrapping_add(n);
-        let (st, got) =
-            self.req_call(&format!("alloc_extend({n})"), req, want, w, |c, r| unsafe { skv_alloc_extend(c, r, n) })?;
+        let (st, got) = self.req_call(&format!("alloc_extend({n})"), req, want, w, |c, r| unsafe {
+            skv_alloc_extend(c, r, n, std::ptr::null_mut())
+        })?;
         if st == OK && n > 0 {
             self.learn_extension(req.req_pool_idx, a, a + n)?;
             self.rows.get_mut(&req.req_pool_idx).unwrap().mapped = a + n;

@@ -193,7 +193,7 @@ unsafe fn extend_commit(c: *mut skv_cache, r: &mut skv_req, n: u32, counts: &Cou
     if r.kv_allocated_len + n > 256 {
         return false;
     }
-    let st = skv_alloc_extend(c, r, n);
+    let st = skv_alloc_extend(c, r, n, std::ptr::null_mut());
     expect(st, "alloc_extend", &[SKV_ERR_OUT_OF_MEMORY], counts);
     if st != SKV_OK {
         return false;
@@ -207,7 +207,7 @@ unsafe fn extend_commit_spec(c: *mut skv_cache, r: &mut skv_req, accepted: u32, 
     if r.kv_allocated_len + 3 > 256 {
         return false;
     }
-    let st = skv_alloc_extend(c, r, 3);
+    let st = skv_alloc_extend(c, r, 3, std::ptr::null_mut());
     expect(st, "alloc_extend", &[SKV_ERR_OUT_OF_MEMORY], counts);
     if st != SKV_OK {
         return false;

@@ -32,7 +32,7 @@ fn every_trace_line_is_json() {
         let mut m = skv_match { hit: 9, prefix_len: 9 };
         assert_eq!(skv_match_prefix(c, 1, 0, &mut r, 3, 0, &mut m), skv_status::SKV_OK);
         assert_eq!(skv_alloc_row(c, &mut r), skv_status::SKV_OK);
-        assert_eq!(skv_alloc_extend(c, &mut r, 6), skv_status::SKV_OK);
+        assert_eq!(skv_alloc_extend(c, &mut r, 6, std::ptr::null_mut()), skv_status::SKV_OK);
         assert_eq!(skv_commit(c, &mut r, 99), skv_status::SKV_ERR_INVALID_ARG);
         let mut tree = [0i32; 8];
         assert_eq!(skv_pool_alloc(c, 8, tree.as_mut_ptr()), skv_status::SKV_OK);

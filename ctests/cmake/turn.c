@@ -53,10 +53,10 @@ static void audit(skv_cache *c) {
 static void run_turn(skv_cache *c, skv_req *req, uint32_t prompt, uint32_t rounds,
                      uint32_t per_round) {
   uint32_t i;
-  OK(skv_alloc_extend(c, req, prompt));
+  OK(skv_alloc_extend(c, req, prompt, NULL));
   OK(skv_commit(c, req, prompt));
   for (i = 0; i < rounds; i++) {
-    OK(skv_alloc_extend(c, req, per_round));
+    OK(skv_alloc_extend(c, req, per_round, NULL));
     OK(skv_commit(c, req, per_round));
   }
   req->output_len = rounds * per_round;

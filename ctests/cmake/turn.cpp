@@ -106,7 +106,31 @@ static void external_mode() {
   EXPECT(engine.freed_rows == std::vector<int32_t>{1});
 }
 
+// A decode step of a running batch: one call extends every request, one commits them.
+static void batch_step() {
+  skv::Cache cache = skv::Cache::owned(skv::make_config(kPage, kPage * kPages, kRows, 512));
+  std::vector<skv_req> reqs(3);
+  for (skv_req &r : reqs) {
+    skv::Req one;
+    cache.alloc_row(one);
+    r = one.raw();
+  }
+  std::vector<int32_t> loc = cache.alloc_extend_batch(reqs, {2, 1, 17});
+  EXPECT(loc.size() == 20 && reqs[2].kv_allocated_len == 17);
+  EXPECT(loc[0] + 1 == loc[1]);  // one page, consecutive slots
+  cache.commit_batch(reqs, {2, 1, 17});
+  EXPECT(reqs[0].kv_committed_len == 2 && reqs[2].kv_committed_len == 17);
+  skv::Req last;
+  int32_t one_loc[1] = {-1};
+  cache.alloc_row(last);
+  cache.alloc_extend(last, 1, one_loc);
+  EXPECT(one_loc[0] == cache.row_indices(last.req_pool_idx(), 0, 1)[0]);
+  expect_error(SKV_ERR_INVALID_ARG, "reqs[1]", [&] { cache.commit_batch(reqs, {0, 5, 0}); });
+  EXPECT(reqs[1].kv_committed_len == 1);
+}
+
 int main() {
+  batch_step();
   EXPECT(skv::abi_version() == SKV_ABI_VERSION);
   EXPECT(std::strlen(skv::version()) > 0);
 

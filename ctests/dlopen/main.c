@@ -71,7 +71,7 @@ static int streaming_session(const skv_api_v1 *api) {
   EXPECT(m.hit == 0);
   OK(api->alloc_row(c, &req));
   row = req.req_pool_idx;
-  OK(api->alloc_extend(c, &req, 46));
+  OK(api->alloc_extend(c, &req, 46, NULL));
   OK(api->commit(c, &req, 46));
   req.output_len = 16;
   req.finished_len = 6;
@@ -86,7 +86,7 @@ static int streaming_session(const skv_api_v1 *api) {
   req.origin_input_len = 46;
   OK(api->match_prefix(c, 9, 0, &req, 45, 0, &m));
   EXPECT(m.hit == 1 && m.prefix_len == 36 && req.req_pool_idx == row);
-  OK(api->alloc_extend(c, &req, 30));
+  OK(api->alloc_extend(c, &req, 30, NULL));
   OK(api->commit(c, &req, 30));
   OK(api->cache_stats(c, &st));
   EXPECT(st.used_pages == 5);

@@ -45,7 +45,7 @@ int main(void) {
   OK(skv_match_prefix(c, 1, 0, &req, 19, 0, &m));
   EXPECT(m.hit == 0);
   OK(skv_alloc_row(c, &req));
-  OK(skv_alloc_extend(c, &req, 44));
+  OK(skv_alloc_extend(c, &req, 44, NULL));
   OK(skv_commit(c, &req, 44));
   req.output_len = 24;
   req.finished_len = 4;

@@ -24,6 +24,8 @@ pub type Fault = String;
 #[derive(Default)]
 pub struct Metrics {
     pub turns: u64,
+    /// Requests served by batch calls.
+    pub batched_requests: u64,
     pub aborted: u64,
     pub preempted: u64,
     pub retried: u64,
@@ -162,6 +164,7 @@ impl<'a> Engine<'a> {
         let start = Instant::now();
         let r = self.serve();
         self.m.elapsed = start.elapsed();
+        self.m.batched_requests = self.cache.batched_requests;
         r?;
         self.close_out()
     }
@@ -179,11 +182,7 @@ impl<'a> Engine<'a> {
                 return Ok(());
             }
             self.tick += 1;
-            for i in 0..self.open.len() {
-                if self.open[i].turn.is_some() {
-                    self.decode_round(i)?;
-                }
-            }
+            self.decode_step()?;
             self.close_done()?;
             self.arrive();
             self.admit()?;
@@ -443,6 +442,43 @@ impl<'a> Engine<'a> {
         }
         let accepted = self.rng.accepted(k, p);
         expect_ok("skv_commit(decode)", self.cache.commit(&mut t.req, accepted + 1))?;
+        self.after_round(i, t, accepted)
+    }
+
+    /// One verify round of every running request, as an engine's decode step makes it: the
+    /// extensions in one batch call, the commits in another. A batch the pool cannot hold
+    /// takes the per-request path, which evicts idle branches or preempts requests.
+    fn decode_step(&mut self) -> Result<(), Fault> {
+        let running: Vec<usize> = (0..self.open.len()).filter(|&i| self.open[i].turn.is_some()).collect();
+        let (k, p) = (self.cfg.args.draft_len, self.cfg.args.accept_rate);
+        let mut reqs: Vec<skv_req> =
+            running.iter().map(|&i| self.open[i].turn.as_ref().expect("running").req).collect();
+        let need: Vec<u32> =
+            reqs.iter().map(|r| (r.kv_committed_len + k + 1).saturating_sub(r.kv_allocated_len)).collect();
+        match self.cache.alloc_extend_batch(&mut reqs, &need) {
+            SKV_OK => self.note_peak()?,
+            SKV_ERR_OUT_OF_MEMORY => {
+                for &i in &running {
+                    self.decode_round(i)?;
+                }
+                return Ok(());
+            }
+            s => return Err(unexpected("skv_alloc_extend_batch(decode)", s)),
+        }
+        let accepted: Vec<u32> = running.iter().map(|_| self.rng.accepted(k, p)).collect();
+        let counts: Vec<u32> = accepted.iter().map(|a| a + 1).collect();
+        expect_ok("skv_commit_batch(decode)", self.cache.commit_batch(&mut reqs, &counts))?;
+        for ((&i, req), &acc) in running.iter().zip(reqs).zip(&accepted) {
+            let mut t = self.open[i].turn.take().expect("running");
+            t.req = req;
+            self.after_round(i, t, acc)?;
+        }
+        Ok(())
+    }
+
+    /// A verify round's bookkeeping once its KV is extended and `accepted + 1` committed.
+    fn after_round(&mut self, i: usize, mut t: Turn, accepted: u32) -> Result<(), Fault> {
+        let k = self.cfg.args.draft_len;
         t.req.output_len += accepted + 1;
         self.m.rounds += 1;
         self.m.drafted += k as u64;

@@ -19,9 +19,11 @@ pub enum Op {
     Finish,
     Release,
     Evict,
+    ExtendBatch,
+    CommitBatch,
 }
 
-pub const OPS: [(Op, &str); 8] = [
+pub const OPS: [(Op, &str); 10] = [
     (Op::Match, "match"),
     (Op::AllocRow, "alloc_row"),
     (Op::MapPrefix, "map_prefix"),
@@ -30,6 +32,8 @@ pub const OPS: [(Op, &str); 8] = [
     (Op::Finish, "finish"),
     (Op::Release, "release"),
     (Op::Evict, "evict"),
+    (Op::ExtendBatch, "extend_batch"),
+    (Op::CommitBatch, "commit_batch"),
 ];
 
 /// What the engine hooks saw: every prefix-tree lock a session took must come back
@@ -71,6 +75,8 @@ pub struct Cache {
     ptr: *mut skv_cache,
     pub locks: Box<Locks>,
     pub samples: Vec<Vec<u32>>,
+    /// Requests served by batch calls (each batch call is one sample).
+    pub batched_requests: u64,
 }
 
 impl Drop for Cache {
@@ -89,7 +95,7 @@ impl Cache {
         if s != SKV_OK {
             return Err((s, last_error()));
         }
-        let cache = Cache { ptr, locks: Box::default(), samples: vec![Vec::new(); OPS.len()] };
+        let cache = Cache { ptr, locks: Box::default(), samples: vec![Vec::new(); OPS.len()], batched_requests: 0 };
         let hooks = skv_engine_hooks {
             struct_size: size_of::<skv_engine_hooks>() as u32,
             dec_lock_ref: Some(dec_lock_ref),
@@ -140,7 +146,24 @@ impl Cache {
 
     pub fn alloc_extend(&mut self, req: &mut skv_req, n: u32) -> skv_status {
         let c = self.ptr;
-        self.timed(Op::Extend, || unsafe { skv::skv_alloc_extend(c, req, n) })
+        self.timed(Op::Extend, || unsafe { skv::skv_alloc_extend(c, req, n, std::ptr::null_mut()) })
+    }
+
+    /// Extends every req by its count in one call (the decode step of the running batch).
+    pub fn alloc_extend_batch(&mut self, reqs: &mut [skv_req], n_tokens: &[u32]) -> skv_status {
+        let c = self.ptr;
+        self.batched_requests += reqs.len() as u64;
+        self.timed(Op::ExtendBatch, || unsafe {
+            skv::skv_alloc_extend_batch(c, reqs.as_mut_ptr(), reqs.len(), n_tokens.as_ptr(), std::ptr::null_mut(), 0)
+        })
+    }
+
+    pub fn commit_batch(&mut self, reqs: &mut [skv_req], n_tokens: &[u32]) -> skv_status {
+        let c = self.ptr;
+        self.batched_requests += reqs.len() as u64;
+        self.timed(Op::CommitBatch, || unsafe {
+            skv::skv_commit_batch(c, reqs.as_mut_ptr(), reqs.len(), n_tokens.as_ptr())
+        })
     }
 
     pub fn commit(&mut self, req: &mut skv_req, n: u32) -> skv_status {

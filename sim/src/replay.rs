@@ -221,7 +221,10 @@ impl Call<'_> {
     }
 
     fn req(&self, k: &str) -> Result<Option<skv_req>, Fault> {
-        let r = &self.v[k];
+        self.req_value(k, &self.v[k])
+    }
+
+    fn req_value(&self, k: &str, r: &Value) -> Result<Option<skv_req>, Fault> {
         if r.is_null() {
             return Ok(None);
         }
@@ -345,7 +348,7 @@ impl Call<'_> {
                 }
                 "skv_alloc_extend" => {
                     let n = u32_("n_tokens")?;
-                    self.with_req(|r| skv_alloc_extend(c, r, n))?;
+                    self.with_req(|r| skv_alloc_extend(c, r, n, std::ptr::null_mut()))?;
                 }
                 "skv_commit" => {
                     let n = u32_("n_tokens")?;
@@ -509,6 +512,53 @@ impl Call<'_> {
                     };
                     let hp = if on("hooks") { &hooks as *const skv_engine_hooks } else { null() };
                     self.check_status(skv_cache_set_hooks(c, hp, null_mut()))?;
+                }
+                // A batch call records its arrays only when it succeeds (the inputs are the
+                // outputs less n_tokens); a failed one changed nothing, so replay passes over it.
+                f @ ("skv_alloc_extend_batch" | "skv_commit_batch") => {
+                    if self.v["status"].as_str() != Some("SKV_OK") {
+                        return Ok(());
+                    }
+                    let counts = self.list("n_tokens")?.unwrap_or_default();
+                    let outs = self.v["reqs_out"].as_array().cloned().unwrap_or_default();
+                    if outs.len() != counts.len() {
+                        return Err(cannot(self.line, format!("{f}: reqs_out and n_tokens differ in length")));
+                    }
+                    let mut reqs = Vec::with_capacity(outs.len());
+                    for (i, o) in outs.iter().enumerate() {
+                        let Some(mut r) = self.req_value("reqs_out", o)? else {
+                            return Err(cannot(self.line, format!("{f}: reqs_out[{i}] is not a req")));
+                        };
+                        let n = counts[i] as u32;
+                        if f == "skv_commit_batch" {
+                            r.kv_committed_len -= n;
+                        } else {
+                            r.kv_allocated_len -= n;
+                        }
+                        reqs.push(r);
+                    }
+                    let want = outs;
+                    let n_tokens: Vec<u32> = counts.iter().map(|&n| n as u32).collect();
+                    let st = if f == "skv_commit_batch" {
+                        skv_commit_batch(c, reqs.as_mut_ptr(), reqs.len(), n_tokens.as_ptr())
+                    } else {
+                        let total: usize = n_tokens.iter().map(|&n| n as usize).sum();
+                        let mut loc = vec![0i32; total];
+                        skv_alloc_extend_batch(
+                            c,
+                            reqs.as_mut_ptr(),
+                            reqs.len(),
+                            n_tokens.as_ptr(),
+                            loc.as_mut_ptr(),
+                            total,
+                        )
+                    };
+                    self.check_status(st)?;
+                    for (i, (got, w)) in reqs.iter().zip(&want).enumerate() {
+                        if self.req_value("reqs_out", w)?.as_ref() != Some(got) {
+                            return Err(self.differs(format!("reqs_out[{i}] = {got:?}, recorded {w}")));
+                        }
+                    }
                 }
                 other => return Err(cannot(self.line, format!("{other}: not a call replay knows"))),
             }

@@ -25,6 +25,12 @@ pub fn latencies(samples: &mut [Vec<u32>]) -> Vec<Latency> {
         .collect()
 }
 
+/// Request operations: a single call serves one request, a batch call every request it names.
+fn request_ops(m: &Metrics, lat: &[Latency]) -> u64 {
+    let single: usize = lat.iter().filter(|l| !l.name.ends_with("_batch")).map(|l| l.calls).sum();
+    single as u64 + m.batched_requests
+}
+
 fn calls_per_sec(m: &Metrics, lat: &[Latency]) -> (usize, f64) {
     let calls: usize = lat.iter().map(|l| l.calls).sum();
     (calls, calls as f64 / m.elapsed.as_secs_f64().max(1e-9))
@@ -32,7 +38,12 @@ fn calls_per_sec(m: &Metrics, lat: &[Latency]) -> (usize, f64) {
 
 pub fn bench_line(m: &Metrics, lat: &[Latency]) -> String {
     let (calls, rate) = calls_per_sec(m, lat);
-    format!("skv-sim: {} turns, {calls} calls in {:.3} s ({rate:.0} calls/s)", m.turns, m.elapsed.as_secs_f64())
+    let ops = request_ops(m, lat) as f64 / m.elapsed.as_secs_f64().max(1e-9);
+    format!(
+        "skv-sim: {} turns, {calls} calls in {:.3} s ({rate:.0} calls/s, {ops:.0} request ops/s)",
+        m.turns,
+        m.elapsed.as_secs_f64()
+    )
 }
 
 pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> String {
@@ -104,6 +115,11 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
         ),
     );
     row("calls", format!("{:>10}   in {:.3} s = {:.0} calls/s", calls, m.elapsed.as_secs_f64(), rate));
+    let ops = request_ops(m, lat);
+    row(
+        "request ops",
+        format!("{:>10}   = {:.0} ops/s (a batch call counts each request)", ops, ops as f64 / m.elapsed.as_secs_f64()),
+    );
     let _ = writeln!(t, "  {:<18}{:>10}{:>9}{:>9}{:>10}", "latency (ns)", "calls", "p50", "p99", "max");
     for l in lat.iter().filter(|l| l.calls > 0) {
         let _ = writeln!(t, "    {:<16}{:>10}{:>9}{:>9}{:>10}", l.name, l.calls, l.p50, l.p99, l.max);
@@ -166,6 +182,9 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
     .collect();
     fields.push(("elapsed_s".into(), format!("{:.6}", m.elapsed.as_secs_f64())));
     fields.push(("calls_per_sec".into(), format!("{rate:.0}")));
+    let ops = request_ops(m, lat);
+    fields.push(("request_ops".into(), ops.to_string()));
+    fields.push(("request_ops_per_sec".into(), format!("{:.0}", ops as f64 / m.elapsed.as_secs_f64().max(1e-9))));
     for l in lat {
         fields.push((format!("{}_calls", l.name), l.calls.to_string()));
         fields.push((format!("{}_p50_ns", l.name), l.p50.to_string()));

@@ -64,12 +64,12 @@ fn a_recorded_simulator_run_replays_exactly() {
 fn an_edited_status_is_reported_at_its_line() {
     let path = tmp("edited.jsonl");
     let trace = record(&path);
-    // The 40th successful skv_alloc_extend now claims the pool ran out.
+    // The 4th successful single skv_alloc_extend (prefill) now claims the pool ran out.
     let (at, line) = trace
         .lines()
         .enumerate()
         .filter(|(_, l)| l.contains("\"fn\":\"skv_alloc_extend\"") && l.contains("\"status\":\"SKV_OK\""))
-        .nth(40)
+        .nth(3)
         .expect("a run with many extends");
     let edited: Vec<String> = trace
         .lines()

@@ -5,14 +5,14 @@ use std::ffi::{c_char, c_int, c_void};
 use std::ptr;
 
 use super::{
-    clear_last_error, set_last_error, skv_abi_version, skv_alloc_extend, skv_alloc_row, skv_build_flashinfer,
-    skv_cache, skv_cache_check, skv_cache_config, skv_cache_finished_req, skv_cache_free, skv_cache_new,
-    skv_cache_new_external, skv_cache_set_hooks, skv_cache_set_trace, skv_cache_stats, skv_check_report,
-    skv_checkpoint, skv_commit, skv_device_attach, skv_device_sync, skv_engine_hooks, skv_free_aligned, skv_free_req,
-    skv_free_tail, skv_held, skv_last_error, skv_map_prefix, skv_match, skv_match_prefix, skv_page_refs,
-    skv_pool_alloc, skv_pool_free, skv_pool_ops, skv_publish_prefix, skv_release_branch, skv_release_session, skv_req,
-    skv_req_init, skv_row_indices, skv_session_held, skv_stats, skv_status, skv_status_str, skv_trim_overshoot,
-    skv_version, StatusArg, SKV_ABI_VERSION,
+    clear_last_error, set_last_error, skv_abi_version, skv_alloc_extend, skv_alloc_extend_batch, skv_alloc_row,
+    skv_build_flashinfer, skv_cache, skv_cache_check, skv_cache_config, skv_cache_finished_req, skv_cache_free,
+    skv_cache_new, skv_cache_new_external, skv_cache_set_hooks, skv_cache_set_trace, skv_cache_stats, skv_check_report,
+    skv_checkpoint, skv_commit, skv_commit_batch, skv_device_attach, skv_device_sync, skv_engine_hooks,
+    skv_free_aligned, skv_free_req, skv_free_tail, skv_held, skv_last_error, skv_map_prefix, skv_match,
+    skv_match_prefix, skv_page_refs, skv_pool_alloc, skv_pool_free, skv_pool_ops, skv_publish_prefix,
+    skv_release_branch, skv_release_session, skv_req, skv_req_init, skv_row_indices, skv_session_held, skv_stats,
+    skv_status, skv_status_str, skv_trim_overshoot, skv_version, StatusArg, SKV_ABI_VERSION,
 };
 
 /// Every exported function of ABI version 1, in the order of the C API's sections; each
@@ -105,7 +105,9 @@ pub struct skv_api_v1 {
     /// Same as skv_alloc_row.
     pub alloc_row: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req) -> skv_status>,
     /// Same as skv_alloc_extend.
-    pub alloc_extend: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status>,
+    pub alloc_extend: Option<
+        unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32, out_loc: *mut i32) -> skv_status,
+    >,
     /// Same as skv_commit.
     pub commit: Option<unsafe extern "C" fn(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status>,
     /// Same as skv_free_req.
@@ -160,6 +162,21 @@ pub struct skv_api_v1 {
     pub device_sync: Option<
         unsafe extern "C" fn(c: *mut skv_cache, out_device_ptr: *mut u64, out_row_stride: *mut u64) -> skv_status,
     >,
+    /// Same as skv_alloc_extend_batch.
+    pub alloc_extend_batch: Option<
+        unsafe extern "C" fn(
+            c: *mut skv_cache,
+            reqs: *mut skv_req,
+            n: usize,
+            n_tokens: *const u32,
+            out_loc: *mut i32,
+            out_cap: usize,
+        ) -> skv_status,
+    >,
+    /// Same as skv_commit_batch.
+    pub commit_batch: Option<
+        unsafe extern "C" fn(c: *mut skv_cache, reqs: *mut skv_req, n: usize, n_tokens: *const u32) -> skv_status,
+    >,
 }
 
 static API_V1: skv_api_v1 = skv_api_v1 {
@@ -200,6 +217,8 @@ static API_V1: skv_api_v1 = skv_api_v1 {
     get_api: Some(skv_get_api),
     device_attach: Some(skv_device_attach),
     device_sync: Some(skv_device_sync),
+    alloc_extend_batch: Some(skv_alloc_extend_batch),
+    commit_batch: Some(skv_commit_batch),
 };
 
 /// The function table of ABI version `abi_version`, or NULL when this library does not
@@ -283,10 +302,12 @@ mod tests {
             (264, offset_of!(skv_api_v1, get_api)),
             (272, offset_of!(skv_api_v1, device_attach)),
             (280, offset_of!(skv_api_v1, device_sync)),
+            (288, offset_of!(skv_api_v1, alloc_extend_batch)),
+            (296, offset_of!(skv_api_v1, commit_batch)),
         ];
         for (want, got) in pinned {
             assert_eq!(got, want);
         }
-        assert_eq!(std::mem::size_of::<skv_api_v1>(), 288);
+        assert_eq!(std::mem::size_of::<skv_api_v1>(), 304);
     }
 }

@@ -14,6 +14,7 @@ mod trace;
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::MutexGuard;
 
 pub use api::*;
@@ -131,11 +132,17 @@ thread_local! {
     static CALLBACK_DEPTH: Cell<u32> = const { Cell::new(0) };
 }
 
+/// Callback scopes open on all threads. While it is 0 no thread is inside a callback, so a
+/// call skips the thread-local check (in a shared library each thread-local access is a
+/// `__tls_get_addr` call). A thread inside a callback raised it itself, so it never reads 0.
+static CALLBACKS_RUNNING: AtomicUsize = AtomicUsize::new(0);
+
 /// Marks the thread as inside a libskv callback until dropped.
 pub(crate) struct CallbackScope;
 
 impl CallbackScope {
     pub(crate) fn enter() -> CallbackScope {
+        CALLBACKS_RUNNING.fetch_add(1, Ordering::Relaxed);
         CALLBACK_DEPTH.set(CALLBACK_DEPTH.get() + 1);
         CallbackScope
     }
@@ -144,12 +151,13 @@ impl CallbackScope {
 impl Drop for CallbackScope {
     fn drop(&mut self) {
         CALLBACK_DEPTH.set(CALLBACK_DEPTH.get() - 1);
+        CALLBACKS_RUNNING.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 /// Whether this thread is running a libskv callback.
 pub(crate) fn in_callback() -> bool {
-    CALLBACK_DEPTH.get() > 0
+    CALLBACKS_RUNNING.load(Ordering::Relaxed) != 0 && CALLBACK_DEPTH.get() > 0
 }
 
 /// Locks a handle for one call.

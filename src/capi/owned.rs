@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::session::on_req;
 use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
-use crate::core::{EngineHooks, Error};
+use crate::core::{Cache, EngineHooks, Error, Req, Result};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
 /// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
@@ -28,21 +28,37 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
 }
 
 /// Maps n_tokens more positions of the req's row: the partial last page is filled first,
-/// then whole new pages. SKV_ERR_OUT_OF_MEMORY leaves everything unchanged.
+/// then whole new pages. out_loc, when not NULL, receives the n_tokens new positions' KV slot
+/// indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
+/// everything unchanged.
 ///
 /// # Safety
-/// Pointers must be NULL or valid.
+/// Pointers must be NULL or valid; out_loc must hold n_tokens values.
 #[no_mangle]
-pub unsafe extern "C" fn skv_alloc_extend(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
+pub unsafe extern "C" fn skv_alloc_extend(
+    c: *mut skv_cache,
+    req: *mut skv_req,
+    n_tokens: u32,
+    out_loc: *mut i32,
+) -> skv_status {
     traced(
         c,
         "skv_alloc_extend",
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
-        || on_req(c, req, |c, r| c.alloc_extend(r, n_tokens), |()| {}),
+        || {
+            let out = match out_loc.is_null() {
+                true => None,
+                false => Some(slice_mut(out_loc, n_tokens as usize, "out_loc")?),
+            };
+            on_req(c, req, |c, r| c.alloc_extend(r, n_tokens, out), |()| {})
+        },
         |t| {
             t.req("req_out", req);
+            if !out_loc.is_null() {
+                t.list("out_loc", out_loc.cast_const(), n_tokens as usize);
+            }
         },
     )
 }
@@ -62,6 +78,112 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
         || on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}),
         |t| {
             t.req("req_out", req);
+        },
+    )
+}
+
+/// Runs a batch operation on copies of reqs[0..n), writing them back only when it succeeds.
+unsafe fn on_reqs(
+    c: *mut skv_cache,
+    reqs: *mut skv_req,
+    n: usize,
+    op: impl FnOnce(&mut Cache, &mut [Req]) -> Result<()>,
+) -> Result<()> {
+    let mut cache = lock(c)?;
+    cache.require_owned()?;
+    let reqs = slice_mut(reqs, n, "reqs")?;
+    let mut copies = std::mem::take(&mut cache.batch_reqs);
+    copies.clear();
+    if copies.try_reserve(n).is_err() {
+        return Err(Error::OutOfMemory(format!("no host memory to stage {n} reqs")));
+    }
+    copies.extend(reqs.iter().map(Req::from));
+    let done = op(&mut cache, &mut copies);
+    if done.is_ok() {
+        for (r, copy) in reqs.iter_mut().zip(&copies) {
+            *r = (*copy).into();
+        }
+    }
+    cache.batch_reqs = copies;
+    done
+}
+
+/// skv_alloc_extend for every request of a running batch in one call: reqs[i] gains
+/// n_tokens[i] positions, and out_loc (when not NULL) receives every newly assigned KV slot
+/// index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
+/// must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
+/// it (and no row may appear twice), and the pool must hold the pages of the whole batch,
+/// before anything changes; the error names the request's position ("reqs[17]: ...").
+/// (NULL, 0) is an empty batch.
+///
+/// # Safety
+/// reqs and n_tokens must hold n values, out_loc out_cap values (or be NULL).
+#[no_mangle]
+pub unsafe extern "C" fn skv_alloc_extend_batch(
+    c: *mut skv_cache,
+    reqs: *mut skv_req,
+    n: usize,
+    n_tokens: *const u32,
+    out_loc: *mut i32,
+    out_cap: usize,
+) -> skv_status {
+    // The arrays are traced only after the call succeeded: the reqs as written back (their
+    // input lengths are these minus n_tokens), and the slots assigned.
+    let total = std::cell::Cell::new(0usize);
+    traced(
+        c,
+        "skv_alloc_extend_batch",
+        |t| {
+            t.num("n", n as u64).num("out_loc", !out_loc.is_null() as u8).num("out_cap", out_cap as u64);
+        },
+        || {
+            nonnull(reqs, n, "reqs")?;
+            nonnull(n_tokens, n, "n_tokens")?;
+            on_reqs(c, reqs, n, |cache, copies| {
+                let counts = slice(n_tokens, n, "n_tokens")?;
+                let out = match out_loc.is_null() {
+                    true => None,
+                    false => Some(slice_mut(out_loc, out_cap, "out_loc")?),
+                };
+                cache.alloc_extend_batch(copies, counts, out)?;
+                total.set(counts.iter().map(|&k| k as usize).sum());
+                Ok(())
+            })
+        },
+        |t| {
+            t.list("n_tokens", n_tokens, n).reqs("reqs_out", reqs, n);
+            if !out_loc.is_null() {
+                t.list("out_loc", out_loc.cast_const(), total.get());
+            }
+        },
+    )
+}
+
+/// skv_commit for every request of a running batch in one call: reqs[i].kv_committed_len +=
+/// n_tokens[i]. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
+///
+/// # Safety
+/// reqs and n_tokens must hold n values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_commit_batch(
+    c: *mut skv_cache,
+    reqs: *mut skv_req,
+    n: usize,
+    n_tokens: *const u32,
+) -> skv_status {
+    traced(
+        c,
+        "skv_commit_batch",
+        |t| {
+            t.num("n", n as u64);
+        },
+        || {
+            nonnull(reqs, n, "reqs")?;
+            nonnull(n_tokens, n, "n_tokens")?;
+            on_reqs(c, reqs, n, |cache, copies| cache.commit_batch(copies, slice(n_tokens, n, "n_tokens")?))
+        },
+        |t| {
+            t.list("n_tokens", n_tokens, n).reqs("reqs_out", reqs, n);
         },
     )
 }

@@ -2,6 +2,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::core::Error;
 
@@ -63,8 +64,16 @@ thread_local! {
     static HAS_ERROR: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Threads whose last call failed (their HAS_ERROR is set). While it is 0 a success has no
+/// message to clear and skips the thread-local access; a thread holding a message raised
+/// it itself, so it never reads 0. (A thread that exits holding one leaves it raised: later
+/// successes then take the thread-local path, which is still correct.)
+static THREADS_WITH_ERROR: AtomicUsize = AtomicUsize::new(0);
+
 pub(crate) fn set_last_error(function: &str, message: &str) {
-    HAS_ERROR.set(true);
+    if !HAS_ERROR.replace(true) {
+        THREADS_WITH_ERROR.fetch_add(1, Ordering::Relaxed);
+    }
     LAST_ERROR.with_borrow_mut(|buf| {
         buf.clear();
         buf.extend(format!("{function}: {message}").bytes().filter(|&b| b != 0 && b != b'\n'));
@@ -73,7 +82,11 @@ pub(crate) fn set_last_error(function: &str, message: &str) {
 }
 
 pub(crate) fn clear_last_error() {
+    if THREADS_WITH_ERROR.load(Ordering::Relaxed) == 0 {
+        return;
+    }
     if HAS_ERROR.replace(false) {
+        THREADS_WITH_ERROR.fetch_sub(1, Ordering::Relaxed);
         LAST_ERROR.with_borrow_mut(|buf| buf.clear());
     }
 }

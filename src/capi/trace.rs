@@ -155,6 +155,28 @@ impl Line {
         self
     }
 
+    /// An array of `n` reqs, field by field.
+    pub(crate) fn reqs(&mut self, name: &str, p: *const skv_req, n: usize) -> &mut Self {
+        if p.is_null() && n > 0 {
+            let _ = write!(self.0, ",\"{name}\":null");
+            return self;
+        }
+        let _ = write!(self.0, ",\"{name}\":[");
+        let mut one = Line(String::new());
+        for i in 0..n.min(MAX_LIST) {
+            one.0.clear();
+            // SAFETY: the caller's array of n reqs, by the call's contract.
+            one.req("r", unsafe { p.add(i) });
+            let text = one.0.strip_prefix(",\"r\":").unwrap_or(&one.0);
+            let _ = write!(self.0, "{}{text}", if i == 0 { "" } else { "," });
+        }
+        self.0.push(']');
+        if n > MAX_LIST {
+            let _ = write!(self.0, ",\"{name}_cut_at\":{MAX_LIST}");
+        }
+        self
+    }
+
     pub(crate) fn matched(&mut self, name: &str, m: *const skv_match) -> &mut Self {
         // SAFETY: written by the call that just succeeded.
         if let Some(m) = unsafe { m.as_ref() } {

@@ -31,11 +31,11 @@ impl Cache {
         })?;
         let ps = self.cfg.page_size;
         let alloc = pool.allocator();
-        let states = alloc.states();
+        let n_pages = alloc.total_pages() as usize;
         let mut rep = Report::default();
         // How many rows map each page, and how many of those map it as their own.
-        let mut maps = try_vec(states.len(), "the audit's map counts", |_| 0u32)?;
-        let mut owners = try_vec(states.len(), "the audit's owner counts", |_| 0u32)?;
+        let mut maps = try_vec(n_pages, "the audit's map counts", |_| 0u32)?;
+        let mut owners = try_vec(n_pages, "the audit's owner counts", |_| 0u32)?;
         for (row, r) in pool.rows.iter().enumerate() {
             let Some(r) = r else { continue };
             if r.pages.len() != pages_for(r.len, ps) as usize {
@@ -46,20 +46,20 @@ impl Cache {
             }
             let shared = (r.protected / ps) as usize;
             for (i, &p) in r.pages.iter().enumerate() {
-                let Some(state) = states.get(p as usize) else {
+                let Some(state) = alloc.get(p) else {
                     rep.violation(|| format!("row {row} maps page {p} outside the pool"));
                     continue;
                 };
                 maps[p as usize] += 1;
-                match (i < shared, *state) {
+                match (i < shared, state) {
                     (true, PageState::Held { .. }) => {}
                     (false, PageState::Owned) => owners[p as usize] += 1,
                     (_, s) => rep.violation(|| format!("row {row} position page {i} maps page {p} in state {s:?}")),
                 }
             }
         }
-        for (p, s) in states.iter().enumerate() {
-            match *s {
+        for (p, s) in alloc.states().enumerate() {
+            match s {
                 PageState::Padding if p != 0 => rep.violation(|| format!("page {p} marked padding")),
                 PageState::Padding if maps[p] != 0 => rep.violation(|| "page 0 (padding) is mapped".into()),
                 PageState::Padding => {}
@@ -85,17 +85,17 @@ impl Cache {
                 }
             }
         }
-        if states.first() != Some(&PageState::Padding) {
+        if alloc.get(0) != Some(PageState::Padding) {
             rep.violation(|| "page 0 is not the padding page".into());
         }
-        let total = states.len() as u64;
+        let total = n_pages as u64;
         let (free, owned, held) = (rep.pages_free, rep.pages_in_rows, rep.pages_engine_held);
         if free + owned + held != total - 1 {
             rep.violation(|| format!("free {free} + row-owned {owned} + engine-held {held} != {total} pages - 1"));
         }
-        let mut on_list = try_vec(states.len(), "the audit's free-list marks", |_| false)?;
+        let mut on_list = try_vec(n_pages, "the audit's free-list marks", |_| false)?;
         for &p in alloc.free_list() {
-            if states.get(p as usize) != Some(&PageState::Free) || std::mem::replace(&mut on_list[p as usize], true) {
+            if alloc.get(p) != Some(PageState::Free) || std::mem::replace(&mut on_list[p as usize], true) {
                 rep.violation(|| format!("free list holds page {p} twice or in another state"));
             }
         }

@@ -6,6 +6,7 @@
 
 mod alloc;
 mod audit;
+mod batch;
 mod cache;
 mod error;
 mod mirror;

@@ -39,6 +39,10 @@ pub struct OwnedPool {
     pub(crate) scratch: Vec<u32>,
     /// Spans of rows mapped anew, kept once a device copy of the rows exists.
     pub(crate) dirty: Option<Dirty>,
+    /// Per row, the last batch call that named it and the position it had there (made on
+    /// the first batch call), so a batch finds a row named twice in one pass.
+    batch_marks: Vec<(u32, u32)>,
+    batch_stamp: u32,
 }
 
 impl OwnedPool {
@@ -53,6 +57,8 @@ impl OwnedPool {
             hooks: None,
             scratch: Vec::new(),
             dirty: None,
+            batch_marks: Vec::new(),
+            batch_stamp: 0,
         })
     }
 
@@ -92,6 +98,30 @@ impl OwnedPool {
         }
     }
 
+    /// Starts a batch call: a stamp no row's mark holds yet.
+    pub(crate) fn next_batch(&mut self) -> Result<u32> {
+        if self.batch_marks.is_empty() {
+            self.batch_marks = try_vec(self.rows.len(), "the batch marks", |_| (0, 0))?;
+        }
+        self.batch_stamp = self.batch_stamp.wrapping_add(1);
+        if self.batch_stamp == 0 {
+            self.batch_marks.iter_mut().for_each(|m| *m = (0, 0));
+            self.batch_stamp = 1;
+        }
+        Ok(self.batch_stamp)
+    }
+
+    /// Marks `row` as named at position `pos` of batch `stamp`; the earlier position when the
+    /// batch already named it.
+    pub(crate) fn mark_row(&mut self, row: u32, stamp: u32, pos: u32) -> Option<u32> {
+        let m = &mut self.batch_marks[row as usize];
+        if m.0 == stamp {
+            return Some(m.1);
+        }
+        *m = (stamp, pos);
+        None
+    }
+
     pub(crate) fn take_row(&mut self) -> Option<u32> {
         let row = self.free_rows.pop()?;
         self.rows[row as usize] = Some(Row::default());
@@ -101,14 +131,11 @@ impl OwnedPool {
     /// Gives a row back: its owned pages go free, its engine-held pages lose one map.
     fn free_row(&mut self, row: u32) {
         let r = self.rows[row as usize].take().expect("row in use");
-        let shared = (r.protected / self.ps) as usize;
-        for (i, &page) in r.pages.iter().enumerate() {
-            if i < shared {
-                self.unmap_held(page);
-            } else {
-                self.pages.free(page);
-            }
+        let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
+        for &page in &r.pages[..shared] {
+            self.unmap_held(page);
         }
+        self.pages.free_owned(&r.pages[shared..]);
         self.free_rows.push(row);
     }
 
@@ -128,12 +155,14 @@ impl OwnedPool {
         if kept == r.pages.len() {
             return;
         }
-        for &page in &r.pages[kept..] {
-            self.pages.free(page);
-        }
+        self.pages.free_owned(&r.pages[kept..]);
         r.pages.truncate(kept);
-        // Held rows cost 4 bytes per mapped page, not per page they ever mapped.
-        r.pages.shrink_to_fit();
+        // Held rows cost 4 bytes per mapped page, not per page they ever mapped; halving only
+        // when less than half is used keeps a turn's trim and the next turn's growth from
+        // reallocating every time.
+        if r.pages.capacity() > 2 * kept.max(4) {
+            r.pages.shrink_to_fit();
+        }
     }
 
     fn hook(

@@ -73,53 +73,6 @@ impl Cache {
         Ok(())
     }
 
-    /// Maps `n` more positions: the partial last page first, then whole new pages.
-    pub fn alloc_extend(&mut self, req: &mut Req, n: u32) -> Result<()> {
-        self.owned_pool()?;
-        req.validate(&self.cfg)?;
-        let row = req.require_row()?;
-        let max = self.cfg.max_context_len;
-        let new_len = match req.allocated.checked_add(n) {
-            Some(l) if l <= max => l,
-            _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
-        };
-        self.check_record(req)?;
-        self.guard_idle_session_row(row)?;
-        let ps = self.cfg.page_size;
-        let pool = self.owned_pool_mut()?;
-        let need = pages_for(new_len, ps) - pool.row(row)?.pages.len() as u32;
-        if need > 0 {
-            let mut pages = std::mem::take(&mut pool.row_mut(row).pages);
-            let got = pool.pages.alloc(need, PageState::Owned, &mut pages);
-            pool.row_mut(row).pages = pages;
-            got.map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))?;
-        }
-        pool.row_mut(row).len = new_len;
-        pool.mapped(row, req.allocated, new_len);
-        req.allocated = new_len;
-        Ok(())
-    }
-
-    /// Marks `n` more allocated tokens as final.
-    pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
-        self.owned_pool()?;
-        req.validate(&self.cfg)?;
-        let row = req.require_row()?;
-        let committed = match req.committed.checked_add(n) {
-            Some(c) if c <= req.allocated => c,
-            _ => bail!(
-                InvalidArg,
-                "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}",
-                req.committed,
-                req.allocated
-            ),
-        };
-        self.check_record(req)?;
-        self.guard_idle_session_row(row)?;
-        req.committed = committed;
-        Ok(())
-    }
-
     /// A non-session finish: frees `[protected, allocated)` and the row. The req's tree lock
     /// and aux state stay the engine's.
     pub fn free_req(&mut self, req: &mut Req) -> Result<()> {

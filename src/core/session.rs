@@ -98,7 +98,7 @@ impl Cache {
         pre_aborted: bool,
     ) -> Result<Match> {
         self.check_req(req)?;
-        let Some((row, slot)) = self.slots.find(session, branch) else { return Ok(MISS) };
+        let Some((row, slot)) = self.slots.find_near(session, branch, req.row()) else { return Ok(MISS) };
         let slot = *slot;
         if pre_aborted {
             return Ok(MISS);
@@ -181,7 +181,7 @@ impl Cache {
         let finished_len = req.finished();
         let trim_target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
-        let found = self.slots.find(session, branch).map(|(r, s)| (r, *s));
+        let found = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
         match found.map(|(_, s)| s) {
             Some(s) if !s.in_flight => bail!(
@@ -223,7 +223,7 @@ impl Cache {
 
     fn finish_aborted(&mut self, session: u64, branch: u64, req: &mut Req) -> Result<()> {
         self.check_req(req)?;
-        let found = self.slots.find(session, branch).map(|(r, s)| (r, *s));
+        let found = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s));
         let (row, doomed) = match (found, req.row()) {
             (None, None) => return Ok(()),
             (None, Some(row)) => {

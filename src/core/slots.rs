@@ -52,6 +52,17 @@ impl Slots {
         })
     }
 
+    /// `find`, looking first at the row the caller's req holds: a finish or a retried match
+    /// finds its slot there without hashing the session id.
+    pub fn find_near(&self, session: u64, branch: u64, row: Option<u32>) -> Option<(u32, &Slot)> {
+        if let Some(s) = row.and_then(|r| self.of_row(r)) {
+            if s.session == session && s.branch == branch {
+                return Some((row.expect("looked up above"), s));
+            }
+        }
+        self.find(session, branch)
+    }
+
     /// The slot holding `row`, if any.
     pub fn of_row(&self, row: u32) -> Option<&Slot> {
         self.by_row.get(row as usize)?.as_ref()
@@ -134,6 +145,9 @@ mod tests {
         assert_eq!(t.rows_of(1), &[5, 2]);
         assert_eq!(t.find(1, 0).map(|(r, _)| r), Some(2));
         assert_eq!(t.find(2, 9), None);
+        assert_eq!(t.find_near(1, 0, Some(5)).map(|(r, _)| r), Some(2), "a wrong hint falls back");
+        assert_eq!(t.find_near(1, 0, Some(2)).map(|(r, _)| r), Some(2));
+        assert_eq!(t.find_near(1, 0, Some(100)).map(|(r, _)| r), Some(2), "past the table");
         t.remove(5);
         t.insert(3, slot(1, 9));
         assert_eq!(t.rows_of(1), &[2, 3], "a branch saved again goes last");

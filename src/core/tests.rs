@@ -319,16 +319,16 @@ fn extend_continues_inside_the_kept_partial_page() {
     let mut c = owned(4, 16);
     let mut r = Req::default();
     c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 6).unwrap();
+    c.alloc_extend(&mut r, 6, None).unwrap();
     assert_eq!(indices(&c, &r), [4, 5, 6, 7, 8, 9]);
     c.commit(&mut r, 5).unwrap();
     r.origin_input_len = 5;
     r.output_len = 1;
-    c.alloc_extend(&mut r, 6).unwrap();
+    c.alloc_extend(&mut r, 6, None).unwrap();
     c.trim_overshoot(&mut r, 1).unwrap();
     assert_eq!(r.allocated, 6);
     assert_eq!(c.stats().unwrap().used_pages, 2, "pages 1 and 2 stay: page 2 holds token 5");
-    c.alloc_extend(&mut r, 3).unwrap();
+    c.alloc_extend(&mut r, 3, None).unwrap();
     assert_eq!(indices(&c, &r), [4, 5, 6, 7, 8, 9, 10, 11, 12]);
     clean(&c);
 }
@@ -340,14 +340,14 @@ fn oom_changes_nothing_and_allocation_is_deterministic() {
         let (mut a, mut b) = (Req::default(), Req::default());
         c.alloc_row(&mut a).unwrap();
         c.alloc_row(&mut b).unwrap();
-        c.alloc_extend(&mut a, 3).unwrap();
+        c.alloc_extend(&mut a, 3, None).unwrap();
         let before = (b, c.stats().unwrap());
-        assert!(matches!(c.alloc_extend(&mut b, 7), Err(Error::OutOfMemory(_))));
+        assert!(matches!(c.alloc_extend(&mut b, 7, None), Err(Error::OutOfMemory(_))));
         assert_eq!((b, c.stats().unwrap()), before);
-        c.alloc_extend(&mut b, 5).unwrap();
+        c.alloc_extend(&mut b, 5, None).unwrap();
         c.free_req(&mut a).unwrap();
         c.alloc_row(&mut a).unwrap();
-        c.alloc_extend(&mut a, 4).unwrap();
+        c.alloc_extend(&mut a, 4, None).unwrap();
         clean(&c);
         (indices(&c, &a), indices(&c, &b))
     };
@@ -382,7 +382,7 @@ fn publish_hands_pages_to_the_tree() {
     let mut c = owned(2, 8);
     let mut r = Req::default();
     c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 5).unwrap();
+    c.alloc_extend(&mut r, 5, None).unwrap();
     c.commit(&mut r, 5).unwrap();
     c.publish_prefix(&mut r, 4).unwrap();
     let prefix = indices(&c, &r)[..4].to_vec();
@@ -405,18 +405,18 @@ fn owned_session_turns_conserve_pages() {
     let mut c = owned(4, 32);
     let mut r = Req::default();
     c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 10).unwrap();
+    c.alloc_extend(&mut r, 10, None).unwrap();
     c.commit(&mut r, 10).unwrap();
     (r.origin_input_len, r.output_len) = (9, 1);
     c.cache_finished_req(5, 0, &mut r, false).unwrap();
     assert!(matches!(
-        c.alloc_extend(&mut Req { row: 0, allocated: 10, committed: 10, ..Req::default() }, 1),
+        c.alloc_extend(&mut Req { row: 0, allocated: 10, committed: 10, ..Req::default() }, 1, None),
         Err(Error::State(_))
     ));
     let mut next = Req { origin_input_len: 14, ..Req::default() };
     let m = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
     assert_eq!((m.hit, m.prefix_len, next.allocated), (true, 10, 10));
-    c.alloc_extend(&mut next, 8).unwrap();
+    c.alloc_extend(&mut next, 8, None).unwrap();
     c.commit(&mut next, 4).unwrap();
     assert!(matches!(c.match_prefix(5, 0, &mut Req::default(), 13, false), Err(Error::State(_))));
     let again = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
@@ -438,8 +438,8 @@ fn flashinfer_layout() {
     for r in [&mut a, &mut b, &mut e] {
         c.alloc_row(r).unwrap();
     }
-    c.alloc_extend(&mut a, 6).unwrap();
-    c.alloc_extend(&mut b, 4).unwrap();
+    c.alloc_extend(&mut a, 6, None).unwrap();
+    c.alloc_extend(&mut b, 4, None).unwrap();
     let rows = [a.row, e.row, b.row];
     assert_eq!(c.flashinfer_len(&rows).unwrap(), 3);
     let (mut indptr, mut idx, mut last) = ([0; 4], [0; 3], [0; 3]);
@@ -495,7 +495,7 @@ fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
     let mut c = owned(ps, 64);
     let mut reqs = vec![Req::default(); 4];
     c.alloc_row(&mut reqs[0]).unwrap();
-    c.alloc_extend(&mut reqs[0], 9).unwrap();
+    c.alloc_extend(&mut reqs[0], 9, None).unwrap();
     c.track_row_changes().unwrap();
     // a row that adopts the engine's pages maps them anew too
     let mut tree = [0i32; 8];
@@ -510,7 +510,7 @@ fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
         let r = &mut reqs[i];
         match (r.row, seed >> 60) {
             (-1, _) => c.alloc_row(r).unwrap(),
-            (_, 0..=9) if r.allocated + n <= cols => c.alloc_extend(r, n).unwrap(),
+            (_, 0..=9) if r.allocated + n <= cols => c.alloc_extend(r, n, None).unwrap(),
             (_, 10..=12) => {
                 r.committed = r.allocated;
                 c.free_tail(r, r.allocated.saturating_sub(n)).unwrap();
@@ -547,7 +547,7 @@ fn a_failed_upload_is_owed_again() {
     c.track_row_changes().unwrap();
     let mut r = Req::default();
     c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 6).unwrap();
+    c.alloc_extend(&mut r, 6, None).unwrap();
     assert!(c.drain_row_changes(|_, _, _| Err(Error::Cuda("copy failed".into()))).is_err());
     let mut got = Vec::new();
     c.drain_row_changes(|row, start, idx| {
@@ -565,7 +565,7 @@ fn a_stale_copy_cannot_free_a_reused_row() {
     let mut c = owned(4, 32);
     let mut a = Req::default();
     c.alloc_row(&mut a).unwrap();
-    c.alloc_extend(&mut a, 8).unwrap();
+    c.alloc_extend(&mut a, 8, None).unwrap();
     let stale = a;
     c.free_req(&mut a).unwrap();
     assert_eq!(a.generation, 0, "a req holding nothing is not stamped");
@@ -573,7 +573,7 @@ fn a_stale_copy_cannot_free_a_reused_row() {
     c.alloc_row(&mut b).unwrap();
     assert_eq!(b.row, stale.row, "the row is handed out again");
     assert_ne!(b.generation, stale.generation);
-    c.alloc_extend(&mut b, 8).unwrap();
+    c.alloc_extend(&mut b, 8, None).unwrap();
     let mut s = stale;
     let err = c.free_req(&mut s).unwrap_err();
     assert!(matches!(err, Error::State(_)), "{err}");

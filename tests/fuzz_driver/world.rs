@@ -842,7 +842,7 @@ impl World {
                 3 => skv_trim_overshoot(c, null_mut(), 0),
                 4 => skv_release_session(null_mut(), 0),
                 5 => skv_checkpoint(c, 0, 0, rp, null_mut()),
-                6 => skv_alloc_extend(c, null_mut(), 1),
+                6 => skv_alloc_extend(c, null_mut(), 1, null_mut()),
                 _ => skv_cache_stats(null_mut(), &mut stats),
             }
         })
@@ -948,7 +948,10 @@ impl World {
         let i = self.pick_req(s, true);
         let ps = self.sides[s].ps();
         let n = if self.rng.chance(60) { self.huge_u32(self.sides[s].max_ctx()) } else { self.rng.upto(2 * ps + 3) };
-        self.req_call(s, i, "skv_alloc_extend", format!(", {n}"), |c, r| unsafe { skv_alloc_extend(c, r, n) }).0
+        self.req_call(s, i, "skv_alloc_extend", format!(", {n}"), |c, r| unsafe {
+            skv_alloc_extend(c, r, n, std::ptr::null_mut())
+        })
+        .0
     }
 
     fn op_commit(&mut self, s: usize) -> skv_status {
@@ -1215,7 +1218,11 @@ impl World {
         let c = side.c;
         let mut r = fr.r;
         let rp: *mut skv_req = &mut r;
-        let expect = if reused { Expect::Fail } else { Expect::Any };
+        // libskv recognizes a stale copy by the row generation it stamped: always in owned mode
+        // (alloc_row stamps every row), in external mode only where it stamped the copy and
+        // itself handed the row back since (the engine frees and reuses rows on its own too).
+        let detectable = side.owned && fr.r.row_generation != 0;
+        let expect = if reused && detectable { Expect::Fail } else { Expect::Any };
         let tag = if reused { "stale copy, row reused" } else { "stale copy" };
         let (name, st) = match self.rng.below(6) {
             0 => (
@@ -1227,7 +1234,7 @@ impl World {
             1 => (
                 "skv_alloc_extend",
                 self.call(s, format!("skv_alloc_extend({tag} {}, 1)", show(&r)), rp, expect, || unsafe {
-                    skv_alloc_extend(c, rp, 1)
+                    skv_alloc_extend(c, rp, 1, std::ptr::null_mut())
                 }),
             ),
             2 => (
@@ -1318,7 +1325,9 @@ impl World {
         let sp: *mut skv_stats = &mut st_;
         match self.rng.below(7) {
             0 => self.call(s, "skv_alloc_row(external)".into(), rp, want, || unsafe { skv_alloc_row(c, rp) }),
-            1 => self.call(s, "skv_alloc_extend(external)".into(), rp, want, || unsafe { skv_alloc_extend(c, rp, 4) }),
+            1 => self.call(s, "skv_alloc_extend(external)".into(), rp, want, || unsafe {
+                skv_alloc_extend(c, rp, 4, std::ptr::null_mut())
+            }),
             2 => self.call(s, "skv_pool_alloc(external)".into(), null(), want, || unsafe { skv_pool_alloc(c, 4, bp) }),
             3 => self.call(s, "skv_pool_free(external)".into(), null(), want, || unsafe { skv_pool_free(c, bp, 4) }),
             4 => self.call(s, "skv_cache_stats(external)".into(), null(), want, || unsafe { skv_cache_stats(c, sp) }),

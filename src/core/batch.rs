@@ -1,0 +1,242 @@
+//! The per-step calls of a running batch: one call extends (or commits) every request by its
+//! own count. All or nothing: every request is checked — as its single call would check it,
+//! plus no row twice — and the pool's capacity for the whole batch, before the first change.
+//! An error names the request's position (`reqs[17]: ...`).
+
+use super::alloc::PageState;
+use super::cache::Cache;
+use super::error::{bail, Error, Result};
+use super::page::pages_for;
+use super::req::Req;
+
+impl Error {
+    /// The same error, its message prefixed (a batch names the request's position).
+    pub(crate) fn at(self, prefix: impl std::fmt::Display) -> Error {
+        let p = |m: String| format!("{prefix}: {m}");
+        match self {
+            Error::NullArg(m) => Error::NullArg(p(m)),
+            Error::InvalidArg(m) => Error::InvalidArg(p(m)),
+            Error::OutOfMemory(m) => Error::OutOfMemory(p(m)),
+            Error::NotFound(m) => Error::NotFound(p(m)),
+            Error::State(m) => Error::State(p(m)),
+            Error::Callback(m) => Error::Callback(p(m)),
+            Error::Cuda(m) => Error::Cuda(p(m)),
+            Error::Unsupported(m) => Error::Unsupported(p(m)),
+            Error::Internal(m) => Error::Internal(p(m)),
+        }
+    }
+}
+
+impl Cache {
+    /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
+    fn check_extend(&self, req: &Req, n: u32) -> Result<(u32, u32)> {
+        req.validate(&self.cfg)?;
+        let row = req.require_row()?;
+        let max = self.cfg.max_context_len;
+        let new_len = match req.allocated.checked_add(n) {
+            Some(l) if l <= max => l,
+            _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
+        };
+        self.check_record(req)?;
+        self.guard_idle_session_row(row)?;
+        Ok((row, new_len))
+    }
+
+    /// The checks `commit(req, n)` runs: the row, and the committed length after it.
+    fn check_commit(&self, req: &Req, n: u32) -> Result<(u32, u32)> {
+        req.validate(&self.cfg)?;
+        let row = req.require_row()?;
+        let committed = match req.committed.checked_add(n) {
+            Some(c) if c <= req.allocated => c,
+            _ => bail!(
+                InvalidArg,
+                "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}",
+                req.committed,
+                req.allocated
+            ),
+        };
+        self.check_record(req)?;
+        self.guard_idle_session_row(row)?;
+        Ok((row, committed))
+    }
+
+    /// Maps `n` more positions: the partial last page first, then whole new pages; with
+    /// `out`, writes the new positions' token slots there (`out.len() == n`).
+    pub fn alloc_extend(&mut self, req: &mut Req, n: u32, out: Option<&mut [i32]>) -> Result<()> {
+        self.require_owned()?;
+        let (row, new_len) = self.check_extend(req, n)?;
+        let ps = self.cfg.page_size;
+        let pool = self.pool.owned_mut().expect("owned checked");
+        let have = pool.row(row)?.pages.len() as u32;
+        let need = pages_for(new_len, ps) - have;
+        if need > 0 {
+            let r = pool.rows[row as usize].as_mut().expect("row checked in use");
+            pool.pages
+                .alloc(need, PageState::Owned, &mut r.pages)
+                .map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))?;
+        }
+        let r = pool.rows[row as usize].as_mut().expect("row checked in use");
+        r.len = new_len;
+        if let Some(out) = out {
+            write_slots(&r.pages, ps, req.allocated, out);
+        }
+        pool.mapped(row, req.allocated, new_len);
+        req.allocated = new_len;
+        Ok(())
+    }
+
+    /// Marks `n` more allocated tokens as final.
+    pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
+        self.require_owned()?;
+        let (_, committed) = self.check_commit(req, n)?;
+        req.committed = committed;
+        Ok(())
+    }
+
+    /// `alloc_extend(reqs[i], n_tokens[i])` for every i, all or nothing; with `out`, every
+    /// newly assigned token slot, request after request (`out.len()` >= their sum).
+    pub fn alloc_extend_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32], out: Option<&mut [i32]>) -> Result<()> {
+        self.require_owned()?;
+        let total: u64 = n_tokens.iter().map(|&n| n as u64).sum();
+        if let Some(out) = out.as_deref() {
+            if (out.len() as u64) < total {
+                bail!(InvalidArg, "out_cap {} < the {total} token slots the batch assigns", out.len());
+            }
+        }
+        let ps = self.cfg.page_size;
+        let stamp = self.begin_batch()?;
+        let mut pages = 0u64;
+        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
+            let (row, new_len) = self.check_extend(req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+            let pool = self.pool.owned_mut().expect("owned checked");
+            if let Some(j) = pool.mark_row(row, stamp, i as u32) {
+                bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
+            }
+            let r = pool.rows[row as usize].as_mut().expect("checked in use");
+            let need = pages_for(new_len, ps) - r.pages.len() as u32;
+            pages += need as u64;
+            if pages > pool.pages.free_pages() as u64 {
+                bail!(
+                    OutOfMemory,
+                    "reqs[{i}]: n_tokens {n}: the batch needs {pages} pages up to here, {} free",
+                    pool.pages.free_pages()
+                );
+            }
+            // Reserving changes nothing observable, and leaves nothing to fail below.
+            if r.pages.try_reserve_exact(need as usize).is_err() {
+                bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
+            }
+        }
+        let pool = self.pool.owned_mut().expect("owned checked");
+        let mut out = out;
+        let mut at = 0usize;
+        for (req, &n) in reqs.iter_mut().zip(n_tokens) {
+            let row = req.row as u32;
+            let new_len = req.allocated + n;
+            let r = pool.rows[row as usize].as_mut().expect("checked in use");
+            let need = pages_for(new_len, ps) - r.pages.len() as u32;
+            if need > 0 {
+                pool.pages.alloc(need, PageState::Owned, &mut r.pages).expect("pages and list room checked");
+            }
+            r.len = new_len;
+            if let Some(out) = out.as_deref_mut() {
+                write_slots(&r.pages, ps, req.allocated, &mut out[at..at + n as usize]);
+                at += n as usize;
+            }
+            pool.mapped(row, req.allocated, new_len);
+            req.allocated = new_len;
+        }
+        Ok(())
+    }
+
+    /// `commit(reqs[i], n_tokens[i])` for every i, all or nothing.
+    pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
+        self.require_owned()?;
+        let stamp = self.begin_batch()?;
+        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
+            let (row, _) = self.check_commit(req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+            let pool = self.pool.owned_mut().expect("owned checked");
+            if let Some(j) = pool.mark_row(row, stamp, i as u32) {
+                bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
+            }
+        }
+        for (req, &n) in reqs.iter_mut().zip(n_tokens) {
+            req.committed += n;
+        }
+        Ok(())
+    }
+
+    /// A new stamp for `OwnedPool::mark_row`.
+    fn begin_batch(&mut self) -> Result<u32> {
+        self.pool.owned_mut().expect("owned checked").next_batch()
+    }
+}
+
+/// The token slots of `row[from..from + out.len())`.
+fn write_slots(pages: &[u32], ps: u32, from: u32, out: &mut [i32]) {
+    for (o, p) in out.iter_mut().zip(from..) {
+        *o = (pages[(p / ps) as usize] * ps + p % ps) as i32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::req::Config;
+    use super::*;
+
+    fn cache(pages: u64) -> Cache {
+        let cfg =
+            Config { page_size: 4, num_token_slots: pages * 4, num_rows: 4, max_context_len: 64, aligned_reuse: false };
+        Cache::new_owned(cfg).unwrap()
+    }
+
+    fn rows(c: &mut Cache, n: usize) -> Vec<Req> {
+        (0..n)
+            .map(|_| {
+                let mut r = Req::default();
+                c.alloc_row(&mut r).unwrap();
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn extends_each_req_and_lists_the_new_slots_in_order() {
+        let mut c = cache(16);
+        let mut reqs = rows(&mut c, 2);
+        c.alloc_extend(&mut reqs[0], 3, None).unwrap();
+        let mut out = [0i32; 5];
+        c.alloc_extend_batch(&mut reqs, &[2, 3], Some(&mut out)).unwrap();
+        assert_eq!((reqs[0].allocated, reqs[1].allocated), (5, 3));
+        let mut want = [0i32; 5];
+        c.row_indices(reqs[0].row as u32, 3, 5, &mut want[..2]).unwrap();
+        c.row_indices(reqs[1].row as u32, 0, 3, &mut want[2..]).unwrap();
+        assert_eq!(out, want);
+        c.commit_batch(&mut reqs, &[5, 1]).unwrap();
+        assert_eq!((reqs[0].committed, reqs[1].committed), (5, 1));
+    }
+
+    #[test]
+    fn a_failing_batch_names_the_position_and_changes_nothing() {
+        let mut c = cache(4); // 3 usable pages
+        let mut reqs = rows(&mut c, 3);
+        let before = reqs.clone();
+        let free = c.stats().unwrap().free_pages;
+        let e = c.alloc_extend_batch(&mut reqs, &[4, 4, 8], None).unwrap_err();
+        assert!(matches!(&e, Error::OutOfMemory(m) if m.starts_with("reqs[2]: ")), "{e}");
+        reqs[1] = reqs[0];
+        let e = c.alloc_extend_batch(&mut reqs, &[1, 1, 1], None).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.contains("reqs[1]: row 0 is also reqs[0]'s")), "{e}");
+        let e = c.commit_batch(&mut reqs, &[0, 0, 1]).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[1]: ")), "{e}");
+        reqs[1] = before[1];
+        let e = c.commit_batch(&mut reqs, &[0, 0, 1]).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[2]: kv_committed_len 0")), "{e}");
+        assert_eq!(reqs, before);
+        assert_eq!(c.stats().unwrap().free_pages, free);
+        let mut out = [0i32; 2];
+        let e = c.alloc_extend_batch(&mut reqs, &[1, 1, 1], Some(&mut out)).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("out_cap 2")), "{e}");
+        assert_eq!(c.check().unwrap().violations, 0);
+    }
+}
