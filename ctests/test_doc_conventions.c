@@ -153,13 +153,13 @@ static void first_turn_abort_lock(void) {
   CHECK_OK(skv_cache_set_hooks(c, &h, NULL));
   CHECK_OK(skv_req_init(&r));
   CHECK_OK(skv_alloc_row(c, &r));
-  CHECK_OK(skv_alloc_extend(c, &r, 5));
+  CHECK_OK(skv_alloc_extend(c, &r, 5, NULL));
   r.lock_node = 9;
   CHECK_OK(skv_free_req(c, &r));
   CHECK_EQ_INT(owned_locks, 0);
   CHECK_EQ_U64(r.lock_node, 9); /* still the engine's to release */
   CHECK_OK(skv_alloc_row(c, &r));
-  CHECK_OK(skv_alloc_extend(c, &r, 5));
+  CHECK_OK(skv_alloc_extend(c, &r, 5, NULL));
   CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 1)); /* the same req aborted as a first turn */
   CHECK_EQ_INT(owned_locks, 1);
   skv_cache_free(c);
@@ -239,7 +239,7 @@ static void owned_stale_finish(void) {
   CHECK_OK(skv_cache_new(&cfg, &c));
   CHECK_OK(skv_req_init(&r));
   CHECK_OK(skv_alloc_row(c, &r));
-  CHECK_OK(skv_alloc_extend(c, &r, 10));
+  CHECK_OK(skv_alloc_extend(c, &r, 10, NULL));
   CHECK_OK(skv_commit(c, &r, 10));
   r.origin_input_len = 10;
   stale = r;
@@ -268,7 +268,7 @@ static void flashinfer_needed(void) {
   CHECK_OK(skv_cache_new(&cfg, &c));
   CHECK_OK(skv_req_init(&r));
   CHECK_OK(skv_alloc_row(c, &r));
-  CHECK_OK(skv_alloc_extend(c, &r, 9));
+  CHECK_OK(skv_alloc_extend(c, &r, 9, NULL));
   rows[0] = r.req_pool_idx;
   CHECK_STATUS(skv_build_flashinfer(c, rows, 1, indptr, idx, last, 1, &needed), SKV_ERR_INVALID_ARG);
   CHECK_EQ_U64(needed, 3);

@@ -58,10 +58,10 @@ static uint32_t run_turn(skv_cache *c, tree *t, uint64_t session, uint64_t branc
     req.lock_receipt = 1;
     t->locks++;
   }
-  TRY(skv_alloc_extend(c, &req, prompt_len - req.kv_allocated_len)); /* prefill the rest */
+  TRY(skv_alloc_extend(c, &req, prompt_len - req.kv_allocated_len, NULL)); /* prefill the rest */
   TRY(skv_commit(c, &req, prompt_len - req.kv_committed_len));
   while (req.output_len < max_new) {
-    TRY(skv_alloc_extend(c, &req, k + 1));
+    TRY(skv_alloc_extend(c, &req, k + 1, NULL));
     TRY(skv_commit(c, &req, accepted + 1));
     req.output_len += accepted + 1;
     TRY(skv_free_tail(c, &req, req.kv_committed_len)); /* drop rejected drafts */
