@@ -346,7 +346,7 @@ static void hooks_calling_libskv(void) {
   CHECK_OK(skv_cache_set_hooks(h.self, &hooks, &h));
   CHECK_OK(skv_req_init(&r));
   CHECK_OK(skv_alloc_row(h.self, &r));
-  CHECK_OK(skv_alloc_extend(h.self, &r, 6));
+  CHECK_OK(skv_alloc_extend(h.self, &r, 6, NULL));
   CHECK_OK(skv_commit(h.self, &r, 6));
   r.origin_input_len = 6;
   r.aux_state = 5;
@@ -396,7 +396,7 @@ static void stale_free_req(void) {
   CHECK_OK(skv_req_init(&a));
   CHECK_OK(skv_alloc_row(c, &a));
   CHECK(a.row_generation != 0);
-  CHECK_OK(skv_alloc_extend(c, &a, 8));
+  CHECK_OK(skv_alloc_extend(c, &a, 8, NULL));
   stale = a;
   CHECK_OK(skv_free_req(c, &a));
   CHECK_EQ_U64(a.row_generation, 0);
@@ -404,14 +404,14 @@ static void stale_free_req(void) {
   CHECK_OK(skv_alloc_row(c, &b));
   CHECK_EQ_INT(b.req_pool_idx, stale.req_pool_idx);
   CHECK(b.row_generation != stale.row_generation);
-  CHECK_OK(skv_alloc_extend(c, &b, 8));
+  CHECK_OK(skv_alloc_extend(c, &b, 8, NULL));
   before = stale;
   CHECK_STATUS(skv_free_req(c, &stale), SKV_ERR_STATE);
   CHECK_MSG_HAS("skv_free_req");
   CHECK_MSG_HAS("stale copy");
   CHECK_REQ_SAME(&stale, &before);
   /* every call taking the stale req says the same */
-  CHECK_STATUS(skv_alloc_extend(c, &stale, 1), SKV_ERR_STATE);
+  CHECK_STATUS(skv_alloc_extend(c, &stale, 1, NULL), SKV_ERR_STATE);
   CHECK_STATUS(skv_commit(c, &stale, 1), SKV_ERR_STATE);
   CHECK_STATUS(skv_trim_overshoot(c, &stale, 0), SKV_ERR_STATE);
   CHECK_STATUS(skv_free_tail(c, &stale, 0), SKV_ERR_STATE);
@@ -435,7 +435,7 @@ static void stale_finish_after_release_owned(void) {
   CHECK_OK(skv_req_init(&r));
   r.origin_input_len = 8;
   CHECK_OK(skv_alloc_row(c, &r));
-  CHECK_OK(skv_alloc_extend(c, &r, 8));
+  CHECK_OK(skv_alloc_extend(c, &r, 8, NULL));
   CHECK_OK(skv_commit(c, &r, 8));
   stale = r;
   CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
@@ -443,7 +443,7 @@ static void stale_finish_after_release_owned(void) {
   CHECK_OK(skv_req_init(&other));
   CHECK_OK(skv_alloc_row(c, &other));
   CHECK_EQ_INT(other.req_pool_idx, stale.req_pool_idx);
-  CHECK_OK(skv_alloc_extend(c, &other, 12));
+  CHECK_OK(skv_alloc_extend(c, &other, 12, NULL));
   CHECK_OK(skv_commit(c, &other, 8));
   before = stale;
   /* kv lengths made to agree with the live row: only the generation tells them apart */
