@@ -944,12 +944,15 @@ enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t targ
 
 /**
  * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
- * pages (the finish path's trim). A session row's rules are those of skv_free_aligned.
+ * pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
+ * own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
  *
  * # Safety
  * Pointers must be NULL or valid.
  */
-enum skv_status skv_trim_overshoot(struct skv_cache *c, struct skv_req *req, uint32_t finished_len);
+enum skv_status skv_trim_overshoot(struct skv_cache *c,
+                                   struct skv_req *req,
+                                   uint32_t finished_len);
 
 /**
  * Frees what lies past a reused prefix (the match path's tail free). A session row's rules

@@ -346,7 +346,8 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 }
 
 /// Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
-/// pages (the finish path's trim). A session row's rules are those of skv_free_aligned.
+/// pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
+/// own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
 ///
 /// # Safety
 /// Pointers must be NULL or valid.

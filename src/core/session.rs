@@ -387,6 +387,11 @@ impl Cache {
         req.committed = req.committed.min(target);
         req.swa = req.swa.min(target);
         req.output_len = req.output_len.min(finished_len);
+        // A trim below the engine's recorded finished length lowers it too: finished_len may
+        // never exceed output_len, or every later call would refuse the req.
+        if u32::try_from(req.finished_len).is_ok_and(|f| f > req.output_len) {
+            req.finished_len = req.output_len as i32;
+        }
     }
 
     fn apply_free_tail(&mut self, req: &mut Req, prefix_len: u32) {

@@ -617,3 +617,20 @@ fn external_stale_copy_after_release_is_refused() {
     c.cache_finished_req(2, 0, &mut fresh, false).unwrap();
     assert_eq!(c.slots().len(), 1);
 }
+
+/// A trim to fewer tokens than the req's finished_len lowers finished_len with output_len, so
+/// the req stays valid for the finish that follows.
+#[test]
+fn a_trim_below_finished_len_keeps_the_req_valid() {
+    let mut c = owned(2, 32);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 10, None).unwrap();
+    c.commit(&mut r, 10).unwrap();
+    (r.origin_input_len, r.output_len, r.finished_len) = (6, 4, 3);
+    c.trim_overshoot(&mut r, 1).unwrap();
+    assert_eq!((r.output_len, r.finished_len, r.allocated), (1, 1, 7));
+    c.commit(&mut r, 0).unwrap();
+    c.free_req(&mut r).unwrap();
+    assert_eq!(c.check().unwrap().violations, 0);
+}

@@ -184,6 +184,9 @@ impl Model {
         r.kv_committed_len = r.kv_committed_len.min(t);
         r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(t);
         r.output_len = r.output_len.min(fl);
+        if r.finished_len >= 0 && r.finished_len as u32 > r.output_len {
+            r.finished_len = r.output_len as i32;
+        }
     }
 
     fn apply_free_tail(&self, r: &mut skv_req, prefix: u32, fx: &mut Vec<Eff>) {
