@@ -702,12 +702,12 @@ enum skv_status skv_alloc_extend(struct skv_cache *c,
 enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
 
 /**
- * skv_alloc_extend for every request of a running batch in one call: reqs[i] gains
- * n_tokens[i] positions, and out_loc (when not NULL) receives every newly assigned KV slot
+ * skv_alloc_extend for every request of a running batch in one call: `reqs[i]` gains
+ * `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot
  * index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
  * must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
  * it (and no row may appear twice), and the pool must hold the pages of the whole batch,
- * before anything changes; the error names the request's position ("reqs[17]: ...").
+ * before anything changes; the error names the request's position (`reqs[17]: ...`).
  * (NULL, 0) is an empty batch.
  *
  * # Safety
@@ -721,8 +721,8 @@ enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
                                        size_t out_cap);
 
 /**
- * skv_commit for every request of a running batch in one call: reqs[i].kv_committed_len +=
- * n_tokens[i]. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
+ * skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
+ * `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
  *
  * # Safety
  * reqs and n_tokens must hold n values.

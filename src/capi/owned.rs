@@ -108,12 +108,12 @@ unsafe fn on_reqs(
     done
 }
 
-/// skv_alloc_extend for every request of a running batch in one call: reqs[i] gains
-/// n_tokens[i] positions, and out_loc (when not NULL) receives every newly assigned KV slot
+/// skv_alloc_extend for every request of a running batch in one call: `reqs[i]` gains
+/// `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot
 /// index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
 /// must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
 /// it (and no row may appear twice), and the pool must hold the pages of the whole batch,
-/// before anything changes; the error names the request's position ("reqs[17]: ...").
+/// before anything changes; the error names the request's position (`reqs[17]: ...`).
 /// (NULL, 0) is an empty batch.
 ///
 /// # Safety
@@ -159,8 +159,8 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
     )
 }
 
-/// skv_commit for every request of a running batch in one call: reqs[i].kv_committed_len +=
-/// n_tokens[i]. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
+/// skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
+/// `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
 ///
 /// # Safety
 /// reqs and n_tokens must hold n values.
