@@ -45,7 +45,7 @@ lint:
 sim:
 	$(CARGO) run --release --bin skv-sim
 
-# The long fuzz run (cargo test runs 100,000 calls); FUZZ_PROBES=all once the holes are closed.
+# The long fuzz run (cargo test runs 100,000 calls), every probe class on (FUZZ_PROBES=none turns them off).
 FUZZ_CALLS ?= 10000000
 FUZZ_SEED ?= 0x10c0ffee
 fuzz:

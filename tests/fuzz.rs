@@ -17,9 +17,9 @@ mod fuzz_driver;
 
 use fuzz_driver::{Plan, Probes};
 
-/// The probe classes every run includes unless `SKV_FUZZ_PROBES` names others. Each fails on
-/// libskv 0.1.0 (a crash, a deadlock or a wrong status); "all" once holes 1-7 of issue 9 are
-/// closed.
+/// The probe classes every run includes unless `SKV_FUZZ_PROBES` names others: all of them.
+/// Each one failed on libskv 0.1.0 (a crash, a deadlock or a wrong status) and is a regression
+/// test of its fix since.
 const CI_PROBES: &str = "all";
 
 fn env_u64(name: &str, default: u64) -> u64 {
