@@ -51,7 +51,7 @@
 #define SKV_SONAME "libskv.so.0.2"
 
 /**
- * A session prefix is reused only in whole pages (SEMANTICS.md, match_prefix steps 3, 6).
+ * A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
  */
 #define SKV_FLAG_ALIGNED_REUSE 1
 
@@ -865,7 +865,7 @@ enum skv_status skv_build_flashinfer(struct skv_cache *c,
 enum skv_status skv_req_init(struct skv_req *req);
 
 /**
- * Restores a session's slot into `req` for its next turn (SEMANTICS.md match_prefix).
+ * Restores a session's slot into `req` for its next turn (docs/operations.md).
  * `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
  * or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
  * the request finishes; meanwhile only that request's req (holding the row) may match it again

@@ -24,7 +24,7 @@ pub struct skv_cache {
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
-/// A session prefix is reused only in whole pages (SEMANTICS.md, match_prefix steps 3, 6).
+/// A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
 pub const SKV_FLAG_ALIGNED_REUSE: u32 = 0x1;
 
 /// How a cache is laid out.

@@ -171,7 +171,7 @@ pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     })
 }
 
-/// Restores a session's slot into `req` for its next turn (SEMANTICS.md match_prefix).
+/// Restores a session's slot into `req` for its next turn (docs/operations.md).
 /// `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
 /// or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
 /// the request finishes; meanwhile only that request's req (holding the row) may match it again
