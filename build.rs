@@ -4,6 +4,9 @@
 use std::env;
 use std::path::PathBuf;
 
+#[path = "build/api_table.rs"]
+mod api_table;
+
 fn main() {
     let dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("set by cargo"));
     let version = env::var("CARGO_PKG_VERSION").expect("set by cargo");
@@ -15,6 +18,9 @@ fn main() {
     // what the SONAME promises: libskv.so.<SKV_ABI_VERSION - 1>.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libskv.so.0");
 
+    let out_dir = PathBuf::from(env::var("OUT_DIR").expect("set by cargo"));
+    api_table::generate(&dir.join("src/capi"), &out_dir);
+
     let mut config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     config.after_includes = Some(format!(
         "\n/** The version of the headers, from Cargo.toml. */\n\
@@ -23,7 +29,7 @@ fn main() {
          #define SKV_VERSION_MINOR {minor}\n\
          #define SKV_VERSION_PATCH {patch}"
     ));
-    match cbindgen::Builder::new().with_crate(&dir).with_config(config).generate() {
+    match cbindgen::Builder::new().with_crate(&dir).with_src(out_dir.join("api_table.rs")).with_config(config).generate() {
         Ok(bindings) => {
             bindings.write_to_file(dir.join("include/skv.h"));
         }

@@ -160,6 +160,25 @@ typedef struct skv_pool_ops {
 } skv_pool_ops;
 
 /**
+ * Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
+ * here (release, aborted finish, aligned-reuse release). Either may be NULL.
+ */
+typedef struct skv_engine_hooks {
+  /**
+   * sizeof(skv_engine_hooks); lets the struct grow.
+   */
+  uint32_t struct_size;
+  /**
+   * Drop the prefix-tree lock a session inherited from its first request.
+   */
+  int (*dec_lock_ref)(void*, uint64_t, uint64_t);
+  /**
+   * Free engine auxiliary state.
+   */
+  int (*free_aux)(void*, int64_t);
+} skv_engine_hooks;
+
+/**
  * One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
  */
 typedef struct skv_req {
@@ -316,35 +335,16 @@ typedef struct skv_check_report {
 } skv_check_report;
 
 /**
- * Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
- * here (release, aborted finish, aligned-reuse release). Either may be NULL.
+ * Every exported function, for engines that dlopen libskv: one field per function, named
+ * like it without the skv_ prefix (abi_version_fn is skv_abi_version). Get it with
+ * skv_get_api(SKV_ABI_VERSION). Append-only within an ABI version: a function joins the
+ * end of the table when it joins the library, and struct_size tells a caller how far the
+ * table it was given reaches (a field is present when offsetof(field) + sizeof(field) <=
+ * struct_size).
  */
-typedef struct skv_engine_hooks {
+typedef struct skv_api {
   /**
-   * sizeof(skv_engine_hooks); lets the struct grow.
-   */
-  uint32_t struct_size;
-  /**
-   * Drop the prefix-tree lock a session inherited from its first request.
-   */
-  int (*dec_lock_ref)(void*, uint64_t, uint64_t);
-  /**
-   * Free engine auxiliary state.
-   */
-  int (*free_aux)(void*, int64_t);
-} skv_engine_hooks;
-
-/**
- * Every exported function of ABI version 1, in the order of the C API's sections; each
- * field is named like its function without the skv_ prefix (abi_version_fn is
- * skv_abi_version, the plain name being this table's own version field). Append-only: a
- * function joins the end of the table when it joins the library, nothing is removed or
- * reordered, and struct_size tells a caller how far the table it was given reaches.
- */
-typedef struct skv_api_v1 {
-  /**
-   * sizeof(skv_api_v1) of the library that made the table: a field lies inside the
-   * table when offsetof(field) + sizeof(field) <= struct_size.
+   * sizeof(skv_api) of the library that made the table.
    */
   uint32_t struct_size;
   /**
@@ -382,6 +382,16 @@ typedef struct skv_api_v1 {
    * Same as skv_cache_free.
    */
   void (*cache_free)(struct skv_cache *cache);
+  /**
+   * Same as skv_cache_set_hooks.
+   */
+  enum skv_status (*cache_set_hooks)(struct skv_cache *c,
+                                     const struct skv_engine_hooks *hooks,
+                                     void *user_data);
+  /**
+   * Same as skv_cache_set_trace.
+   */
+  enum skv_status (*cache_set_trace)(struct skv_cache *c, const char *path);
   /**
    * Same as skv_req_init.
    */
@@ -500,12 +510,6 @@ typedef struct skv_api_v1 {
    */
   enum skv_status (*cache_check)(struct skv_cache *c, struct skv_check_report *out);
   /**
-   * Same as skv_cache_set_hooks.
-   */
-  enum skv_status (*cache_set_hooks)(struct skv_cache *c,
-                                     const struct skv_engine_hooks *hooks,
-                                     void *user_data);
-  /**
    * Same as skv_build_flashinfer.
    */
   enum skv_status (*build_flashinfer)(struct skv_cache *c,
@@ -517,14 +521,6 @@ typedef struct skv_api_v1 {
                                       size_t cap,
                                       size_t *needed);
   /**
-   * Same as skv_cache_set_trace.
-   */
-  enum skv_status (*cache_set_trace)(struct skv_cache *c, const char *path);
-  /**
-   * Same as skv_get_api.
-   */
-  const struct skv_api_v1 *(*get_api)(uint32_t abi_version);
-  /**
    * Same as skv_device_attach.
    */
   enum skv_status (*device_attach)(struct skv_cache *c, int device_ordinal, void *cu_stream);
@@ -534,7 +530,11 @@ typedef struct skv_api_v1 {
   enum skv_status (*device_sync)(struct skv_cache *c,
                                  uint64_t *out_device_ptr,
                                  uint64_t *out_row_stride);
-} skv_api_v1;
+  /**
+   * Same as skv_get_api.
+   */
+  const struct skv_api *(*get_api)(uint32_t abi_version);
+} skv_api;
 
 #ifdef __cplusplus
 extern "C" {
@@ -545,7 +545,7 @@ extern "C" {
  * implement that version (skv_last_error() then says which it does). The table is static:
  * valid until the library is unloaded, never freed by the caller.
  */
-const struct skv_api_v1 *skv_get_api(uint32_t abi_version);
+const struct skv_api *skv_get_api(uint32_t abi_version);
 
 /**
  * Creates a cache over libskv's own paged pool and rows (owned mode).
