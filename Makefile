@@ -4,6 +4,8 @@ CARGO ?= cargo
 TARGET_DIR ?= $(or $(CARGO_TARGET_DIR),target)
 # build.rs generates the header here (and into OUT_DIR); include/skv.h is its committed copy.
 GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
+# ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
+GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
 .PHONY: all build deps test test-rust test-c test-integration sim fuzz bench install header header-check lint clean
 
@@ -62,11 +64,14 @@ install:
 # Refreshes include/skv.h from what build.rs generated from src/capi.
 header: build
 	cp $(GENERATED_HEADER) include/skv.h
+	cp $(GENERATED_API_LIST) src/capi/api.list
 
 # The committed header must be what cbindgen generates from src/capi (committed or not).
 header-check: build
 	@diff -u include/skv.h $(GENERATED_HEADER) || \
 	  { echo "include/skv.h differs from the generated header: run make header" >&2; exit 1; }
+	@diff -u src/capi/api.list $(GENERATED_API_LIST) || \
+	  { echo "src/capi/api.list lacks a new export: run make header" >&2; exit 1; }
 
 clean:
 	$(CARGO) clean

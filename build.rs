@@ -54,6 +54,9 @@ fn number(name: &str) -> u64 {
     var(name).parse().unwrap_or_else(|_| panic!("{name} is a number"))
 }
 
+#[path = "build/api_table.rs"]
+mod api_table;
+
 fn main() {
     let dir = PathBuf::from(var("CARGO_MANIFEST_DIR"));
     let out = PathBuf::from(var("OUT_DIR"));
@@ -83,6 +86,12 @@ fn main() {
     let copy = profile_dir.join("include/skv.h");
     let generated = out.join("skv.h");
 
+    // The dlopen table (skv_api) from the exports; its order's copy for `make header`.
+    api_table::generate(&dir.join("src/capi"), &out);
+    let order = fs::read_to_string(out.join("api.list")).expect("api.list generated");
+    fs::create_dir_all(copy.parent().expect("has a parent")).expect("create target/<profile>/include");
+    write_if_changed(&profile_dir.join("include/api.list"), &order);
+
     let mut config = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     config.after_includes = Some(format!(
         "\n/** The version of the headers, from Cargo.toml. */\n\
@@ -106,7 +115,7 @@ fn main() {
         abi = v.abi,
         soname = v.soname
     ));
-    match cbindgen::Builder::new().with_crate(&dir).with_config(config).generate() {
+    match cbindgen::Builder::new().with_crate(&dir).with_src(out.join("api_table.rs")).with_config(config).generate() {
         Ok(bindings) => {
             bindings.write_to_file(&generated);
             fs::create_dir_all(copy.parent().expect("has a parent")).expect("create target/<profile>/include");

@@ -130,10 +130,10 @@ step exports exports
 # plain name being the table's own version field).
 api_table() {
   local fields syms
-  fields=$(sed -n '/^typedef struct skv_api_v1 {/,/^} skv_api_v1;/p' "$inc/skv.h" |
+  fields=$(sed -n '/^typedef struct skv_api {/,/^} skv_api;/p' "$inc/skv.h" |
            grep -oE '\(\*[a-z0-9_]+\)' | tr -d '(*)' | sed 's/^abi_version_fn$/abi_version/' | sort)
   syms=$(nm -D --defined-only "$real" | awk '{print $NF}' | sed -n 's/@.*//; s/^skv_//p' | sort -u)
-  [ -n "$fields" ] || { echo "no function pointer fields in skv_api_v1"; return 1; }
+  [ -n "$fields" ] || { echo "no function pointer fields in skv_api"; return 1; }
   diff <(echo "$fields") <(echo "$syms") && echo "$(echo "$fields" | wc -l) entries"
 }
 step api_table api_table

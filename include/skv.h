@@ -368,16 +368,16 @@ typedef struct skv_engine_hooks {
 } skv_engine_hooks;
 
 /**
- * Every exported function of ABI version 1, in the order of the C API's sections; each
- * field is named like its function without the skv_ prefix (abi_version_fn is
- * skv_abi_version, the plain name being this table's own version field). Append-only: a
- * function joins the end of the table when it joins the library, nothing is removed or
- * reordered, and struct_size tells a caller how far the table it was given reaches.
+ * Every exported function, for engines that dlopen libskv: one field per function, named
+ * like it without the skv_ prefix (abi_version_fn is skv_abi_version). Get it with
+ * skv_get_api(SKV_ABI_VERSION). Append-only within an ABI version: a function joins the
+ * end of the table when it joins the library, and struct_size tells a caller how far the
+ * table it was given reaches (a field is present when offsetof(field) + sizeof(field) <=
+ * struct_size).
  */
-typedef struct skv_api_v1 {
+typedef struct skv_api {
   /**
-   * sizeof(skv_api_v1) of the library that made the table: a field lies inside the
-   * table when offsetof(field) + sizeof(field) <= struct_size.
+   * sizeof(skv_api) of the library that made the table.
    */
   uint32_t struct_size;
   /**
@@ -559,7 +559,7 @@ typedef struct skv_api_v1 {
   /**
    * Same as skv_get_api.
    */
-  const struct skv_api_v1 *(*get_api)(uint32_t abi_version);
+  const struct skv_api *(*get_api)(uint32_t abi_version);
   /**
    * Same as skv_device_attach.
    */
@@ -586,7 +586,7 @@ typedef struct skv_api_v1 {
                                   struct skv_req *reqs,
                                   size_t n,
                                   const uint32_t *n_tokens);
-} skv_api_v1;
+} skv_api;
 
 #ifdef __cplusplus
 extern "C" {
@@ -597,7 +597,7 @@ extern "C" {
  * implement that version (skv_last_error() then says which it does). The table is static:
  * valid until the library is unloaded, never freed by the caller.
  */
-const struct skv_api_v1 *skv_get_api(uint32_t abi_version);
+const struct skv_api *skv_get_api(uint32_t abi_version);
 
 /**
  * Creates a cache over libskv's own paged pool and rows (owned mode).

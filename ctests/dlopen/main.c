@@ -8,7 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
-typedef const skv_api_v1 *(*get_api_fn)(uint32_t abi_version);
+typedef const skv_api *(*get_api_fn)(uint32_t abi_version);
 
 static int failed;
 
@@ -46,7 +46,7 @@ static int same_fn(const void *table_field, void *lib, const char *name) {
 }
 
 /* A session of two turns with speculative overshoot trimmed at each finish. */
-static int streaming_session(const skv_api_v1 *api) {
+static int streaming_session(const skv_api *api) {
   skv_cache_config cfg;
   skv_cache *c = NULL;
   skv_req req;
@@ -111,7 +111,7 @@ static int streaming_session(const skv_api_v1 *api) {
 
 int main(int argc, char **argv) {
   const char *path = argc > 1 ? argv[1] : SKV_SONAME;
-  const skv_api_v1 *api;
+  const skv_api *api;
   get_api_fn get_api;
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
 
@@ -134,7 +134,7 @@ int main(int argc, char **argv) {
   }
   EXPECT(api->abi_version == SKV_ABI_VERSION);
   /* The table this header describes must fit in what the library gave. */
-  EXPECT(api->struct_size >= sizeof(skv_api_v1));
+  EXPECT(api->struct_size >= sizeof(skv_api));
   EXPECT(api->abi_version_fn() == SKV_ABI_VERSION);
   EXPECT(strcmp(api->version(), SKV_VERSION) == 0);
   EXPECT(api->get_api(SKV_ABI_VERSION) == api && api->get_api(SKV_ABI_VERSION + 1) == NULL);
