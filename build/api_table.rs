@@ -126,7 +126,7 @@ pub fn generate(capi_dir: &Path, out_dir: &Path) {
     rs.push_str(
         "/// The layout engines compiled against this ABI read: the two u32 fields, then one\n\
          /// pointer per export in api.list order.\n\
-         #[cfg(test)]\n#[test]\nfn the_table_layout_is_pinned() {\n\
+         #[cfg(test)]\n#[test]\n#[allow(clippy::erasing_op, clippy::identity_op)]\nfn the_table_layout_is_pinned() {\n\
          \x20   use std::mem::{offset_of, size_of};\n\
          \x20   let p = size_of::<usize>();\n\
          \x20   assert_eq!(offset_of!(skv_api, abi_version), 4);\n",

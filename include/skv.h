@@ -593,11 +593,27 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The function table of ABI version `abi_version`, or NULL when this library does not
- * implement that version (skv_last_error() then says which it does). The table is static:
- * valid until the library is unloaded, never freed by the caller.
+ * The status code as a constant string naming it, e.g. "SKV_ERR_STATE"; never NULL, also
+ * for a value that is no status code.
  */
-const struct skv_api *skv_get_api(uint32_t abi_version);
+const char *skv_status_str(skv_status s);
+
+/**
+ * The message of the last failed libskv call on this thread, naming the function and the
+ * offending value; "" when the last call on this thread succeeded. Valid until the next
+ * libskv call on this thread. Never NULL.
+ */
+const char *skv_last_error(void);
+
+/**
+ * SKV_ABI_VERSION of this build.
+ */
+uint32_t skv_abi_version(void);
+
+/**
+ * The library's version, e.g. "0.1.0" (SKV_VERSION of the header it was built with).
+ */
+const char *skv_version(void);
 
 /**
  * Creates a cache over libskv's own paged pool and rows (owned mode).
@@ -642,33 +658,124 @@ void skv_cache_free(struct skv_cache *cache);
 enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 
 /**
- * Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout
- * attention kernels read) on device `device_ordinal`, used with the engine's stream
- * `cu_stream` (a CUstream; NULL is the legacy default stream). Owned mode only
- * (SKV_ERR_UNSUPPORTED in external mode, or in a build without the `cuda` feature);
- * SKV_ERR_CUDA with a clear message where no CUDA driver is found; SKV_ERR_STATE when a copy
- * is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
- * with the handle.
+ * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
+ * aux -1.
  *
  * # Safety
- * `cu_stream` must be NULL or a live CUstream of that device's primary context while the
- * handle lives.
+ * `req` must be NULL or valid.
  */
-enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
+enum skv_status skv_req_init(struct skv_req *req);
 
 /**
- * Makes the device copy equal to the host rows at every mapped position, copying only the
- * spans of rows mapped anew since the last sync, asynchronously on the attached stream
- * (positions past a row's mapped length are unspecified: kernels read a row up to its
- * sequence length). Writes the copy's device pointer and its row stride in int32 values
- * (max_context_len). SKV_ERR_STATE before skv_device_attach.
+ * Restores a session's slot into `req` for its next turn (docs/operations.md).
+ * `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
+ * or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
+ * the request finishes; meanwhile only that request's req (holding the row) may match it again
+ * (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
+ * other req is SKV_ERR_STATE.
  *
  * # Safety
  * Pointers must be NULL or valid.
  */
-enum skv_status skv_device_sync(struct skv_cache *c,
-                                uint64_t *out_device_ptr,
-                                uint64_t *out_row_stride);
+enum skv_status skv_match_prefix(struct skv_cache *c,
+                                 uint64_t session_id,
+                                 uint64_t branch_id,
+                                 struct skv_req *req,
+                                 uint32_t key_len,
+                                 uint32_t pre_aborted,
+                                 struct skv_match *out);
+
+/**
+ * Saves a finished turn into its session slot after trimming its speculative overshoot, or
+ * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
+ * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
+ * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
+ * req's aux_state; of an idle slot, the slot's own record.
+ *
+ * # Safety
+ * Pointers must be NULL or valid.
+ */
+enum skv_status skv_cache_finished_req(struct skv_cache *c,
+                                       uint64_t session_id,
+                                       uint64_t branch_id,
+                                       struct skv_req *req,
+                                       uint32_t aborted);
+
+/**
+ * Between prefill chunks: *handled = 1 when the session slot handles this request (a later
+ * turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
+ *
+ * # Safety
+ * Pointers must be NULL or valid.
+ */
+enum skv_status skv_checkpoint(struct skv_cache *c,
+                               uint64_t session_id,
+                               uint64_t branch_id,
+                               const struct skv_req *req,
+                               uint32_t *handled);
+
+/**
+ * Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
+ * refuses the whole call with SKV_ERR_STATE.
+ *
+ * # Safety
+ * `c` must be NULL or a live handle.
+ */
+enum skv_status skv_release_session(struct skv_cache *c, uint64_t session_id);
+
+/**
+ * Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
+ *
+ * # Safety
+ * `c` must be NULL or a live handle.
+ */
+enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uint64_t branch_id);
+
+/**
+ * The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
+ * page_size is 1); the page holding target-1 stays. Owned mode: end must reach the row's
+ * mapped end and target must not reach below its protected prefix. On a session's row:
+ * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
+ * recorded end, target must keep its protected prefix, and the slot shortens with the row
+ * (the engine lowers its own req's kv_allocated_len).
+ *
+ * # Safety
+ * `c` must be NULL or a live handle.
+ */
+enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
+
+/**
+ * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
+ * pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
+ * own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
+ *
+ * # Safety
+ * Pointers must be NULL or valid.
+ */
+enum skv_status skv_trim_overshoot(struct skv_cache *c,
+                                   struct skv_req *req,
+                                   uint32_t finished_len);
+
+/**
+ * Frees what lies past a reused prefix (the match path's tail free). A session row's rules
+ * are those of skv_free_aligned.
+ *
+ * # Safety
+ * Pointers must be NULL or valid.
+ */
+enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t prefix_len);
+
+/**
+ * What idle session slots hold. Rows listed in active_rows belong to running requests and
+ * are not counted; (NULL, 0) lists none.
+ *
+ * # Safety
+ * Pointers must be NULL or valid; active_rows must hold n_active values.
+ */
+enum skv_status skv_session_held(struct skv_cache *c,
+                                 const int32_t *active_rows,
+                                 size_t n_active,
+                                 struct skv_held *out);
 
 /**
  * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -856,147 +963,40 @@ enum skv_status skv_build_flashinfer(struct skv_cache *c,
                                      size_t *needed);
 
 /**
- * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
- * aux -1.
+ * Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout
+ * attention kernels read) on device `device_ordinal`, used with the engine's stream
+ * `cu_stream` (a CUstream; NULL is the legacy default stream). Owned mode only
+ * (SKV_ERR_UNSUPPORTED in external mode, or in a build without the `cuda` feature);
+ * SKV_ERR_CUDA with a clear message where no CUDA driver is found; SKV_ERR_STATE when a copy
+ * is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
+ * with the handle.
  *
  * # Safety
- * `req` must be NULL or valid.
+ * `cu_stream` must be NULL or a live CUstream of that device's primary context while the
+ * handle lives.
  */
-enum skv_status skv_req_init(struct skv_req *req);
+enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
 
 /**
- * Restores a session's slot into `req` for its next turn (docs/operations.md).
- * `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
- * or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
- * the request finishes; meanwhile only that request's req (holding the row) may match it again
- * (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
- * other req is SKV_ERR_STATE.
- *
- * # Safety
- * Pointers must be NULL or valid.
- */
-enum skv_status skv_match_prefix(struct skv_cache *c,
-                                 uint64_t session_id,
-                                 uint64_t branch_id,
-                                 struct skv_req *req,
-                                 uint32_t key_len,
-                                 uint32_t pre_aborted,
-                                 struct skv_match *out);
-
-/**
- * Saves a finished turn into its session slot after trimming its speculative overshoot, or
- * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
- * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
- * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
- * req's aux_state; of an idle slot, the slot's own record.
+ * Makes the device copy equal to the host rows at every mapped position, copying only the
+ * spans of rows mapped anew since the last sync, asynchronously on the attached stream
+ * (positions past a row's mapped length are unspecified: kernels read a row up to its
+ * sequence length). Writes the copy's device pointer and its row stride in int32 values
+ * (max_context_len). SKV_ERR_STATE before skv_device_attach.
  *
  * # Safety
  * Pointers must be NULL or valid.
  */
-enum skv_status skv_cache_finished_req(struct skv_cache *c,
-                                       uint64_t session_id,
-                                       uint64_t branch_id,
-                                       struct skv_req *req,
-                                       uint32_t aborted);
+enum skv_status skv_device_sync(struct skv_cache *c,
+                                uint64_t *out_device_ptr,
+                                uint64_t *out_row_stride);
 
 /**
- * Between prefill chunks: *handled = 1 when the session slot handles this request (a later
- * turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
- *
- * # Safety
- * Pointers must be NULL or valid.
+ * The function table of ABI version `abi_version`, or NULL when this library does not
+ * implement that version (skv_last_error() then says which it does). The table is static:
+ * valid until the library is unloaded, never freed by the caller.
  */
-enum skv_status skv_checkpoint(struct skv_cache *c,
-                               uint64_t session_id,
-                               uint64_t branch_id,
-                               const struct skv_req *req,
-                               uint32_t *handled);
-
-/**
- * Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
- * refuses the whole call with SKV_ERR_STATE.
- *
- * # Safety
- * `c` must be NULL or a live handle.
- */
-enum skv_status skv_release_session(struct skv_cache *c, uint64_t session_id);
-
-/**
- * Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
- *
- * # Safety
- * `c` must be NULL or a live handle.
- */
-enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uint64_t branch_id);
-
-/**
- * The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
- * page_size is 1); the page holding target-1 stays. Owned mode: end must reach the row's
- * mapped end and target must not reach below its protected prefix. On a session's row:
- * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
- * recorded end, target must keep its protected prefix, and the slot shortens with the row
- * (the engine lowers its own req's kv_allocated_len).
- *
- * # Safety
- * `c` must be NULL or a live handle.
- */
-enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
-
-/**
- * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
- * pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
- * own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
- *
- * # Safety
- * Pointers must be NULL or valid.
- */
-enum skv_status skv_trim_overshoot(struct skv_cache *c,
-                                   struct skv_req *req,
-                                   uint32_t finished_len);
-
-/**
- * Frees what lies past a reused prefix (the match path's tail free). A session row's rules
- * are those of skv_free_aligned.
- *
- * # Safety
- * Pointers must be NULL or valid.
- */
-enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t prefix_len);
-
-/**
- * What idle session slots hold. Rows listed in active_rows belong to running requests and
- * are not counted; (NULL, 0) lists none.
- *
- * # Safety
- * Pointers must be NULL or valid; active_rows must hold n_active values.
- */
-enum skv_status skv_session_held(struct skv_cache *c,
-                                 const int32_t *active_rows,
-                                 size_t n_active,
-                                 struct skv_held *out);
-
-/**
- * The status code as a constant string naming it, e.g. "SKV_ERR_STATE"; never NULL, also
- * for a value that is no status code.
- */
-const char *skv_status_str(skv_status s);
-
-/**
- * The message of the last failed libskv call on this thread, naming the function and the
- * offending value; "" when the last call on this thread succeeded. Valid until the next
- * libskv call on this thread. Never NULL.
- */
-const char *skv_last_error(void);
-
-/**
- * SKV_ABI_VERSION of this build.
- */
-uint32_t skv_abi_version(void);
-
-/**
- * The library's version, e.g. "0.1.0" (SKV_VERSION of the header it was built with).
- */
-const char *skv_version(void);
+const struct skv_api *skv_get_api(uint32_t abi_version);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -109,7 +109,7 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 /// `cfg` and `out` must be NULL or valid pointers.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
-    guard("skv_cache_new", || {
+    guard(this_export!(), || {
         arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
         let cfg = config(&read_config(cfg)?)?;
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
     user_data: *mut c_void,
     out: *mut *mut skv_cache,
 ) -> skv_status {
-    guard("skv_cache_new_external", || {
+    guard(this_export!(), || {
         arg(cfg, "cfg")?;
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
@@ -169,7 +169,7 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 /// `path` must be NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
-    guard("skv_cache_set_trace", || {
+    guard(this_export!(), || {
         let handle = arg(c.cast_const(), "cache")?;
         // Calls take the trace lock before the handle's: read what the first line needs and let
         // go of the handle before opening.

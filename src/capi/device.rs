@@ -25,7 +25,7 @@ pub unsafe extern "C" fn skv_device_attach(
 ) -> skv_status {
     traced(
         c,
-        "skv_device_attach",
+        this_export!(),
         |t| {
             t.num("device_ordinal", device_ordinal);
         },
@@ -59,7 +59,7 @@ pub unsafe extern "C" fn skv_device_sync(
 ) -> skv_status {
     traced(
         c,
-        "skv_device_sync",
+        this_export!(),
         |_| {},
         || {
             let handle = arg(c.cast_const(), "cache")?;

@@ -4,6 +4,18 @@
 
 #![allow(non_camel_case_types)]
 
+/// The name of the export it is written in (`"skv_match_prefix"` inside `skv_match_prefix`),
+/// for its error messages and trace lines: an export's name is written once, in its signature.
+/// Resolved only when needed (a failure, a traced call), so a successful call pays nothing.
+macro_rules! this_export {
+    () => {{
+        fn here() {}
+        $crate::capi::ExportName(|| $crate::capi::export_name(std::any::type_name_of_val(&here)))
+    }};
+}
+
+// The header follows this order: status and errors, the handle and its config, the session
+// calls, owned pools, the device, the dlopen table.
 mod api;
 mod cache;
 mod device;
@@ -27,9 +39,25 @@ pub(crate) use trace::traced;
 
 use crate::core::{Cache, Error, Result};
 
+/// An export's name, resolved on demand (see `this_export!`).
+#[derive(Clone, Copy)]
+pub(crate) struct ExportName(pub(crate) fn() -> &'static str);
+
+impl ExportName {
+    pub(crate) fn get(self) -> &'static str {
+        (self.0)()
+    }
+}
+
+/// The function a nested item's path names: `skv::capi::session::skv_match_prefix::here`
+/// gives `skv_match_prefix`.
+pub(crate) fn export_name(path: &'static str) -> &'static str {
+    path.rsplit("::").nth(1).unwrap_or(path)
+}
+
 /// Runs one export's body: panics become `SKV_ERR_INTERNAL`, errors set the thread's last
 /// error message (prefixed with the function name), success clears it.
-pub(crate) fn guard(function: &'static str, body: impl FnOnce() -> Result<()>) -> skv_status {
+pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> skv_status {
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
@@ -44,7 +72,7 @@ pub(crate) fn guard(function: &'static str, body: impl FnOnce() -> Result<()>) -
             skv_status::SKV_OK
         }
         Err(e) => {
-            set_last_error(function, &e.to_string());
+            set_last_error(function.get(), &e.to_string());
             status_of(&e)
         }
     }
@@ -171,4 +199,18 @@ pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<MutexGuard<'a, Cache>
         ));
     }
     handle.inner.lock().map_err(|_| Error::Internal("the handle is unusable after an earlier internal error".into()))
+}
+
+#[cfg(test)]
+mod export_name_tests {
+    /// The one place the name comes from a path: pinned so a change in rustc's type_name
+    /// format fails here rather than in every message.
+    #[test]
+    fn this_export_names_the_enclosing_function() {
+        fn skv_example() -> &'static str {
+            this_export!().get()
+        }
+        assert_eq!(skv_example(), "skv_example");
+        assert_eq!(super::export_name("skv::capi::session::skv_match_prefix::here"), "skv_match_prefix");
+    }
 }

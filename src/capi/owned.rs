@@ -16,7 +16,7 @@ use crate::core::{Cache, EngineHooks, Error, Req, Result};
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     traced(
         c,
-        "skv_alloc_row",
+        this_export!(),
         |t| {
             t.req("req", req);
         },
@@ -43,7 +43,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
 ) -> skv_status {
     traced(
         c,
-        "skv_alloc_extend",
+        this_export!(),
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
@@ -71,7 +71,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
     traced(
         c,
-        "skv_commit",
+        this_export!(),
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
@@ -132,7 +132,7 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
     let total = std::cell::Cell::new(0usize);
     traced(
         c,
-        "skv_alloc_extend_batch",
+        this_export!(),
         |t| {
             t.num("n", n as u64).num("out_loc", !out_loc.is_null() as u8).num("out_cap", out_cap as u64);
         },
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 ) -> skv_status {
     traced(
         c,
-        "skv_commit_batch",
+        this_export!(),
         |t| {
             t.num("n", n as u64);
         },
@@ -197,7 +197,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     traced(
         c,
-        "skv_free_req",
+        this_export!(),
         |t| {
             t.req("req", req);
         },
@@ -217,7 +217,7 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
     traced(
         c,
-        "skv_pool_alloc",
+        this_export!(),
         |t| {
             t.num("n_tokens", n_tokens);
         },
@@ -240,7 +240,7 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
     traced(
         c,
-        "skv_pool_free",
+        this_export!(),
         |t| {
             t.list("indices", indices, n);
         },
@@ -267,7 +267,7 @@ pub unsafe extern "C" fn skv_page_refs(
 ) -> skv_status {
     traced(
         c,
-        "skv_page_refs",
+        this_export!(),
         |t| {
             t.list("indices", indices, n);
         },
@@ -298,7 +298,7 @@ pub unsafe extern "C" fn skv_map_prefix(
 ) -> skv_status {
     traced(
         c,
-        "skv_map_prefix",
+        this_export!(),
         |t| {
             t.req("req", req).list("indices", indices, n_tokens as usize);
         },
@@ -325,7 +325,7 @@ pub unsafe extern "C" fn skv_publish_prefix(
 ) -> skv_status {
     traced(
         c,
-        "skv_publish_prefix",
+        this_export!(),
         |t| {
             t.req("req", req).num("new_protected_len", new_protected_len);
         },
@@ -351,7 +351,7 @@ pub unsafe extern "C" fn skv_row_indices(
 ) -> skv_status {
     traced(
         c,
-        "skv_row_indices",
+        this_export!(),
         |t| {
             t.num("row", row).num("start", start).num("end", end);
         },
@@ -404,7 +404,7 @@ pub struct skv_stats {
 pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats) -> skv_status {
     traced(
         c,
-        "skv_cache_stats",
+        this_export!(),
         |_| {},
         || {
             let out = out_mut(out, "out")?;
@@ -456,7 +456,7 @@ pub struct skv_check_report {
 pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status {
     traced(
         c,
-        "skv_cache_check",
+        this_export!(),
         |_| {},
         || {
             let out = out_mut(out, "out")?;
@@ -544,7 +544,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 ) -> skv_status {
     traced(
         c,
-        "skv_cache_set_hooks",
+        this_export!(),
         |t| {
             // SAFETY: NULL or a struct of struct_size bytes by the call's contract; read as
             // the body reads it.
@@ -599,7 +599,7 @@ pub unsafe extern "C" fn skv_build_flashinfer(
 ) -> skv_status {
     traced(
         c,
-        "skv_build_flashinfer",
+        this_export!(),
         |t| {
             t.list("rows", rows, n).num("cap", cap as u64);
         },

@@ -162,7 +162,7 @@ pub(crate) unsafe fn on_req<T>(
 /// `req` must be NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
-    guard("skv_req_init", || {
+    guard(this_export!(), || {
         let req = out_mut(req, "req")?;
         // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value.
         std::ptr::write_bytes(req as *mut skv_req, 0, 1);
@@ -192,7 +192,7 @@ pub unsafe extern "C" fn skv_match_prefix(
 ) -> skv_status {
     traced(
         c,
-        "skv_match_prefix",
+        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
             t.num("key_len", key_len).num("pre_aborted", pre_aborted);
@@ -230,7 +230,7 @@ pub unsafe extern "C" fn skv_cache_finished_req(
 ) -> skv_status {
     traced(
         c,
-        "skv_cache_finished_req",
+        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
         },
@@ -256,7 +256,7 @@ pub unsafe extern "C" fn skv_checkpoint(
 ) -> skv_status {
     traced(
         c,
-        "skv_checkpoint",
+        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
         },
@@ -282,7 +282,7 @@ pub unsafe extern "C" fn skv_checkpoint(
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
     traced(
         c,
-        "skv_release_session",
+        this_export!(),
         |t| {
             t.num("session_id", session_id);
         },
@@ -303,7 +303,7 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
     traced(
         c,
-        "skv_release_branch",
+        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id);
         },
@@ -329,7 +329,7 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
     traced(
         c,
-        "skv_free_aligned",
+        this_export!(),
         |t| {
             t.num("row", row).num("target", target).num("end", end);
         },
@@ -355,7 +355,7 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     traced(
         c,
-        "skv_trim_overshoot",
+        this_export!(),
         |t| {
             t.req("req", req).num("finished_len", finished_len);
         },
@@ -375,7 +375,7 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     traced(
         c,
-        "skv_free_tail",
+        this_export!(),
         |t| {
             t.req("req", req).num("prefix_len", prefix_len);
         },
@@ -400,7 +400,7 @@ pub unsafe extern "C" fn skv_session_held(
 ) -> skv_status {
     traced(
         c,
-        "skv_session_held",
+        this_export!(),
         |t| {
             t.list("active_rows", active_rows, n_active);
         },

@@ -12,7 +12,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str};
+use super::{
+    guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str, ExportName,
+};
 use crate::core::{Cache, Error, Result};
 
 /// Where a handle's trace goes; `None` when it is not traced.
@@ -205,7 +207,7 @@ impl Line {
 /// the checks the body makes (`Line::list`, `read_versioned`).
 pub(crate) fn traced(
     c: *mut skv_cache,
-    function: &'static str,
+    function: ExportName,
     args: impl FnOnce(&mut Line),
     body: impl FnOnce() -> Result<()>,
     results: impl FnOnce(&mut Line),
@@ -219,7 +221,7 @@ pub(crate) fn traced(
         // The trace lock is held across the call, so lines appear in the order calls ran.
         // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.
         let mut file = handle.trace.file.lock().unwrap_or_else(|p| p.into_inner());
-        let mut line = Line(format!("{{\"h\":{},\"fn\":\"{function}\"", handle.id));
+        let mut line = Line(format!("{{\"h\":{},\"fn\":\"{}\"", handle.id, function.get()));
         args(&mut line);
         let status = guard(function, body);
         // SAFETY: skv_status_str returns a static NUL-terminated string.
@@ -241,7 +243,7 @@ pub(crate) fn traced(
         status
     }));
     outcome.unwrap_or_else(|_| {
-        set_last_error(function, "internal error (a libskv bug): tracing the call panicked");
+        set_last_error(function.get(), "internal error (a libskv bug): tracing the call panicked");
         skv_status::SKV_ERR_INTERNAL
     })
 }
@@ -269,12 +271,21 @@ mod tests {
         unsafe {
             assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
             assert_eq!(skv_cache_set_trace(c, cpath.as_ptr()), skv_status::SKV_OK);
-            let s = traced(c, "probe_args", |_| panic!("args"), || Ok(()), |_| {});
+            fn probe_args(c: *mut skv_cache) -> skv_status {
+                traced(c, this_export!(), |_| panic!("args"), || Ok(()), |_| {})
+            }
+            fn probe_results(c: *mut skv_cache) -> skv_status {
+                traced(c, this_export!(), |_| {}, || Ok(()), |_| panic!("results"))
+            }
+            fn probe_after(c: *mut skv_cache) -> skv_status {
+                traced(c, this_export!(), |_| {}, || Ok(()), |_| {})
+            }
+            let s = probe_args(c);
             assert_eq!(s, skv_status::SKV_ERR_INTERNAL);
-            let s = traced(c, "probe_results", |_| {}, || Ok(()), |_| panic!("results"));
+            let s = probe_results(c);
             assert_eq!(s, skv_status::SKV_ERR_INTERNAL);
             // Later calls are still traced.
-            let s = traced(c, "probe_after", |_| {}, || Ok(()), |_| {});
+            let s = probe_after(c);
             assert_eq!(s, skv_status::SKV_OK);
             skv_cache_free(c);
         }
