@@ -14,14 +14,21 @@ macro_rules! this_export {
     }};
 }
 
-// The header follows this order: status and errors, the handle and its config, the session
-// calls, owned pools, the device, the dlopen table.
-mod api;
-mod cache;
-mod device;
-mod owned;
-mod session;
+// cbindgen writes the header in the order these modules are declared, so each stands in its
+// own group (rustfmt sorts a group alphabetically): status and errors first, then the handle
+// and its config, the session calls, owned pools, the device, the dlopen table, tracing.
 mod status;
+
+mod cache;
+
+mod session;
+
+mod owned;
+
+mod device;
+
+mod api;
+
 mod trace;
 
 use std::cell::Cell;
