@@ -17,6 +17,9 @@ use std::ffi::CStr;
 use std::hint::black_box;
 use std::time::Instant;
 
+mod common;
+
+use common::{check, clock_overhead_ns};
 use skv::*;
 
 const PS: u32 = 16;
@@ -92,26 +95,6 @@ impl Op {
     }
 }
 
-fn check(st: skv_status, what: &str) {
-    if st != skv_status::SKV_OK {
-        // SAFETY: static / thread-local NUL-terminated strings.
-        let (name, msg) = unsafe {
-            (
-                CStr::from_ptr(skv_status_str(st as i32)).to_string_lossy(),
-                CStr::from_ptr(skv_last_error()).to_string_lossy(),
-            )
-        };
-        panic!("{what}: {name}: {msg}");
-    }
-}
-
-fn new_req() -> skv_req {
-    // SAFETY: plain integers; skv_req_init sets every field.
-    let mut req: skv_req = unsafe { std::mem::zeroed() };
-    check(unsafe { skv_req_init(&mut req) }, "skv_req_init");
-    req
-}
-
 /// N idle sessions of `TOKENS` tokens, and one req per session for the running turns.
 struct Bed {
     c: *mut skv_cache,
@@ -134,7 +117,7 @@ impl Bed {
         };
         let mut c = std::ptr::null_mut();
         check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
-        let mut bed = Bed { c, n, reqs: vec![new_req(); n], ones: vec![1; 256], out_loc: vec![0; 256] };
+        let mut bed = Bed { c, n, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256] };
         let t = Instant::now();
         for id in 0..n {
             bed.hold(id);
@@ -146,7 +129,7 @@ impl Bed {
     /// A first turn of `TOKENS` prompt tokens, finished: session `id` holds its row idle.
     fn hold(&mut self, id: usize) {
         let c = self.c;
-        let mut req = new_req();
+        let mut req = skv_req::default();
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, TOKENS, std::ptr::null_mut()), "skv_alloc_extend");
@@ -158,7 +141,7 @@ impl Bed {
 
     /// Restores session `id` into its req (a hit with nothing to free): the turn runs.
     fn restore(&mut self, id: usize) {
-        let mut req = new_req();
+        let mut req = skv_req::default();
         let mut m = skv_match { hit: 0, prefix_len: 0 };
         check(unsafe { skv_match_prefix(self.c, id as u64, 0, &mut req, TOKENS, 0, &mut m) }, "skv_match_prefix");
         assert_eq!((m.hit, m.prefix_len), (1, TOKENS));
@@ -320,19 +303,6 @@ unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status 
     }
 }
 
-/// The median cost of reading the clock twice.
-fn clock_overhead_ns() -> f64 {
-    let mut v: Vec<u64> = (0..100_000)
-        .map(|_| {
-            let t = Instant::now();
-            black_box(());
-            t.elapsed().as_nanos() as u64
-        })
-        .collect();
-    v.sort_unstable();
-    v[v.len() / 2] as f64
-}
-
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_unstable_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -349,7 +319,7 @@ fn main() {
         None => vec![64],
     };
     let calls: usize = env("SKV_BENCH_CALLS").map_or(400_000, |s| s.parse().expect("SKV_BENCH_CALLS"));
-    let overhead = clock_overhead_ns();
+    let overhead = clock_overhead_ns() as f64;
     if bench {
         println!("hot path, owned mode, page size {PS}, sessions of {TOKENS} tokens, round-robin");
         println!("clock overhead {overhead} ns (subtracted from p50/p99)");

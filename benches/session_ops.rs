@@ -22,6 +22,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
+mod common;
+
+use common::{check, clock_overhead_ns};
 use skv::*;
 
 const PAGE_SIZE: u32 = 16;
@@ -82,26 +85,6 @@ impl Op {
     }
 }
 
-fn check(st: skv_status, what: &str) {
-    if !matches!(st, skv_status::SKV_OK) {
-        // SAFETY: both functions return static or thread-local NUL-terminated strings.
-        let (name, msg) = unsafe {
-            (
-                CStr::from_ptr(skv_status_str(st as i32)).to_string_lossy(),
-                CStr::from_ptr(skv_last_error()).to_string_lossy(),
-            )
-        };
-        panic!("{what}: {name}: {msg}");
-    }
-}
-
-fn new_req() -> skv_req {
-    // SAFETY: skv_req is plain integers; skv_req_init then sets every field.
-    let mut req: skv_req = unsafe { std::mem::zeroed() };
-    check(unsafe { skv_req_init(&mut req) }, "skv_req_init");
-    req
-}
-
 /// A cache holding `sessions` idle slots, plus the in-flight state of the benchmarks.
 struct Bed {
     cache: *mut skv_cache,
@@ -142,7 +125,7 @@ impl Bed {
             sessions,
             next: 0,
             fresh: 1 << 40,
-            batch: vec![(0, new_req()); CHUNK],
+            batch: vec![(0, skv_req::default()); CHUNK],
             decode: Vec::with_capacity(DECODE_BATCH),
             decode_pos: 0,
             decode_step: 0,
@@ -160,7 +143,7 @@ impl Bed {
     /// A first turn of `tokens` prompt tokens, finished: the session holds its row idle.
     fn hold_new(&mut self, id: u64, tokens: u32) {
         let c = self.cache;
-        let mut req = new_req();
+        let mut req = skv_req::default();
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, tokens, std::ptr::null_mut()), "skv_alloc_extend");
@@ -178,7 +161,7 @@ impl Bed {
 
     /// Restores held session `id` into a fresh req (a hit with nothing to free).
     fn restore(&mut self, id: u64) -> skv_req {
-        let mut req = new_req();
+        let mut req = skv_req::default();
         let mut m = skv_match { hit: 0, prefix_len: 0 };
         check(unsafe { skv_match_prefix(self.cache, id, 0, &mut req, HELD_TOKENS, 0, &mut m) }, "skv_match_prefix");
         assert_eq!((m.hit, m.prefix_len), (1, HELD_TOKENS));
@@ -275,7 +258,7 @@ impl Bed {
                 let id = self.fresh;
                 self.fresh += 1;
                 self.hold_new(id, RELEASE_TOKENS);
-                self.batch[k] = (id, new_req());
+                self.batch[k] = (id, skv_req::default());
             }
             Op::Extend => unreachable!(),
         }
@@ -405,19 +388,6 @@ fn time_calls(
         panic!("a timed call failed: {msg}");
     }
     elapsed
-}
-
-/// The median cost of reading the clock twice, subtracted from per-call timings.
-fn clock_overhead_ns() -> u64 {
-    let mut v: Vec<u64> = (0..100_000)
-        .map(|_| {
-            let t = Instant::now();
-            black_box(());
-            t.elapsed().as_nanos() as u64
-        })
-        .collect();
-    v.sort_unstable();
-    v[v.len() / 2]
 }
 
 fn percentile(sorted: &[u64], p: f64) -> u64 {

@@ -4,16 +4,10 @@
 //! message, and the test says loudly that the GPU path did not run.
 #![cfg(feature = "cuda")]
 
-use std::ffi::CStr;
 use std::ptr;
 
 use cudarc::driver::{result, sys};
 use skv::*;
-
-fn last_error() -> String {
-    // SAFETY: a NUL-terminated thread-local string.
-    unsafe { CStr::from_ptr(skv_last_error()) }.to_string_lossy().into_owned()
-}
 
 #[test]
 fn device_copy_equals_the_host_rows() {
@@ -39,7 +33,7 @@ fn device_copy_equals_the_host_rows() {
         let st = skv_device_attach(c, 0, ptr::null_mut());
         if !sys::is_culib_present() {
             assert_eq!(st, skv_status::SKV_ERR_CUDA);
-            let msg = last_error();
+            let msg = last_error_message();
             assert!(msg.starts_with("skv_device_attach: no CUDA driver"), "{msg}");
             eprintln!("device test: NO CUDA DRIVER ON THIS MACHINE - the GPU path did NOT run (checked: SKV_ERR_CUDA)");
             skv_cache_free(c);
@@ -47,11 +41,11 @@ fn device_copy_equals_the_host_rows() {
         }
         if result::init().and_then(|_| result::device::get_count()).unwrap_or(0) == 0 {
             assert_eq!(st, skv_status::SKV_ERR_CUDA);
-            eprintln!("device test: a CUDA driver but NO GPU - the GPU path did NOT run ({})", last_error());
+            eprintln!("device test: a CUDA driver but NO GPU - the GPU path did NOT run ({})", last_error_message());
             skv_cache_free(c);
             return;
         }
-        assert_eq!(st, skv_status::SKV_OK, "{}", last_error());
+        assert_eq!(st, skv_status::SKV_OK, "{}", last_error_message());
         // Reading the copy back needs the device's primary context current on this thread
         // (libskv leaves the caller's current context as it found it).
         let dev = result::device::get(0).expect("device 0");
@@ -78,7 +72,7 @@ fn device_copy_equals_the_host_rows() {
                     assert_eq!(skv_alloc_extend(c, r, n, std::ptr::null_mut()), skv_status::SKV_OK);
                 }
             }
-            assert_eq!(skv_device_sync(c, &mut dptr, &mut stride), skv_status::SKV_OK, "{}", last_error());
+            assert_eq!(skv_device_sync(c, &mut dptr, &mut stride), skv_status::SKV_OK, "{}", last_error_message());
             assert_eq!(stride, cfg.max_context_len as u64);
             result::ctx::synchronize().expect("the copies finish");
             let mut copy = vec![0i32; (cfg.num_rows as u64 * stride) as usize];

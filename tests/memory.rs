@@ -73,15 +73,8 @@ fn live() -> isize {
 }
 
 fn check(st: skv_status, what: &str) {
-    if !matches!(st, skv_status::SKV_OK) {
-        // SAFETY: both return static or thread-local NUL-terminated strings.
-        let (name, msg) = unsafe {
-            (
-                CStr::from_ptr(skv_status_str(st as i32)).to_string_lossy(),
-                CStr::from_ptr(skv_last_error()).to_string_lossy(),
-            )
-        };
-        panic!("{what}: {name}: {msg}");
+    if let Err(e) = st.ok() {
+        panic!("{what}: {e}");
     }
 }
 

@@ -3,8 +3,6 @@
 //! the same slot indices, reqs and pool as the single calls; a batch that fails changes
 //! nothing (reqs, pool, rows), and names the request's position.
 
-use std::ffi::CStr;
-
 use proptest::prelude::*;
 use skv::skv_status::SKV_OK;
 use skv::*;
@@ -24,10 +22,6 @@ fn new_cache(ps: u32, pages: u64) -> *mut skv_cache {
     let mut c = std::ptr::null_mut();
     assert_eq!(unsafe { skv_cache_new(&cfg, &mut c) }, SKV_OK);
     c
-}
-
-fn last_error() -> String {
-    unsafe { CStr::from_ptr(skv_last_error()) }.to_string_lossy().into_owned()
 }
 
 /// Everything observable: free pages, and every row's indices.
@@ -101,7 +95,7 @@ proptest! {
                 }
             };
             if st != SKV_OK {
-                let msg = last_error();
+                let msg = last_error_message();
                 prop_assert_eq!(&batch, &before, "a failed batch wrote a req");
                 prop_assert_eq!(snapshot(a, &ra), snap, "a failed batch changed the pool");
                 prop_assert!(loc.iter().all(|&v| v == -7), "a failed batch wrote out_loc");
@@ -116,7 +110,7 @@ proptest! {
                 let st = unsafe {
                     if s.commit { skv_commit(b, &mut rb[p], n) } else { skv_alloc_extend(b, &mut rb[p], n, single.as_mut_ptr()) }
                 };
-                prop_assert_eq!(st, SKV_OK, "single call {} after an OK batch: {}", k, last_error());
+                prop_assert_eq!(st, SKV_OK, "single call {} after an OK batch: {}", k, last_error_message());
                 prop_assert_eq!(rb[p], batch[k]);
                 if !s.commit {
                     prop_assert_eq!(&loc[at..at + n as usize], &single[..]);

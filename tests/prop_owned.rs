@@ -1177,177 +1177,210 @@ impl Sim {
     /// Calls libskv must refuse, changing nothing: a session's row behind its back, a stale or
     /// inconsistent req, bad sizes.
     fn refused(&mut self) -> R<()> {
-        let ps = self.ps();
         match self.rng.below(11) {
+            0 => self.refused_idle_row_reshaped(),
+            1 => self.refused_running_row_leaves(),
+            2 => self.refused_stale_row_copy(),
+            3 => self.refused_fields_disagree(),
+            4 => self.refused_second_row(),
+            5 => self.refused_past_limits(),
+            7 => self.refused_prefix_shrinks(),
+            8 => self.refused_bad_prefix_pages(),
+            9 => self.refused_second_request(),
+            10 => self.refused_stale_finish(),
+            _ => self.refused_partial_page_alloc(),
+        }
+    }
+
+    /// An idle session's row reshaped by the engine
+    fn refused_idle_row_reshaped(&mut self) -> R<()> {
+        let idle: Vec<Slot> = self.model.slots.values().filter(|s| !s.in_flight).cloned().collect();
+        let Some(s) = idle.get(self.rng.below(idle.len().max(1) as u32) as usize).cloned() else {
+            return Ok(());
+        };
+        let mut r = fresh_req();
+        (r.req_pool_idx, r.kv_committed_len, r.kv_allocated_len, r.cache_protected_len) =
+            (s.row, s.committed, s.allocated, s.protected);
+        r.origin_input_len = s.committed;
+        match self.rng.below(6) {
             0 => {
-                // an idle session's row reshaped by the engine
-                let idle: Vec<Slot> = self.model.slots.values().filter(|s| !s.in_flight).cloned().collect();
-                let Some(s) = idle.get(self.rng.below(idle.len().max(1) as u32) as usize).cloned() else {
-                    return Ok(());
-                };
-                let mut r = fresh_req();
-                (r.req_pool_idx, r.kv_committed_len, r.kv_allocated_len, r.cache_protected_len) =
-                    (s.row, s.committed, s.allocated, s.protected);
-                r.origin_input_len = s.committed;
-                match self.rng.below(6) {
-                    0 => {
-                        self.alloc_extend(&r, 1.min(self.case.max_ctx - s.allocated))?;
-                    }
-                    1 => {
-                        self.commit(&r, 0)?;
-                    }
-                    2 => {
-                        self.call_trim(&r, 0)?;
-                    }
-                    3 => {
-                        self.call_free_tail(&r, s.allocated)?;
-                    }
-                    4 => {
-                        self.call_free_aligned(s.row, s.allocated, s.allocated)?;
-                    }
-                    _ => {
-                        self.free_req(&r)?;
-                    }
-                }
+                self.alloc_extend(&r, 1.min(self.case.max_ctx - s.allocated))?;
             }
             1 => {
-                // a running session request's row may not leave through free_req or publish
-                let Some((_, run)) = self.pick_running(true) else { return Ok(()) };
-                if run.hit {
-                    self.free_req(&run.req)?;
-                    self.publish(&run.req, run.req.cache_protected_len)?;
-                }
+                self.commit(&r, 0)?;
             }
             2 => {
-                // a stale copy of a req whose row is no longer in use
-                let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
-                let Some(row) = (0..self.case.rows as i32).find(|r| !self.rows.contains_key(r)) else { return Ok(()) };
-                let mut r = run.req;
-                r.req_pool_idx = row;
-                match self.rng.below(5) {
-                    0 => {
-                        self.alloc_extend(&r, 0)?;
-                    }
-                    1 => {
-                        self.commit(&r, 0)?;
-                    }
-                    2 => {
-                        self.free_req(&r)?;
-                    }
-                    3 => {
-                        self.call_free_aligned(row, r.cache_protected_len, r.kv_allocated_len)?;
-                    }
-                    _ => {
-                        self.call_trim(&r, 0)?;
-                    }
-                }
+                self.call_trim(&r, 0)?;
             }
             3 => {
-                // fields that disagree with libskv's record of the row
-                let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
-                let mut r = run.req;
-                if self.rng.chance(40) && r.cache_protected_len + ps <= r.kv_committed_len {
-                    r.cache_protected_len += ps;
-                } else if self.rng.chance(40) && r.cache_protected_len >= ps {
-                    r.cache_protected_len -= ps;
-                } else if r.kv_allocated_len > r.kv_committed_len {
-                    r.kv_allocated_len -= 1;
-                } else if r.kv_allocated_len < self.case.max_ctx {
-                    r.kv_allocated_len += 1;
-                } else {
-                    return Ok(());
-                }
-                r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(r.kv_allocated_len);
-                match self.rng.below(3) {
-                    0 => {
-                        self.alloc_extend(&r, 0)?;
-                    }
-                    1 => {
-                        self.free_req(&r)?;
-                    }
-                    _ => {
-                        self.call_free_tail(&r, r.kv_allocated_len)?;
-                    }
-                }
+                self.call_free_tail(&r, s.allocated)?;
             }
             4 => {
-                // a req that already holds a row asks for another
-                let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
-                self.alloc_row(&run.req)?;
-            }
-            5 => {
-                // past the context limit, or a commit past what is allocated
-                let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
-                let r = run.req;
-                self.alloc_extend(&r, self.case.max_ctx - r.kv_allocated_len + 1)?;
-                self.commit(&r, r.kv_allocated_len - r.kv_committed_len + 1)?;
-            }
-            7 => {
-                // a published prefix never shrinks
-                let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
-                if run.req.cache_protected_len >= ps {
-                    self.publish(&run.req, run.req.cache_protected_len - ps)?;
-                }
-            }
-            8 => {
-                // a prefix of pages the engine does not hold, or of a partial page
-                let (st, req) = self.alloc_row(&fresh_req())?;
-                if st != OK {
-                    return Ok(());
-                }
-                if let Some(p) = (1..self.case.pages).find(|&p| !self.page_in_use(p)) {
-                    self.map_prefix(&req, &[p])?;
-                }
-                let held: Vec<u32> = self.held.iter().copied().take(2).collect();
-                if ps > 1 && !held.is_empty() {
-                    let mut idx = self.indices_of(&held);
-                    idx.pop();
-                    let n = idx.len() as u32;
-                    self.req_call("map_prefix(partial page)", &req, INVALID, req, |c, r| unsafe {
-                        skv_map_prefix(c, r, idx.as_ptr(), n)
-                    })?;
-                }
-                self.free_req(&req)?;
-            }
-            9 => {
-                // a second request for a session whose turn is running
-                let running: Vec<Key> = (self.running.iter())
-                    .filter(|(k, r)| {
-                        self.model.slots.get(k).is_some_and(|s| s.in_flight && s.row == r.req.req_pool_idx)
-                    })
-                    .map(|(k, _)| *k)
-                    .collect();
-                let Some(&key) = running.get(self.rng.below(running.len().max(1) as u32) as usize) else {
-                    return Ok(());
-                };
-                let mut r = fresh_req();
-                r.origin_input_len = self.running[&key].req.origin_input_len + 1;
-                let pre = self.rng.chance(20);
-                self.call_match(key, &r, r.origin_input_len - 1, pre)?;
-            }
-            10 => {
-                // a stale copy of a finished turn: finishing it again is refused (after the
-                // row record's checks); an abort releases the session
-                let idle: Vec<(Key, Slot)> =
-                    self.model.slots.iter().filter(|(_, s)| !s.in_flight).map(|(k, s)| (*k, s.clone())).collect();
-                let Some((key, s)) = idle.get(self.rng.below(idle.len().max(1) as u32) as usize).cloned() else {
-                    return Ok(());
-                };
-                let mut r = self.slot_record(&s);
-                if self.rng.chance(20) {
-                    self.call_finish(key, &r, true)?;
-                    return Ok(());
-                }
-                if self.rng.chance(25) && r.kv_allocated_len < self.case.max_ctx {
-                    r.kv_allocated_len += 1;
-                }
-                self.call_finish(key, &r, false)?;
+                self.call_free_aligned(s.row, s.allocated, s.allocated)?;
             }
             _ => {
-                if ps > 1 {
-                    self.pool_alloc(ps - 1)?;
-                }
+                self.free_req(&r)?;
             }
+        }
+        Ok(())
+    }
+
+    /// A running session request's row may not leave through free_req or publish
+    fn refused_running_row_leaves(&mut self) -> R<()> {
+        let Some((_, run)) = self.pick_running(true) else { return Ok(()) };
+        if run.hit {
+            self.free_req(&run.req)?;
+            self.publish(&run.req, run.req.cache_protected_len)?;
+        }
+        Ok(())
+    }
+
+    /// A stale copy of a req whose row is no longer in use
+    fn refused_stale_row_copy(&mut self) -> R<()> {
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        let Some(row) = (0..self.case.rows as i32).find(|r| !self.rows.contains_key(r)) else { return Ok(()) };
+        let mut r = run.req;
+        r.req_pool_idx = row;
+        match self.rng.below(5) {
+            0 => {
+                self.alloc_extend(&r, 0)?;
+            }
+            1 => {
+                self.commit(&r, 0)?;
+            }
+            2 => {
+                self.free_req(&r)?;
+            }
+            3 => {
+                self.call_free_aligned(row, r.cache_protected_len, r.kv_allocated_len)?;
+            }
+            _ => {
+                self.call_trim(&r, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fields that disagree with libskv's record of the row
+    fn refused_fields_disagree(&mut self) -> R<()> {
+        let ps = self.ps();
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        let mut r = run.req;
+        if self.rng.chance(40) && r.cache_protected_len + ps <= r.kv_committed_len {
+            r.cache_protected_len += ps;
+        } else if self.rng.chance(40) && r.cache_protected_len >= ps {
+            r.cache_protected_len -= ps;
+        } else if r.kv_allocated_len > r.kv_committed_len {
+            r.kv_allocated_len -= 1;
+        } else if r.kv_allocated_len < self.case.max_ctx {
+            r.kv_allocated_len += 1;
+        } else {
+            return Ok(());
+        }
+        r.swa_evicted_seqlen = r.swa_evicted_seqlen.min(r.kv_allocated_len);
+        match self.rng.below(3) {
+            0 => {
+                self.alloc_extend(&r, 0)?;
+            }
+            1 => {
+                self.free_req(&r)?;
+            }
+            _ => {
+                self.call_free_tail(&r, r.kv_allocated_len)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A req that already holds a row asks for another
+    fn refused_second_row(&mut self) -> R<()> {
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        self.alloc_row(&run.req)?;
+        Ok(())
+    }
+
+    /// Past the context limit, or a commit past what is allocated
+    fn refused_past_limits(&mut self) -> R<()> {
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        let r = run.req;
+        self.alloc_extend(&r, self.case.max_ctx - r.kv_allocated_len + 1)?;
+        self.commit(&r, r.kv_allocated_len - r.kv_committed_len + 1)?;
+        Ok(())
+    }
+
+    /// A published prefix never shrinks
+    fn refused_prefix_shrinks(&mut self) -> R<()> {
+        let ps = self.ps();
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        if run.req.cache_protected_len >= ps {
+            self.publish(&run.req, run.req.cache_protected_len - ps)?;
+        }
+        Ok(())
+    }
+
+    /// A prefix of pages the engine does not hold, or of a partial page
+    fn refused_bad_prefix_pages(&mut self) -> R<()> {
+        let ps = self.ps();
+        let (st, req) = self.alloc_row(&fresh_req())?;
+        if st != OK {
+            return Ok(());
+        }
+        if let Some(p) = (1..self.case.pages).find(|&p| !self.page_in_use(p)) {
+            self.map_prefix(&req, &[p])?;
+        }
+        let held: Vec<u32> = self.held.iter().copied().take(2).collect();
+        if ps > 1 && !held.is_empty() {
+            let mut idx = self.indices_of(&held);
+            idx.pop();
+            let n = idx.len() as u32;
+            self.req_call("map_prefix(partial page)", &req, INVALID, req, |c, r| unsafe {
+                skv_map_prefix(c, r, idx.as_ptr(), n)
+            })?;
+        }
+        self.free_req(&req)?;
+        Ok(())
+    }
+
+    /// A second request for a session whose turn is running
+    fn refused_second_request(&mut self) -> R<()> {
+        let running: Vec<Key> = (self.running.iter())
+            .filter(|(k, r)| self.model.slots.get(k).is_some_and(|s| s.in_flight && s.row == r.req.req_pool_idx))
+            .map(|(k, _)| *k)
+            .collect();
+        let Some(&key) = running.get(self.rng.below(running.len().max(1) as u32) as usize) else {
+            return Ok(());
+        };
+        let mut r = fresh_req();
+        r.origin_input_len = self.running[&key].req.origin_input_len + 1;
+        let pre = self.rng.chance(20);
+        self.call_match(key, &r, r.origin_input_len - 1, pre)?;
+        Ok(())
+    }
+
+    /// A stale copy of a finished turn: finishing it again is refused (after the
+    /// Row record's checks); an abort releases the session
+    fn refused_stale_finish(&mut self) -> R<()> {
+        let idle: Vec<(Key, Slot)> =
+            self.model.slots.iter().filter(|(_, s)| !s.in_flight).map(|(k, s)| (*k, s.clone())).collect();
+        let Some((key, s)) = idle.get(self.rng.below(idle.len().max(1) as u32) as usize).cloned() else {
+            return Ok(());
+        };
+        let mut r = self.slot_record(&s);
+        if self.rng.chance(20) {
+            self.call_finish(key, &r, true)?;
+            return Ok(());
+        }
+        if self.rng.chance(25) && r.kv_allocated_len < self.case.max_ctx {
+            r.kv_allocated_len += 1;
+        }
+        self.call_finish(key, &r, false)?;
+        Ok(())
+    }
+
+    fn refused_partial_page_alloc(&mut self) -> R<()> {
+        let ps = self.ps();
+        if ps > 1 {
+            self.pool_alloc(ps - 1)?;
         }
         Ok(())
     }

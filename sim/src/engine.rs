@@ -13,7 +13,7 @@ use skv::skv_status::{self, SKV_ERR_OUT_OF_MEMORY, SKV_OK};
 use skv::{skv_cache_config, skv_match, skv_req, SKV_FLAG_ALIGNED_REUSE};
 
 use crate::cli::{Config, MAX_BRANCHES};
-use crate::ffi::{self, Cache, SHARED_NODE};
+use crate::ffi::{Cache, SHARED_NODE};
 use crate::workload::{Rng, TurnPlan};
 
 mod audit;
@@ -114,7 +114,7 @@ fn floor_to(x: u32, ps: u32) -> u32 {
 }
 
 fn unexpected(what: &str, s: skv_status) -> Fault {
-    format!("{what}: unexpected {} ({})", ffi::status_name(s), ffi::last_error())
+    format!("{what}: unexpected {} ({})", s.name(), skv::last_error_message())
 }
 
 fn expect_ok(what: &str, s: skv_status) -> Result<(), Fault> {
@@ -137,7 +137,7 @@ impl<'a> Engine<'a> {
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
         };
-        let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", ffi::status_name(s)))?;
+        let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
         let check_every = a.check_every;
         Ok(Engine {
             cfg,
@@ -367,8 +367,7 @@ impl<'a> Engine<'a> {
         let plan = TurnPlan::draw(&self.cfg.args, &mut self.rng);
         let origin = self.open[i].branches[b].history + plan.user_tokens;
         let key_len = origin - 1; // the last prompt token is recomputed for its logits
-        let mut req = ffi::new_req();
-        req.origin_input_len = origin;
+        let mut req = skv_req { origin_input_len: origin, ..Default::default() };
         self.open[i].busy = Some(b);
         self.running += 1;
 

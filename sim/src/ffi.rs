@@ -2,7 +2,7 @@
 //! an engine's would, and the session operations are timed one by one.
 
 use std::cell::Cell;
-use std::ffi::{c_int, c_void, CStr};
+use std::ffi::{c_int, c_void};
 use std::time::Instant;
 
 use skv::skv_status::{self, SKV_OK};
@@ -59,17 +59,6 @@ extern "C" fn dec_lock_ref(user_data: *mut c_void, node: u64, receipt: u64) -> c
     0
 }
 
-pub fn status_name(s: skv_status) -> String {
-    // SAFETY: skv_status_str returns a static NUL-terminated string.
-    unsafe { CStr::from_ptr(skv::skv_status_str(s as c_int)) }.to_string_lossy().into_owned()
-}
-
-/// The calling thread's message for the last failed call.
-pub fn last_error() -> String {
-    // SAFETY: skv_last_error never returns NULL; the string lives until the next call.
-    unsafe { CStr::from_ptr(skv::skv_last_error()) }.to_string_lossy().into_owned()
-}
-
 /// An owned-mode cache handle plus the per-operation latency samples (nanoseconds).
 pub struct Cache {
     ptr: *mut skv_cache,
@@ -93,7 +82,7 @@ impl Cache {
         // SAFETY: cfg and the out-pointer are valid for the call.
         let s = unsafe { skv::skv_cache_new(cfg, &mut ptr) };
         if s != SKV_OK {
-            return Err((s, last_error()));
+            return Err((s, skv::last_error_message()));
         }
         let cache = Cache { ptr, locks: Box::default(), samples: vec![Vec::new(); OPS.len()], batched_requests: 0 };
         let hooks = skv_engine_hooks {
@@ -105,7 +94,7 @@ impl Cache {
         // SAFETY: the handle is live; `locks` is boxed, so its address outlives the handle.
         let s = unsafe { skv::skv_cache_set_hooks(cache.ptr, &hooks, user_data) };
         if s != SKV_OK {
-            return Err((s, last_error()));
+            return Err((s, skv::last_error_message()));
         }
         Ok(cache)
     }
@@ -233,16 +222,6 @@ impl Cache {
             SKV_OK => Ok(out),
             s => Err(s),
         }
-    }
-}
-
-/// A fresh request record, as the engine makes one per turn.
-pub fn new_req() -> skv_req {
-    let mut req = std::mem::MaybeUninit::<skv_req>::zeroed();
-    // SAFETY: a valid out-pointer; skv_req_init cannot fail on one.
-    unsafe {
-        skv::skv_req_init(req.as_mut_ptr());
-        req.assume_init()
     }
 }
 

@@ -71,16 +71,6 @@ fn cannot(line: usize, msg: impl std::fmt::Display) -> Fault {
     Fault::Cannot(format!("line {line}: {msg}"))
 }
 
-fn status_name(s: skv_status) -> String {
-    // SAFETY: skv_status_str returns a static NUL-terminated string.
-    unsafe { CStr::from_ptr(skv_status_str(s as c_int)) }.to_string_lossy().into_owned()
-}
-
-fn last_error() -> String {
-    // SAFETY: never NULL; valid until the next call on this thread.
-    unsafe { CStr::from_ptr(skv_last_error()) }.to_string_lossy().into_owned()
-}
-
 unsafe extern "C" fn hook_lock(_: *mut c_void, _: u64, _: u64) -> c_int {
     0
 }
@@ -164,7 +154,7 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
     // SAFETY: valid pointers.
     let st = unsafe { skv_cache_new(&cfg, &mut c) };
     if st != skv_status::SKV_OK {
-        return Err(cannot(line, format!("skv_cache_new({cfg:?}) = {}: {}", status_name(st), last_error())));
+        return Err(cannot(line, format!("skv_cache_new({cfg:?}) = {}: {}", st.name(), last_error_message())));
     }
     Ok(c)
 }
@@ -178,7 +168,7 @@ fn audit(c: *mut skv_cache, line: usize, f: &str) -> Result<(), Fault> {
             let first = CStr::from_ptr(rep.first_violation.as_ptr()).to_string_lossy().into_owned();
             return Err(Fault::Differs(format!(
                 "line {line}: after {f}: audit {} with {} violations: {first}",
-                status_name(st),
+                st.name(),
                 rep.violations
             )));
         }
@@ -272,9 +262,9 @@ impl Call<'_> {
     /// The status first, then (for a call that completed) every output the trace recorded.
     fn check_status(&self, st: skv_status) -> Result<bool, Fault> {
         let want = self.v["status"].as_str().unwrap_or("?");
-        let got = status_name(st);
+        let got = st.name();
         if got != want {
-            let err = if st == skv_status::SKV_OK { String::new() } else { format!(" ({})", last_error()) };
+            let err = if st == skv_status::SKV_OK { String::new() } else { format!(" ({})", last_error_message()) };
             return Err(self.differs(format!("status {got}{err}, recorded {want} ({})", self.v["error"])));
         }
         Ok(matches!(st, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK))

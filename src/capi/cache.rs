@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
 use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope};
-use crate::core::{Cache, Config, Effect, Error, Pool, Req, Result};
+use crate::core::{Cache, Config, Effect, Error, Pool, Result};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -191,18 +191,6 @@ struct ExternalPool {
 unsafe impl Send for ExternalPool {}
 
 impl Pool for ExternalPool {
-    fn mapped_len(&self, _row: u32) -> Option<u32> {
-        None
-    }
-
-    fn check_req(&self, _req: &Req) -> Result<()> {
-        Ok(())
-    }
-
-    fn check_free(&self, _row: u32, _target: u32, _end: u32) -> Result<()> {
-        Ok(())
-    }
-
     fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
         self.staging.clear();
         let _scope = CallbackScope::enter();

@@ -5,7 +5,7 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::session::on_req;
 use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
-use crate::core::{Cache, EngineHooks, Error, Req, Result};
+use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
 /// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
@@ -396,6 +396,31 @@ pub struct skv_stats {
     pub tail_freed_tokens: u64,
 }
 
+impl From<Stats> for skv_stats {
+    fn from(s: Stats) -> skv_stats {
+        let Stats {
+            total_pages,
+            free_pages,
+            used_pages,
+            total_rows,
+            free_rows,
+            sessions,
+            trimmed_tokens,
+            tail_freed_tokens,
+        } = s;
+        skv_stats {
+            total_pages,
+            free_pages,
+            used_pages,
+            total_rows,
+            free_rows,
+            sessions,
+            trimmed_tokens,
+            tail_freed_tokens,
+        }
+    }
+}
+
 /// Reads the pool's occupancy and counters.
 ///
 /// # Safety
@@ -409,16 +434,7 @@ pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats)
         || {
             let out = out_mut(out, "out")?;
             let s = lock(c)?.stats()?;
-            *out = skv_stats {
-                total_pages: s.total_pages,
-                free_pages: s.free_pages,
-                used_pages: s.used_pages,
-                total_rows: s.total_rows,
-                free_rows: s.free_rows,
-                sessions: s.sessions,
-                trimmed_tokens: s.trimmed_tokens,
-                tail_freed_tokens: s.tail_freed_tokens,
-            };
+            *out = s.into();
             Ok(())
         },
         |t| {

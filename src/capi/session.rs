@@ -155,6 +155,16 @@ pub(crate) unsafe fn on_req<T>(
     c.take_deferred()
 }
 
+/// The req `skv_req_init` writes, for Rust programs driving the C ABI.
+impl Default for skv_req {
+    fn default() -> skv_req {
+        // SAFETY: skv_req is plain integers; all-zero bytes (padding included) are a valid value.
+        let mut r: skv_req = unsafe { std::mem::zeroed() };
+        store(&mut r, Req::default());
+        r
+    }
+}
+
 /// Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
 /// aux -1.
 ///
@@ -164,7 +174,8 @@ pub(crate) unsafe fn on_req<T>(
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     guard(this_export!(), || {
         let req = out_mut(req, "req")?;
-        // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value.
+        // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value, and
+        // zeroing the padding keeps memcmp-style comparisons and valgrind quiet.
         std::ptr::write_bytes(req as *mut skv_req, 0, 1);
         store(req, Req::default());
         Ok(())

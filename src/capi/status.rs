@@ -1,7 +1,7 @@
 //! Status codes, the thread-local last error, and version queries.
 
 use std::cell::{Cell, RefCell};
-use std::ffi::{c_char, c_int};
+use std::ffi::{c_char, c_int, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::core::Error;
@@ -95,20 +95,45 @@ pub(crate) fn clear_last_error() {
 /// for a value that is no status code.
 #[no_mangle]
 pub extern "C" fn skv_status_str(s: StatusArg) -> *const c_char {
-    let name: &'static [u8] = match s {
-        0 => b"SKV_OK\0",
-        1 => b"SKV_ERR_NULL_ARG\0",
-        2 => b"SKV_ERR_INVALID_ARG\0",
-        3 => b"SKV_ERR_OUT_OF_MEMORY\0",
-        4 => b"SKV_ERR_NOT_FOUND\0",
-        5 => b"SKV_ERR_STATE\0",
-        6 => b"SKV_ERR_CALLBACK\0",
-        7 => b"SKV_ERR_CUDA\0",
-        8 => b"SKV_ERR_UNSUPPORTED\0",
-        9 => b"SKV_ERR_INTERNAL\0",
-        _ => b"SKV_ERR_UNKNOWN\0",
-    };
-    name.as_ptr().cast()
+    status_name(s).as_ptr()
+}
+
+fn status_name(s: c_int) -> &'static CStr {
+    match s {
+        0 => c"SKV_OK",
+        1 => c"SKV_ERR_NULL_ARG",
+        2 => c"SKV_ERR_INVALID_ARG",
+        3 => c"SKV_ERR_OUT_OF_MEMORY",
+        4 => c"SKV_ERR_NOT_FOUND",
+        5 => c"SKV_ERR_STATE",
+        6 => c"SKV_ERR_CALLBACK",
+        7 => c"SKV_ERR_CUDA",
+        8 => c"SKV_ERR_UNSUPPORTED",
+        9 => c"SKV_ERR_INTERNAL",
+        _ => c"SKV_ERR_UNKNOWN",
+    }
+}
+
+/// For Rust programs driving the C ABI (the simulator, the benchmarks, the tests): the
+/// status's name and the calling thread's last error, without `unsafe`.
+impl skv_status {
+    /// "SKV_ERR_STATE", as `skv_status_str` gives it.
+    pub fn name(self) -> &'static str {
+        status_name(self as c_int).to_str().unwrap_or("SKV_ERR_UNKNOWN")
+    }
+
+    /// `Ok` for `SKV_OK`; otherwise the status's name and this thread's last error message.
+    pub fn ok(self) -> Result<(), String> {
+        match self {
+            SKV_OK => Ok(()),
+            _ => Err(format!("{}: {}", self.name(), last_error_message())),
+        }
+    }
+}
+
+/// The calling thread's last error message, as `skv_last_error` gives it ("" after a success).
+pub fn last_error_message() -> String {
+    LAST_ERROR.with_borrow(|buf| String::from_utf8_lossy(buf.strip_suffix(&[0]).unwrap_or(buf)).into_owned())
 }
 
 /// A C caller may pass any int as a `skv_status`; reading it as the Rust enum would be

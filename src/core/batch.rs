@@ -6,7 +6,7 @@
 use super::alloc::PageState;
 use super::cache::Cache;
 use super::error::{bail, Error, Result};
-use super::page::pages_for;
+use super::page::{pages_for, token_slot};
 use super::req::Req;
 
 impl Error {
@@ -175,7 +175,7 @@ impl Cache {
 /// The token slots of `row[from..from + out.len())`.
 fn write_slots(pages: &[u32], ps: u32, from: u32, out: &mut [i32]) {
     for (o, p) in out.iter_mut().zip(from..) {
-        *o = (pages[(p / ps) as usize] * ps + p % ps) as i32;
+        *o = token_slot(pages, ps, p);
     }
 }
 

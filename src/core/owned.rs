@@ -207,10 +207,6 @@ impl Pool for OwnedPool {
         Ok(())
     }
 
-    fn prepare(&mut self, _effects: &[Effect]) -> Result<()> {
-        Ok(())
-    }
-
     fn apply(&mut self, effects: &[Effect]) -> Result<()> {
         let mut failures = Vec::new();
         for e in effects {

@@ -6,9 +6,13 @@ use super::cache::Cache;
 use super::error::{bail, Error, Result};
 use super::mirror::Dirty;
 use super::owned::{EngineHooks, OwnedPool};
-use super::page::pages_for;
+use super::page::{pages_for, token_slot};
 use super::pool::Effect;
 use super::req::Req;
+
+fn external_mode() -> Error {
+    Error::Unsupported("not available in external mode (the engine owns the pools)".into())
+}
 
 /// Pool occupancy, as `skv_cache_stats` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -29,18 +33,12 @@ impl Cache {
         self.owned_pool().map(|_| ())
     }
 
-    fn owned_pool(&self) -> Result<&OwnedPool> {
-        match self.pool.owned() {
-            Some(p) => Ok(p),
-            None => bail!(Unsupported, "not available in external mode (the engine owns the pools)"),
-        }
+    pub(super) fn owned_pool(&self) -> Result<&OwnedPool> {
+        self.pool.owned().ok_or_else(external_mode)
     }
 
     fn owned_pool_mut(&mut self) -> Result<&mut OwnedPool> {
-        match self.pool.owned_mut() {
-            Some(p) => Ok(p),
-            None => bail!(Unsupported, "not available in external mode (the engine owns the pools)"),
-        }
+        self.pool.owned_mut().ok_or_else(external_mode)
     }
 
     /// Refuses calls on a row any session slot holds, in flight or not.
@@ -104,7 +102,7 @@ impl Cache {
         let got = pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages);
         if got.is_ok() {
             for (i, slot) in out.iter_mut().enumerate() {
-                *slot = (pages[i / ps as usize] * ps + (i as u32 % ps)) as i32;
+                *slot = token_slot(&pages, ps, i as u32);
             }
         }
         pool.scratch = pages;
@@ -156,32 +154,7 @@ impl Cache {
         if !n.is_multiple_of(ps as usize) || n > max as usize {
             bail!(InvalidArg, "n_tokens {n} must be a multiple of page_size {ps} and <= max_context_len {max}");
         }
-        let pool = self.owned_pool()?;
-        let mut pages = Vec::with_capacity(n / ps as usize);
-        for (pos, &i) in indices.iter().enumerate() {
-            let page = page_of(pool, i)?;
-            let expected = pages.last().copied().filter(|_| pos % ps as usize != 0).unwrap_or(page);
-            if page != expected || i as u32 % ps != pos as u32 % ps {
-                bail!(
-                    InvalidArg,
-                    "indices[{pos}] = {i} is not page-structured (page {page}, offset {})",
-                    i as u32 % ps
-                );
-            }
-            if pos % ps as usize == 0 {
-                pages.push(page);
-            }
-        }
-        let pool = self.owned_pool_mut()?;
-        let mut sorted = std::mem::take(&mut pool.scratch);
-        sorted.clear();
-        sorted.extend_from_slice(&pages);
-        sorted.sort_unstable();
-        let twice = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
-        pool.scratch = sorted;
-        if let Some(p) = twice {
-            bail!(InvalidArg, "page {p} appears twice in the prefix");
-        }
+        let pages = prefix_pages(self.owned_pool_mut()?, ps, indices)?;
         self.check_record(req)?;
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
@@ -247,7 +220,7 @@ impl Cache {
         }
         let ps = self.cfg.page_size;
         for (o, p) in out.iter_mut().zip(start..end) {
-            *o = (r.pages[(p / ps) as usize] * ps + p % ps) as i32;
+            *o = token_slot(&r.pages, ps, p);
         }
         Ok(())
     }
@@ -295,7 +268,7 @@ impl Cache {
         for (i, &(row, lo, hi)) in spans.iter().enumerate() {
             let r = pool.rows[row as usize].as_ref().expect("clipped to rows in use");
             buf.clear();
-            buf.extend((lo..hi).map(|p| (r.pages[(p / ps) as usize] * ps + p % ps) as i32));
+            buf.extend((lo..hi).map(|p| token_slot(&r.pages, ps, p)));
             if let Err(e) = upload(row, lo, &buf) {
                 // What did not reach the device is still owed to it.
                 for &(row, lo, hi) in &spans[i..] {
@@ -341,6 +314,32 @@ impl Cache {
 
 /// The distinct pages of `indices`, ascending, into `pages`; every one must be engine-held
 /// and mapped by no row.
+/// The pages of a prefix given as token indices: whole pages, position `k` at offset
+/// `k % ps` of its page, each page once.
+fn prefix_pages(pool: &mut OwnedPool, ps: u32, indices: &[i32]) -> Result<Vec<u32>> {
+    let mut pages = Vec::with_capacity(indices.len() / ps as usize);
+    for (pos, &i) in indices.iter().enumerate() {
+        let page = page_of(pool, i)?;
+        let expected = pages.last().copied().filter(|_| pos % ps as usize != 0).unwrap_or(page);
+        if page != expected || i as u32 % ps != pos as u32 % ps {
+            bail!(InvalidArg, "indices[{pos}] = {i} is not page-structured (page {page}, offset {})", i as u32 % ps);
+        }
+        if pos % ps as usize == 0 {
+            pages.push(page);
+        }
+    }
+    let mut sorted = std::mem::take(&mut pool.scratch);
+    sorted.clear();
+    sorted.extend_from_slice(&pages);
+    sorted.sort_unstable();
+    let twice = sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0]);
+    pool.scratch = sorted;
+    if let Some(p) = twice {
+        bail!(InvalidArg, "page {p} appears twice in the prefix");
+    }
+    Ok(pages)
+}
+
 fn distinct_held_pages(pool: &OwnedPool, indices: &[i32], pages: &mut Vec<u32>) -> Result<()> {
     pages.clear();
     for &i in indices {

@@ -15,6 +15,12 @@ pub fn pages_for(len: u32, ps: u32) -> u32 {
     len.div_ceil(ps)
 }
 
+/// The KV slot (token index) of position `pos` in a row whose pages are `pages`: the page
+/// the position falls in, times the page size, plus the offset inside it.
+pub fn token_slot(pages: &[u32], ps: u32, pos: u32) -> i32 {
+    (pages[(pos / ps) as usize] * ps + pos % ps) as i32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -30,5 +36,7 @@ mod tests {
         assert_eq!(floor_align(7, 1), 7);
         assert_eq!(pages_for(0, 4), 0);
         assert_eq!(pages_for(5, 4), 2);
+        assert_eq!(token_slot(&[3, 7], 4, 0), 12);
+        assert_eq!(token_slot(&[3, 7], 4, 6), 30);
     }
 }

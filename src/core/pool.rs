@@ -22,19 +22,29 @@ pub enum Effect {
 
 /// A KV pool: the engine's (through callbacks) or libskv's own.
 pub trait Pool: Send {
-    /// The tokens `row` maps, when libskv owns the rows; `None` when the engine does.
-    fn mapped_len(&self, row: u32) -> Option<u32>;
+    /// The tokens `row` maps, when libskv owns the rows; `None` (the default) when the
+    /// engine does.
+    fn mapped_len(&self, _row: u32) -> Option<u32> {
+        None
+    }
 
     /// Checks a valid req against the pool's own record of its row (owned mode:
-    /// `NotFound` for a row not in use, `InvalidArg` for fields that disagree).
-    fn check_req(&self, req: &Req) -> Result<()>;
+    /// `NotFound` for a row not in use, `InvalidArg` for fields that disagree). A pool that
+    /// keeps no record of rows accepts every req.
+    fn check_req(&self, _req: &Req) -> Result<()> {
+        Ok(())
+    }
 
-    /// Checks a `free_aligned(row, target, end)` against the pool's record.
-    fn check_free(&self, row: u32, target: u32, end: u32) -> Result<()>;
+    /// Checks a `free_aligned(row, target, end)` against the pool's record, if it has one.
+    fn check_free(&self, _row: u32, _target: u32, _end: u32) -> Result<()> {
+        Ok(())
+    }
 
     /// Everything that can fail before the first free (the engine's `read_row`). On error
-    /// nothing has changed.
-    fn prepare(&mut self, effects: &[Effect]) -> Result<()>;
+    /// nothing has changed. A pool whose frees cannot fail has nothing to prepare.
+    fn prepare(&mut self, _effects: &[Effect]) -> Result<()> {
+        Ok(())
+    }
 
     /// Applies every effect. A failing engine callback cannot be undone: the remaining
     /// effects still run and the error names what failed.

@@ -103,16 +103,7 @@ impl Cache {
         if pre_aborted {
             return Ok(MISS);
         }
-        if let Some(r) = req.row().filter(|&r| r != row) {
-            bail!(State, "req holds row {r} but session {session} branch {branch} is restored into row {row}");
-        }
-        if slot.in_flight && req.row() != Some(row) {
-            bail!(
-                State,
-                "session {session} branch {branch} is already restored into a running request (row {row}); \
-                 only that request's req may match it again"
-            );
-        }
+        check_claim(session, branch, row, &slot, req)?;
         let ps = self.cfg.page_size;
         if self.cfg.aligned_reuse && ps > 1 {
             let a = floor_align(slot.committed.min(key_len), ps);
@@ -121,20 +112,8 @@ impl Cache {
                 return Ok(MISS);
             }
         }
-        let restored = self.restore(row, &slot, req);
-        let mut prefix_len = restored.committed.min(key_len);
-        if prefix_len < restored.protected {
-            bail!(
-                State,
-                "reusable prefix {prefix_len} < cache_protected_len {}: sessions are append-only",
-                restored.protected
-            );
-        }
-        let mut r = restored;
-        if ps > 1 && (self.cfg.aligned_reuse || r.swa > prefix_len) {
-            prefix_len = floor_align(prefix_len, ps);
-            r.committed = r.committed.min(prefix_len);
-        }
+        let mut r = self.restore(row, &slot, req);
+        let prefix_len = self.hit_prefix(&mut r, key_len)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated));
         self.run_effects(|c| {
@@ -144,6 +123,26 @@ impl Cache {
             (s.committed, s.allocated, s.swa, s.in_flight) = (r.committed, r.allocated, r.swa, true);
         })?;
         Ok(Match { hit: true, prefix_len })
+    }
+
+    /// The prefix a hit keeps of the restored req: what it committed, up to the key, never
+    /// below the tree's prefix; page-aligned (and `committed` with it) under aligned reuse or
+    /// where the sliding-window cursor lies past it, so the cursor stays on a page boundary.
+    fn hit_prefix(&self, r: &mut Req, key_len: u32) -> Result<u32> {
+        let ps = self.cfg.page_size;
+        let mut prefix_len = r.committed.min(key_len);
+        if prefix_len < r.protected {
+            bail!(
+                State,
+                "reusable prefix {prefix_len} < cache_protected_len {}: sessions are append-only",
+                r.protected
+            );
+        }
+        if ps > 1 && (self.cfg.aligned_reuse || r.swa > prefix_len) {
+            prefix_len = floor_align(prefix_len, ps);
+            r.committed = r.committed.min(prefix_len);
+        }
+        Ok(prefix_len)
     }
 
     /// The req a slot restores into. libskv's own rows know their mapped length (a retried
@@ -424,4 +423,20 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         aux: r.aux,
         in_flight: false,
     }
+}
+
+/// Whether `req` may match the slot in `row`: a req holding a row holds this one, and a
+/// running slot is matched again only by its own request's req (a retry).
+fn check_claim(session: u64, branch: u64, row: u32, slot: &Slot, req: &Req) -> Result<()> {
+    if let Some(r) = req.row().filter(|&r| r != row) {
+        bail!(State, "req holds row {r} but session {session} branch {branch} is restored into row {row}");
+    }
+    if slot.in_flight && req.row() != Some(row) {
+        bail!(
+            State,
+            "session {session} branch {branch} is already restored into a running request (row {row}); \
+             only that request's req may match it again"
+        );
+    }
+    Ok(())
 }

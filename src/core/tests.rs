@@ -15,15 +15,6 @@ struct Recorder {
 }
 
 impl Pool for Recorder {
-    fn mapped_len(&self, _row: u32) -> Option<u32> {
-        None
-    }
-    fn check_req(&self, _req: &Req) -> Result<()> {
-        Ok(())
-    }
-    fn check_free(&self, _row: u32, _target: u32, _end: u32) -> Result<()> {
-        Ok(())
-    }
     fn prepare(&mut self, _effects: &[Effect]) -> Result<()> {
         if self.fail_prepare {
             return Err(Error::Callback("read_row failed".into()));

@@ -4,7 +4,6 @@
 pub mod model;
 
 use skv::*;
-use std::ffi::CStr;
 
 pub const OK: u32 = 0;
 pub const NULL_ARG: u32 = 1;
@@ -36,8 +35,7 @@ pub fn status_name(s: u32) -> &'static str {
 }
 
 pub fn last_error() -> String {
-    // SAFETY: skv_last_error never returns NULL and the string lives until the next call.
-    unsafe { CStr::from_ptr(skv_last_error()).to_string_lossy().into_owned() }
+    skv::last_error_message()
 }
 
 /// A `skv_req` as `skv_req_init` leaves it, checked field by field.
