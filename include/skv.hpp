@@ -7,8 +7,8 @@
 //   (skv_cache_stats -> Cache::stats, skv_match_prefix -> Cache::match_prefix,
 //   skv_device_sync -> Cache::device_sync, skv_req_init -> Req::init).
 // - Creating and destroying an object is its constructor and destructor: skv_cache_new ->
-//   Cache(cfg), skv_cache_new_external -> Cache(cfg, ops, user_data) and Cache(cfg, pool_ops),
-//   skv_cache_free -> ~Cache.
+//   Cache(cfg), skv_cache_new_external -> Cache(cfg, c_ops, user_data) and
+//   Cache(cfg, PoolOps &), skv_cache_free -> ~Cache.
 // - A function acting on no object is the free function skv::<verb> (skv_version ->
 //   skv::version, skv_status_str -> skv::status_str).
 // Unwrapped: skv_get_api  (the dlopen table; C++ code that links libskv calls the functions)
@@ -18,8 +18,8 @@
 // text; as in C, a failed call changed nothing, except SKV_ERR_CALLBACK from a free callback.
 // Callbacks: skv::EngineHooks (owned mode) and skv::PoolOps (external mode) are C++
 // interfaces whose methods may throw. The C trampolines catch every exception, return
-// non-zero (libskv reports SKV_ERR_CALLBACK and, as for any callback failure, still runs the
-// remaining free callbacks), and the wrapper method that made the call rethrows the first
+// non-zero (libskv reports SKV_ERR_CALLBACK and, as for any free callback failure, still
+// runs the remaining ones), and the wrapper method that made the call rethrows the first
 // exception once the C call has returned. skv::TurnGuard aborts a running turn when the
 // engine unwinds past it.
 #ifndef SKV_HPP
