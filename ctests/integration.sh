@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs libskv into a staging prefix and checks it the way its users consume it:
-# the install layout and SONAME, the exported symbols, the headers alone and in two
-# translation units, a CMake find_package consumer (ctest), a pkg-config consumer and a
-# dlopen consumer. Ends with "integration: N passed, N failed"; non-zero on any failure.
+# the install layout and SONAME, debug info (none by default, a separate file with
+# --debug-info), the exported symbols, the headers alone and in two translation units, a
+# CMake find_package consumer (ctest: shared, static, and a dlopen program linking only
+# skv::headers), pkg-config consumers (shared with an rpath, static through skv-static.pc)
+# and a dlopen consumer (found through LD_LIBRARY_PATH, an rpath, or a path). Ends with "integration: N passed, N failed"; non-zero on any failure.
 #
 # usage: ctests/integration.sh [--no-build]   (--no-build: the release build exists)
 # needs: cc, c++, cmake >= 3.16, pkg-config, readelf, nm, valgrind
@@ -75,6 +77,7 @@ version_rule() {
     [ "$soname" = "libskv.so.$major" ] && [ "$abi" = "$((1000 * major))" ]
   fi || { echo "SONAME/ABI do not follow the rule for $version"; return 1; }
   grep -qxF "Version: $version" "$lib/pkgconfig/skv.pc" || { echo "skv.pc Version is not $version"; return 1; }
+  grep -qxF "Version: $version" "$lib/pkgconfig/skv-static.pc" || { echo "skv-static.pc Version is not $version"; return 1; }
   grep -qF "set(PACKAGE_VERSION \"$version\")" "$lib/cmake/skv/skvConfigVersion.cmake" ||
     { echo "skvConfigVersion.cmake is not $version"; return 1; }
   grep -qF "IMPORTED_SONAME \"$soname\"" "$lib/cmake/skv/skvConfig.cmake" ||
@@ -85,6 +88,7 @@ step version_rule version_rule
 layout() {
   local f
   for f in "$real" "$lib/libskv.a" "$inc/skv.h" "$inc/skv.hpp" "$lib/pkgconfig/skv.pc" \
+           "$lib/pkgconfig/skv-static.pc" \
            "$lib/cmake/skv/skvConfig.cmake" "$lib/cmake/skv/skvConfigVersion.cmake"; do
     [ -f "$f" ] || { echo "missing $f"; return 1; }
   done
@@ -104,14 +108,34 @@ soname_check() {
 step soname soname_check
 
 # Installed without debug info by default (install.sh --debug-info keeps it in lib/.debug).
+# grep reads all of readelf's output: with -q it could stop early, readelf would die of
+# SIGPIPE and pipefail would turn a match into a failure.
 no_debug_info() {
   local f
   for f in "$real" "$lib/libskv.a"; do
-    if readelf -S "$f" | grep -qF '.debug_'; then echo "$f has debug sections"; return 1; fi
+    if readelf -S "$f" | grep -F '.debug_' >/dev/null; then echo "$f has debug sections"; return 1; fi
   done
   ls -l "$real" "$lib/libskv.a"
 }
 step no_debug_info no_debug_info
+
+# --debug-info: the .so still has none, its debug info is a separate file that
+# .gnu_debuglink names, and libskv.a keeps its own.
+debug_info() {
+  local dprefix="$work/stage_debug" dlib so debug
+  "$root/scripts/install.sh" --no-build --debug-info "$dprefix" || return 1
+  dlib="$dprefix/lib"
+  so="$dlib/libskv.so.$full"
+  debug="$dlib/.debug/libskv.so.$full.debug"
+  [ -f "$debug" ] || { echo "missing $debug"; return 1; }
+  if readelf -S "$so" | grep -F '.debug_' >/dev/null; then echo "$so has debug sections"; return 1; fi
+  readelf -S "$debug" | grep -F '.debug_line' >/dev/null || { echo "$debug has no .debug_line"; return 1; }
+  readelf --string-dump=.gnu_debuglink "$so" | grep -F "libskv.so.$full.debug" >/dev/null ||
+    { echo "$so has no .gnu_debuglink to libskv.so.$full.debug"; return 1; }
+  readelf -S "$dlib/libskv.a" | grep -F '.debug_' >/dev/null || { echo "--debug-info stripped libskv.a"; return 1; }
+  ls -l "$so" "$debug" "$dlib/libskv.a"
+}
+step debug_info debug_info
 
 # A cdylib's version script exports only its #[no_mangle] functions; anything else
 # (Rust std, allocator shims, dependencies' symbols) is a leak.
@@ -161,7 +185,9 @@ cmake_consumer() {
   command -v cmake >/dev/null || { echo "cmake is not installed (apt-get install -y cmake)"; return 1; }
   cmake -S "$root/ctests/cmake" -B "$build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug &&
   cmake --build "$build" -j 2 &&
-  ctest --test-dir "$build" --output-on-failure
+  ctest --test-dir "$build" --output-on-failure &&
+  # skv::headers carries no library: the dlopen program must not need libskv
+  if readelf -d "$build/dlopen_c" | grep 'NEEDED.*libskv'; then echo "dlopen_c links libskv"; false; fi
 }
 step cmake cmake_consumer
 
@@ -194,18 +220,62 @@ else
 fi
 step find_any_version find_version "" ok
 
+# needs_libskv EXE: the executable's NEEDED entries name libskv's SONAME.
+needs_libskv() { readelf -d "$1" | grep -qF "Shared library: [$soname]"; }
+
+# A prefix outside the loader's search path: the program carries an rpath (README's form)
+# and runs with no LD_LIBRARY_PATH.
 pkgconfig_consumer() {
-  local out="$work/pkgconfig_test"
+  local out="$work/pkgconfig_test" libdir
   local -x PKG_CONFIG_PATH="$lib/pkgconfig"
   pkg-config --modversion skv &&
-  [ "$(pkg-config --modversion skv)" = "$version" ] &&
-  pkg-config --static --libs skv &&
+  [ "$(pkg-config --modversion skv)" = "$version" ] || return 1
+  libdir=$(pkg-config --variable=libdir skv)
   # shellcheck disable=SC2046 # pkg-config's output is meant to be split
   "$CC" -std=c99 "${strict[@]}" "$root/ctests/pkgconfig/main.c" $(pkg-config --cflags --libs skv) \
-    -Wl,-rpath,"$(pkg-config --variable=libdir skv)" -o "$out" &&
-  "$out"
+    -Wl,-rpath,"$libdir" -o "$out" || return 1
+  needs_libskv "$out" || { echo "pkgconfig_test does not need $soname"; return 1; }
+  readelf -d "$out" | grep -E 'R(UN)?PATH' | grep -qF "$libdir" || { echo "no rpath $libdir"; return 1; }
+  env -u LD_LIBRARY_PATH "$out"
 }
 step pkgconfig pkgconfig_consumer
+
+# Without the rpath the loader does not find the prefix's library (so the README's
+# guidance is needed), unless libskv is also installed where ldconfig looks.
+pkgconfig_no_rpath() {
+  local out="$work/pkgconfig_no_rpath"
+  local -x PKG_CONFIG_PATH="$lib/pkgconfig"
+  # shellcheck disable=SC2046
+  "$CC" -std=c99 "${strict[@]}" "$root/ctests/pkgconfig/main.c" $(pkg-config --cflags --libs skv) \
+    -o "$out" || return 1
+  if ldconfig -p 2>/dev/null | grep -F "$soname" >/dev/null; then echo "$soname is on the system path: not checked"; return 0; fi
+  if env -u LD_LIBRARY_PATH "$out"; then echo "ran without an rpath or LD_LIBRARY_PATH"; return 1; fi
+  LD_LIBRARY_PATH="$lib" "$out"
+}
+step pkgconfig_no_rpath pkgconfig_no_rpath
+
+# libskv.a through skv-static.pc, with and without --static: no libskv.so needed.
+pkgconfig_static() {
+  local out="$work/pkgconfig_static" mode
+  local -x PKG_CONFIG_PATH="$lib/pkgconfig"
+  for mode in "" --static; do
+    # shellcheck disable=SC2086 # $mode is one flag or none
+    echo "pkg-config $mode --libs skv-static: $(pkg-config $mode --libs skv-static)"
+    # shellcheck disable=SC2046,SC2086
+    "$CC" -std=c99 "${strict[@]}" "$root/ctests/pkgconfig/main.c" \
+      $(pkg-config $mode --cflags --libs skv-static) -o "$out" || return 1
+    if readelf -d "$out" | grep 'NEEDED.*libskv'; then
+      echo "linked with pkg-config $mode skv-static, the program needs libskv.so"; return 1
+    fi
+    nm "$out" | grep -x '[0-9a-f]* T skv_cache_new' >/dev/null || { echo "skv_cache_new is not in the program"; return 1; }
+    env -u LD_LIBRARY_PATH "$out" || return 1
+  done
+  # README's warning, checked: --static with skv.pc still takes the shared library.
+  # shellcheck disable=SC2046
+  "$CC" -std=c99 "${strict[@]}" "$root/ctests/pkgconfig/main.c" $(pkg-config --static --cflags --libs skv) \
+    -o "$out.shared" && needs_libskv "$out.shared" || { echo "pkg-config --static skv no longer links libskv.so: update README"; return 1; }
+}
+step pkgconfig_static pkgconfig_static
 
 dlopen_consumer() {
   local out="$work/dlopen_test"
@@ -214,6 +284,15 @@ dlopen_consumer() {
   LD_LIBRARY_PATH="$lib" "$out" && "$out" "$real"
 }
 step dlopen dlopen_consumer
+
+# dlopen(SKV_SONAME) from a program linked with -Wl,-rpath,PREFIX/lib: found through the
+# executable's own run path, no LD_LIBRARY_PATH.
+dlopen_rpath() {
+  local out="$work/dlopen_rpath"
+  "$CC" -std=c99 "${strict[@]}" -I"$inc" "$root/ctests/dlopen/main.c" -ldl -Wl,-rpath,"$lib" -o "$out" &&
+  env -u LD_LIBRARY_PATH "$out"
+}
+step dlopen_rpath dlopen_rpath
 
 # The same programs under valgrind: no invalid access, no leak across the boundary.
 vg=(valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,possible -q)

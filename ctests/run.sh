@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs every ctests/test_*.c (C99) and ctests/test_*.cpp (C++17) against
-# include/skv.h and libskv.so.
+# include/skv.h and libskv.so, after ctests/hpp_complete.sh (skv.hpp wraps all of skv.h).
 #   ctests/run.sh [LIBDIR]            LIBDIR defaults to target/release
 #   SKV_CTEST_SANITIZE=address        build the C/C++ side with AddressSanitizer
 #   SKV_CTEST_SANITIZE=undefined      ... with UndefinedBehaviorSanitizer (any report fails)
@@ -46,6 +46,14 @@ link=(-L"$libdir" -lskv -Wl,-rpath,"$build/lib" -pthread)
 
 passed=0
 failed=0
+# skv.hpp wraps every function of skv.h (a new export without a wrapper fails here).
+if "$root/ctests/hpp_complete.sh"; then
+  echo "ok   hpp_complete.sh"
+  passed=$((passed + 1))
+else
+  echo "FAIL hpp_complete.sh"
+  failed=$((failed + 1))
+fi
 shopt -s nullglob
 for src in "$root"/ctests/test_*.c "$root"/ctests/test_*.cpp; do
   name="$(basename "$src")"

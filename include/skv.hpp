@@ -1,9 +1,27 @@
-// libskv C++17 wrapper, header-only, over the C API of skv.h.
+// libskv C++17 wrapper, header-only, over the C API of skv.h. What each operation does is the
+// C API's: see skv.h and docs/operations.md.
 //
-// skv::Cache owns a skv_cache handle (freed by its destructor, move-only), skv::Req is an
-// engine's skv_req by value, and every failing call throws skv::Error carrying the
-// skv_status and skv_last_error()'s text. Names and argument orders are the C API's,
-// without the skv_ prefix; what each operation does is the C API's, see skv.h.
+// Naming rule: the C function skv_[<type>_]<verb> is <verb> on the object it acts on.
+// - A function whose first parameter is a skv_cache * is the method <verb> of skv::Cache,
+//   a skv_req * the method <verb> of skv::Req; the skv_ prefix and the type's own name go
+//   (skv_cache_stats -> Cache::stats, skv_match_prefix -> Cache::match_prefix,
+//   skv_device_sync -> Cache::device_sync, skv_req_init -> Req::init).
+// - Creating and destroying an object is its constructor and destructor: skv_cache_new ->
+//   Cache(cfg), skv_cache_new_external -> Cache(cfg, c_ops, user_data) and
+//   Cache(cfg, PoolOps &), skv_cache_free -> ~Cache.
+// - A function acting on no object is the free function skv::<verb> (skv_version ->
+//   skv::version, skv_status_str -> skv::status_str).
+// Unwrapped: skv_get_api  (the dlopen table; C++ code that links libskv calls the functions)
+// ctests/hpp_complete.sh fails when a function of skv.h has no wrapper by this rule.
+//
+// Errors: every failing call throws skv::Error carrying the skv_status and skv_last_error()'s
+// text; as in C, a failed call changed nothing, except SKV_ERR_CALLBACK from a free callback.
+// Callbacks: skv::EngineHooks (owned mode) and skv::PoolOps (external mode) are C++
+// interfaces whose methods may throw. The C trampolines catch every exception, return
+// non-zero (libskv reports SKV_ERR_CALLBACK and, as for any free callback failure, still
+// runs the remaining ones), and the wrapper method that made the call rethrows the first
+// exception once the C call has returned. skv::TurnGuard aborts a running turn when the
+// engine unwinds past it.
 #ifndef SKV_HPP
 #define SKV_HPP
 
@@ -11,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -34,6 +53,7 @@ class Error : public std::runtime_error {
 };
 
 namespace detail {
+
 // skv_last_error() is only valid until the next call on this thread: copy it right away.
 inline void check(skv_status status) {
   if (status == SKV_OK) return;
@@ -41,10 +61,54 @@ inline void check(skv_status status) {
   throw Error(status, message && *message ? std::string(message)
                                           : std::string(skv_status_str(status)));
 }
+
+// What a C++ callback threw during the wrapper call running on this thread. Callbacks run
+// on the thread that called libskv, so a thread-local slot reaches the right call.
+struct Pending {
+  bool active = false;  // a wrapper call is running: there is someone to rethrow to
+  std::exception_ptr error;
+};
+inline Pending &pending() noexcept {
+  thread_local Pending slot;
+  return slot;
+}
+
+// Makes one C call that may run C++ callbacks, then rethrows the first exception a callback
+// threw (the C call itself returned SKV_ERR_CALLBACK), or throws skv::Error for a failure.
+// A callback that calls a wrapper (which libskv refuses with SKV_ERR_STATE) nests a scope.
+template <typename CCall>
+void call(CCall &&c_call) {
+  Pending outer = std::exchange(pending(), Pending{true, nullptr});
+  const skv_status status = c_call();
+  std::exception_ptr thrown = std::exchange(pending(), std::move(outer)).error;
+  if (thrown) std::rethrow_exception(thrown);
+  check(status);
+}
+
+// The body of every trampoline: no exception crosses into libskv. Outside a wrapper call
+// (a C call made directly on a handle) the exception has nowhere to go and only the
+// non-zero status remains.
+template <typename Body>
+int guarded(Body &&body) noexcept {
+  try {
+    body();
+    return 0;
+  } catch (...) {
+    Pending &slot = pending();
+    if (slot.active && !slot.error) slot.error = std::current_exception();
+    return 1;
+  }
+}
+
 }  // namespace detail
 
-inline const char *version() noexcept { return skv_version(); }
+/// skv_status_str: the status code's name; never NULL.
+inline const char *status_str(skv_status s) noexcept { return skv_status_str(s); }
+/// skv_last_error: this thread's last failure text ("" after a success). skv::Error already
+/// carries it; this is for code mixing C calls in.
+inline const char *last_error() noexcept { return skv_last_error(); }
 inline uint32_t abi_version() noexcept { return skv_abi_version(); }
+inline const char *version() noexcept { return skv_version(); }
 
 /// A cache configuration with struct_size filled in.
 inline skv_cache_config make_config(uint32_t page_size, uint64_t num_token_slots,
@@ -60,12 +124,89 @@ inline skv_cache_config make_config(uint32_t page_size, uint64_t num_token_slots
   return cfg;
 }
 
+/// Owned mode's engine callbacks (skv_engine_hooks) as an interface: what a released session
+/// hands back to the engine. The defaults drop it, as a NULL hook does. A method fails by
+/// throwing; the exception reaches the caller of the libskv call (see the top of this file).
+/// No method may call libskv with a handle (libskv answers SKV_ERR_STATE).
+class EngineHooks {
+ public:
+  virtual ~EngineHooks() = default;
+  /// Drop the prefix-tree lock a session inherited from its first request.
+  virtual void dec_lock_ref(uint64_t /*lock_node*/, uint64_t /*lock_receipt*/) {}
+  /// Free engine auxiliary state (e.g. a mamba pool slot).
+  virtual void free_aux(int64_t /*aux_state*/) {}
+};
+
+/// External mode's engine pools (skv_pool_ops) as an interface, with EngineHooks' two
+/// methods for the lock and the aux state. Read skv.h's skv_pool_ops and
+/// docs/external-mode.md: read_row failing changes nothing; a free method failing leaves
+/// the call completed (libskv will never hand those indices back again).
+class PoolOps : public EngineHooks {
+ public:
+  /// Copy req_to_token[row, start:end) into out (end - start values).
+  virtual void read_row(int32_t row, uint32_t start, uint32_t end, int32_t *out) = 0;
+  /// Return these KV slot indices to the engine's allocator (valid during the call only).
+  virtual void free_kv(const int32_t *indices, std::size_t n) = 0;
+  /// Return a req_to_token row to the engine's row pool.
+  virtual void free_row(int32_t row) = 0;
+};
+
+namespace detail {
+// C entry points for an object of type T reached through user_data, which holds a T *
+// converted to void * (so the cast back is to the same type).
+template <typename T>
+struct Trampolines {
+  static int read_row(void *self, int32_t row, uint32_t start, uint32_t end,
+                      int32_t *out) noexcept {
+    return guarded([&] { static_cast<T *>(self)->read_row(row, start, end, out); });
+  }
+  static int free_kv(void *self, const int32_t *indices, std::size_t n) noexcept {
+    return guarded([&] { static_cast<T *>(self)->free_kv(indices, n); });
+  }
+  static int free_row(void *self, int32_t row) noexcept {
+    return guarded([&] { static_cast<T *>(self)->free_row(row); });
+  }
+  static int dec_lock_ref(void *self, uint64_t lock_node, uint64_t lock_receipt) noexcept {
+    return guarded([&] { static_cast<T *>(self)->dec_lock_ref(lock_node, lock_receipt); });
+  }
+  static int free_aux(void *self, int64_t aux_state) noexcept {
+    return guarded([&] { static_cast<T *>(self)->free_aux(aux_state); });
+  }
+};
+}  // namespace detail
+
+/// The skv_pool_ops whose callbacks call `ops`; pass &ops as user_data.
+inline skv_pool_ops pool_ops_for(PoolOps & /*ops*/) noexcept {
+  using T = detail::Trampolines<PoolOps>;
+  skv_pool_ops c{};
+  c.struct_size = sizeof(skv_pool_ops);
+  c.read_row = &T::read_row;
+  c.free_kv = &T::free_kv;
+  c.free_row = &T::free_row;
+  c.dec_lock_ref = &T::dec_lock_ref;
+  c.free_aux = &T::free_aux;
+  return c;
+}
+
+/// The skv_engine_hooks whose callbacks call `hooks`; pass &hooks as user_data.
+inline skv_engine_hooks engine_hooks_for(EngineHooks & /*hooks*/) noexcept {
+  using T = detail::Trampolines<EngineHooks>;
+  skv_engine_hooks c{};
+  c.struct_size = sizeof(skv_engine_hooks);
+  c.dec_lock_ref = &T::dec_lock_ref;
+  c.free_aux = &T::free_aux;
+  return c;
+}
+
 /// One request's KV bookkeeping, as skv_req_init leaves it: no row, lengths 0,
 /// finished_len -1, no lock, no aux state.
 class Req {
  public:
-  Req() { detail::check(skv_req_init(&req_)); }
+  Req() { init(); }
   explicit Req(const skv_req &raw) noexcept : req_(raw) {}
+
+  /// skv_req_init: back to holding nothing.
+  void init() { detail::check(skv_req_init(&req_)); }
 
   skv_req &raw() noexcept { return req_; }
   const skv_req &raw() const noexcept { return req_; }
@@ -117,24 +258,28 @@ struct FlashInferBatch {
   std::vector<int32_t> kv_last_page_len;  // per row, 1..page_size; 0 for an empty row
 };
 
+/// The device copy of req_to_token after skv_device_sync.
+struct DeviceRows {
+  uint64_t device_ptr;  // int32 values, num_rows x row_stride
+  uint64_t row_stride;  // in int32 values (max_context_len)
+};
+
 /// Owns one skv_cache handle: one KV pool (per tensor-parallel rank).
 class Cache {
  public:
-  /// libskv owns the KV pool and the req_to_token rows.
-  [[nodiscard]] static Cache owned(const skv_cache_config &cfg) {
-    skv_cache *handle = nullptr;
-    detail::check(skv_cache_new(&cfg, &handle));
-    return Cache(handle);
-  }
-  /// The engine owns its pools; libskv hands KV slots and rows back through ops.
-  [[nodiscard]] static Cache external(const skv_cache_config &cfg, const skv_pool_ops &ops,
-                        void *user_data) {
-    skv_cache *handle = nullptr;
-    detail::check(skv_cache_new_external(&cfg, &ops, user_data, &handle));
-    return Cache(handle);
-  }
   /// An empty Cache (no handle), e.g. a member assigned later by move.
   Cache() noexcept = default;
+  /// Owned mode (skv_cache_new): libskv owns the KV pool and the req_to_token rows.
+  explicit Cache(const skv_cache_config &cfg) {
+    detail::call([&] { return skv_cache_new(&cfg, &handle_); });
+  }
+  /// External mode (skv_cache_new_external) over C callbacks; they must stay callable, and
+  /// user_data valid, while the handle lives.
+  Cache(const skv_cache_config &cfg, const skv_pool_ops &ops, void *user_data) {
+    detail::call([&] { return skv_cache_new_external(&cfg, &ops, user_data, &handle_); });
+  }
+  /// External mode over a C++ PoolOps, which must outlive the handle (libskv keeps &ops).
+  Cache(const skv_cache_config &cfg, PoolOps &ops) : Cache(cfg, pool_ops_for(ops), &ops) {}
   /// Takes ownership of a handle from skv_cache_new / skv_cache_new_external.
   explicit Cache(skv_cache *handle) noexcept : handle_(handle) {}
 
@@ -148,6 +293,7 @@ class Cache {
     }
     return *this;
   }
+  /// skv_cache_free: host memory only; no callback runs, no session is released.
   ~Cache() { skv_cache_free(handle_); }
 
   skv_cache *get() const noexcept { return handle_; }
@@ -160,39 +306,43 @@ class Cache {
   skv_match match_prefix(uint64_t session_id, uint64_t branch_id, Req &req,
                          uint32_t key_len, bool pre_aborted = false) {
     skv_match out{};
-    detail::check(skv_match_prefix(handle_, session_id, branch_id, req.get(), key_len,
-                                   pre_aborted ? 1u : 0u, &out));
+    detail::call([&] {
+      return skv_match_prefix(handle_, session_id, branch_id, req.get(), key_len,
+                              pre_aborted ? 1u : 0u, &out);
+    });
     return out;
   }
-  void cache_finished_req(uint64_t session_id, uint64_t branch_id, Req &req,
-                          bool aborted = false) {
-    detail::check(skv_cache_finished_req(handle_, session_id, branch_id, req.get(),
-                                         aborted ? 1u : 0u));
+  /// skv_cache_finished_req. skv::TurnGuard calls it with aborted = true on unwinding.
+  void finished_req(uint64_t session_id, uint64_t branch_id, Req &req, bool aborted = false) {
+    detail::call([&] {
+      return skv_cache_finished_req(handle_, session_id, branch_id, req.get(),
+                                    aborted ? 1u : 0u);
+    });
   }
   /// True when the session handled the chunk (a later turn), false for a first turn.
   bool checkpoint(uint64_t session_id, uint64_t branch_id, const Req &req) const {
     uint32_t handled = 0;
-    detail::check(skv_checkpoint(handle_, session_id, branch_id, req.get(), &handled));
+    detail::call([&] { return skv_checkpoint(handle_, session_id, branch_id, req.get(), &handled); });
     return handled != 0;
   }
   void release_session(uint64_t session_id) {
-    detail::check(skv_release_session(handle_, session_id));
+    detail::call([&] { return skv_release_session(handle_, session_id); });
   }
   void release_branch(uint64_t session_id, uint64_t branch_id) {
-    detail::check(skv_release_branch(handle_, session_id, branch_id));
+    detail::call([&] { return skv_release_branch(handle_, session_id, branch_id); });
   }
   void free_aligned(int32_t row, uint32_t target, uint32_t end) {
-    detail::check(skv_free_aligned(handle_, row, target, end));
+    detail::call([&] { return skv_free_aligned(handle_, row, target, end); });
   }
   void trim_overshoot(Req &req, uint32_t finished_len) {
-    detail::check(skv_trim_overshoot(handle_, req.get(), finished_len));
+    detail::call([&] { return skv_trim_overshoot(handle_, req.get(), finished_len); });
   }
   void free_tail(Req &req, uint32_t prefix_len) {
-    detail::check(skv_free_tail(handle_, req.get(), prefix_len));
+    detail::call([&] { return skv_free_tail(handle_, req.get(), prefix_len); });
   }
   skv_held session_held(const int32_t *active_rows, std::size_t n_active) const {
     skv_held out{};
-    detail::check(skv_session_held(handle_, active_rows, n_active, &out));
+    detail::call([&] { return skv_session_held(handle_, active_rows, n_active, &out); });
     return out;
   }
   skv_held session_held(const std::vector<int32_t> &active_rows = {}) const {
@@ -201,19 +351,23 @@ class Cache {
 
   // Owned-pool operations (owned mode; SKV_ERR_UNSUPPORTED in external mode)
 
-  void alloc_row(Req &req) { detail::check(skv_alloc_row(handle_, req.get())); }
+  void alloc_row(Req &req) {
+    detail::call([&] { return skv_alloc_row(handle_, req.get()); });
+  }
   /// out_loc, when not NULL, receives the n_tokens new KV slot indices.
   void alloc_extend(Req &req, uint32_t n_tokens, int32_t *out_loc = nullptr) {
-    detail::check(skv_alloc_extend(handle_, req.get(), n_tokens, out_loc));
+    detail::call([&] { return skv_alloc_extend(handle_, req.get(), n_tokens, out_loc); });
   }
   void commit(Req &req, uint32_t n_tokens) {
-    detail::check(skv_commit(handle_, req.get(), n_tokens));
+    detail::call([&] { return skv_commit(handle_, req.get(), n_tokens); });
   }
   /// Extends reqs[i] by n_tokens[i] for every i, all or nothing; out_loc (NULL: not asked)
   /// receives every new KV slot index, request after request (out_cap values at most).
   void alloc_extend_batch(skv_req *reqs, std::size_t n, const uint32_t *n_tokens,
                           int32_t *out_loc = nullptr, std::size_t out_cap = 0) {
-    detail::check(skv_alloc_extend_batch(handle_, reqs, n, n_tokens, out_loc, out_cap));
+    detail::call([&] {
+      return skv_alloc_extend_batch(handle_, reqs, n, n_tokens, out_loc, out_cap);
+    });
   }
   /// The batch's new KV slot indices (sglang's out_cache_loc).
   std::vector<int32_t> alloc_extend_batch(std::vector<skv_req> &reqs,
@@ -229,7 +383,7 @@ class Cache {
   }
   /// Commits n_tokens[i] more tokens of reqs[i] for every i, all or nothing.
   void commit_batch(skv_req *reqs, std::size_t n, const uint32_t *n_tokens) {
-    detail::check(skv_commit_batch(handle_, reqs, n, n_tokens));
+    detail::call([&] { return skv_commit_batch(handle_, reqs, n, n_tokens); });
   }
   void commit_batch(std::vector<skv_req> &reqs, const std::vector<uint32_t> &n_tokens) {
     if (reqs.size() != n_tokens.size()) {
@@ -237,15 +391,17 @@ class Cache {
     }
     commit_batch(reqs.data(), reqs.size(), n_tokens.data());
   }
-  void free_req(Req &req) { detail::check(skv_free_req(handle_, req.get())); }
+  void free_req(Req &req) {
+    detail::call([&] { return skv_free_req(handle_, req.get()); });
+  }
   /// n_tokens KV slot indices (page-structured), engine-held until pool_free.
   std::vector<int32_t> pool_alloc(uint32_t n_tokens) {
     std::vector<int32_t> indices(n_tokens);
-    detail::check(skv_pool_alloc(handle_, n_tokens, indices.data()));
+    detail::call([&] { return skv_pool_alloc(handle_, n_tokens, indices.data()); });
     return indices;
   }
   void pool_free(const int32_t *indices, std::size_t n) {
-    detail::check(skv_pool_free(handle_, indices, n));
+    detail::call([&] { return skv_pool_free(handle_, indices, n); });
   }
   void pool_free(const std::vector<int32_t> &indices) {
     pool_free(indices.data(), indices.size());
@@ -253,11 +409,13 @@ class Cache {
   /// For each index, how many rows map its page (0: the prefix tree may evict it).
   std::vector<uint32_t> page_refs(const std::vector<int32_t> &indices) const {
     std::vector<uint32_t> counts(indices.size());
-    detail::check(skv_page_refs(handle_, indices.data(), indices.size(), counts.data()));
+    detail::call([&] {
+      return skv_page_refs(handle_, indices.data(), indices.size(), counts.data());
+    });
     return counts;
   }
   void map_prefix(Req &req, const int32_t *indices, uint32_t n_tokens) {
-    detail::check(skv_map_prefix(handle_, req.get(), indices, n_tokens));
+    detail::call([&] { return skv_map_prefix(handle_, req.get(), indices, n_tokens); });
   }
   /// Every index is one token of the prefix: n_tokens == indices.size().
   void map_prefix(Req &req, const std::vector<int32_t> &indices) {
@@ -266,38 +424,44 @@ class Cache {
     map_prefix(req, indices.data(), static_cast<uint32_t>(indices.size()));
   }
   void publish_prefix(Req &req, uint32_t new_protected_len) {
-    detail::check(skv_publish_prefix(handle_, req.get(), new_protected_len));
+    detail::call([&] { return skv_publish_prefix(handle_, req.get(), new_protected_len); });
   }
   /// req_to_token[row, start:end)
   std::vector<int32_t> row_indices(int32_t row, uint32_t start, uint32_t end) const {
     std::vector<int32_t> out(end > start ? end - start : 0);
-    detail::check(skv_row_indices(handle_, row, start, end, out.data()));
+    detail::call([&] { return skv_row_indices(handle_, row, start, end, out.data()); });
     return out;
   }
+  /// skv_cache_stats
   skv_stats stats() const {
     skv_stats out{};
-    detail::check(skv_cache_stats(handle_, &out));
+    detail::call([&] { return skv_cache_stats(handle_, &out); });
     return out;
   }
-  /// The audit; report.violations == 0 when every invariant holds.
+  /// skv_cache_check, the audit; report.violations == 0 when every invariant holds.
   skv_check_report check() const {
     skv_check_report out{};
-    detail::check(skv_cache_check(handle_, &out));
+    detail::call([&] { return skv_cache_check(handle_, &out); });
     return out;
   }
-  /// Appends every later call on this handle to a JSON-lines file; nullptr stops tracing.
-  void set_trace(const char *path) { detail::check(skv_cache_set_trace(handle_, path)); }
-  /// hooks == nullptr removes them.
+  /// Installs owned mode's hooks from C callbacks (copied); hooks == nullptr removes them.
   void set_hooks(const skv_engine_hooks *hooks, void *user_data) {
-    detail::check(skv_cache_set_hooks(handle_, hooks, user_data));
+    detail::call([&] { return skv_cache_set_hooks(handle_, hooks, user_data); });
+  }
+  /// Installs a C++ EngineHooks, which must stay alive while installed.
+  void set_hooks(EngineHooks &hooks) {
+    const skv_engine_hooks c = engine_hooks_for(hooks);
+    set_hooks(&c, &hooks);
   }
   /// Writes into caller buffers; `needed` receives the page id count even when it
   /// exceeds cap (then this throws SKV_ERR_INVALID_ARG).
   void build_flashinfer(const int32_t *rows, std::size_t n, int32_t *kv_indptr,
                         int32_t *kv_indices, int32_t *kv_last_page_len, std::size_t cap,
                         std::size_t &needed) const {
-    detail::check(skv_build_flashinfer(handle_, rows, n, kv_indptr, kv_indices,
-                                       kv_last_page_len, cap, &needed));
+    detail::call([&] {
+      return skv_build_flashinfer(handle_, rows, n, kv_indptr, kv_indices, kv_last_page_len,
+                                  cap, &needed);
+    });
   }
   /// Sizes the buffers itself (asking again if another thread grows a row meanwhile).
   FlashInferBatch build_flashinfer(const std::vector<int32_t> &rows) const {
@@ -308,22 +472,92 @@ class Cache {
     for (;;) {
       std::size_t needed = 0;
       int32_t *indices = batch.kv_indices.empty() ? &none : batch.kv_indices.data();
-      skv_status status = skv_build_flashinfer(handle_, rows.data(), rows.size(),
-                                               batch.kv_indptr.data(), indices,
-                                               batch.kv_last_page_len.data(),
-                                               batch.kv_indices.size(), &needed);
-      if (status == SKV_OK) {
+      try {
+        build_flashinfer(rows.data(), rows.size(), batch.kv_indptr.data(), indices,
+                         batch.kv_last_page_len.data(), batch.kv_indices.size(), needed);
         batch.kv_indices.resize(needed);
         return batch;
+      } catch (const Error &e) {
+        // A buffer too small is the one error that reports through `needed`.
+        if (e.status() != SKV_ERR_INVALID_ARG || needed <= batch.kv_indices.size()) throw;
       }
-      // A buffer too small is the one error that reports through `needed`.
-      if (status != SKV_ERR_INVALID_ARG || needed <= batch.kv_indices.size()) detail::check(status);
       batch.kv_indices.resize(needed);
     }
   }
 
+  // Handle settings (both modes)
+
+  /// skv_cache_set_trace: appends every later call on this handle to a JSON-lines file;
+  /// nullptr stops tracing.
+  void set_trace(const char *path) {
+    detail::call([&] { return skv_cache_set_trace(handle_, path); });
+  }
+
+  // The device copy of req_to_token (owned mode, a build with the cuda feature; elsewhere
+  // these throw SKV_ERR_UNSUPPORTED). They only call libskv: no CUDA header needed here.
+
+  /// cu_stream: the engine's CUstream, nullptr for the legacy default stream.
+  void device_attach(int device_ordinal, void *cu_stream = nullptr) {
+    detail::call([&] { return skv_device_attach(handle_, device_ordinal, cu_stream); });
+  }
+  /// Queues the copy of the rows mapped anew on the attached stream.
+  DeviceRows device_sync() {
+    DeviceRows out{0, 0};
+    detail::call([&] { return skv_device_sync(handle_, &out.device_ptr, &out.row_stride); });
+    return out;
+  }
+
  private:
   skv_cache *handle_ = nullptr;
+};
+
+/// Aborts a running turn when the engine unwinds past it: unless finish(), abort() or
+/// release() ran, the destructor calls skv_cache_finished_req(..., aborted = 1), which
+/// releases everything the session holds (docs/operations.md), and swallows any failure
+/// (a destructor cannot report one). Create it once the req belongs to the session: after
+/// skv_match_prefix, before the engine extends the row.
+class TurnGuard {
+ public:
+  TurnGuard(Cache &cache, uint64_t session_id, uint64_t branch_id, Req &req) noexcept
+      : cache_(cache), session_id_(session_id), branch_id_(branch_id), req_(req) {}
+  TurnGuard(const TurnGuard &) = delete;
+  TurnGuard &operator=(const TurnGuard &) = delete;
+  ~TurnGuard() {
+    if (!armed_) return;
+    try {
+      cache_.finished_req(session_id_, branch_id_, req_, true);
+    } catch (...) {
+      // Unwinding already carries an exception; the abort's own failure has no reader.
+    }
+  }
+
+  /// Saves the turn into its slot (finished_req, not aborted).
+  void finish() { end(false); }
+  /// Releases the session now, reporting a failure.
+  void abort() { end(true); }
+  /// The engine finishes the turn itself: the destructor does nothing.
+  void release() noexcept { armed_ = false; }
+  bool armed() const noexcept { return armed_; }
+
+ private:
+  // A call that took effect leaves the req holding no row (even when a free callback failed
+  // and it throws): from then on there is no turn left to abort. A call that changed nothing
+  // leaves the guard armed.
+  void end(bool aborted) {
+    try {
+      cache_.finished_req(session_id_, branch_id_, req_, aborted);
+    } catch (...) {
+      if (!req_.has_row()) armed_ = false;
+      throw;
+    }
+    armed_ = false;
+  }
+
+  Cache &cache_;
+  uint64_t session_id_;
+  uint64_t branch_id_;
+  Req &req_;
+  bool armed_ = true;
 };
 
 }  // namespace skv

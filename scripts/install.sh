@@ -2,7 +2,7 @@
 # Install libskv under PREFIX:
 #   lib/libskv.so.X.Y.Z (+ its SONAME link, libskv.so.0.Y or libskv.so.X, and libskv.so),
 #   lib/libskv.a,
-#   include/skv.h, include/skv.hpp, lib/pkgconfig/skv.pc,
+#   include/skv.h, include/skv.hpp, lib/pkgconfig/skv.pc (shared) and skv-static.pc (static),
 #   lib/cmake/skv/skvConfig.cmake, lib/cmake/skv/skvConfigVersion.cmake
 #
 # usage: scripts/install.sh [--no-build] [--debug-info] PREFIX
@@ -107,6 +107,7 @@ subst() {
   if grep -n '@[A-Z_]*@' "$2" >&2; then echo "install.sh: unfilled field in $2" >&2; exit 1; fi
 }
 subst cmake/skv.pc.in "$dest/lib/pkgconfig/skv.pc"
+subst cmake/skv-static.pc.in "$dest/lib/pkgconfig/skv-static.pc"
 subst cmake/skvConfig.cmake.in "$dest/lib/cmake/skv/skvConfig.cmake"
 subst cmake/skvConfigVersion.cmake.in "$dest/lib/cmake/skv/skvConfigVersion.cmake"
 

@@ -92,11 +92,11 @@ static std::vector<int32_t> range(int32_t lo, int32_t hi) {
 // the page 16..31 keeps its committed tokens, 32..39 go back at finish, the rest at release.
 static void external_mode() {
   Engine engine;
-  skv::Cache cache = skv::Cache::external(skv::make_config(kPage, 0, 4, 128), engine_ops(), &engine);
+  skv::Cache cache(skv::make_config(kPage, 0, 4, 128), engine_ops(), &engine);
   skv::Req req;
   req.set_req_pool_idx(1).set_origin_input_len(20).set_output_len(20).set_finished_len(4);
   req.set_kv_allocated_len(40).set_kv_committed_len(40);
-  cache.cache_finished_req(kSession, 0, req);
+  cache.finished_req(kSession, 0, req);
   EXPECT(!req.has_row() && req.output_len() == 4);
   EXPECT(engine.freed_kv.size() == 1 && engine.freed_kv[0] == range(128 + 32, 128 + 40));
   EXPECT(engine.freed_rows.empty());
@@ -108,7 +108,7 @@ static void external_mode() {
 
 // A decode step of a running batch: one call extends every request, one commits them.
 static void batch_step() {
-  skv::Cache cache = skv::Cache::owned(skv::make_config(kPage, kPage * kPages, kRows, 512));
+  skv::Cache cache(skv::make_config(kPage, kPage * kPages, kRows, 512));
   std::vector<skv_req> reqs(3);
   for (skv_req &r : reqs) {
     skv::Req one;
@@ -135,9 +135,9 @@ int main() {
   EXPECT(std::strlen(skv::version()) > 0);
 
   expect_error(SKV_ERR_INVALID_ARG, "page_size",
-               [] { (void)skv::Cache::owned(skv::make_config(0, kPage * kPages, kRows, 512)); });
+               [] { skv::Cache bad(skv::make_config(0, kPage * kPages, kRows, 512)); });
 
-  skv::Cache cache = skv::Cache::owned(skv::make_config(kPage, kPage * kPages, kRows, 512));
+  skv::Cache cache(skv::make_config(kPage, kPage * kPages, kRows, 512));
   EXPECT(cache && cache.get() != nullptr);
 
   // Turn 1: prompt of 40, three rounds of 4 draft tokens, stop token at output 3: the
@@ -156,7 +156,7 @@ int main() {
   EXPECT(cache.row_indices(row, 0, 52).size() == 52);
   EXPECT(cache.stats().used_pages == 4);
   req.set_finished_len(3);
-  cache.cache_finished_req(kSession, 0, req);
+  cache.finished_req(kSession, 0, req);
   EXPECT(!req.has_row() && req.kv_allocated_len() == 0 && req.output_len() == 3);
   skv_stats st = cache.stats();
   EXPECT(st.used_pages == 3 && st.sessions == 1 && st.free_rows == kRows - 1);
@@ -185,7 +185,7 @@ int main() {
   EXPECT(std::memcmp(&before, next.get(), sizeof before) == 0);
   expect_error(SKV_ERR_STATE, "", [&] { cache.release_session(kSession); });  // in flight
 
-  cache.cache_finished_req(kSession, 0, next);
+  cache.finished_req(kSession, 0, next);
   skv_check_report report = cache.check();
   EXPECT(report.violations == 0);
   EXPECT(report.pages_in_rows == 3 && report.pages_free == kPages - 4);
@@ -198,7 +198,7 @@ int main() {
   EXPECT(st.used_pages == 0 && st.free_pages == kPages - 1 && st.free_rows == kRows);
 
   // Move-assignment frees the handle it replaces (valgrind and ASan would see a leak).
-  other = skv::Cache::owned(skv::make_config(kPage, kPage * kPages, kRows, 512));
+  other = skv::Cache(skv::make_config(kPage, kPage * kPages, kRows, 512));
   EXPECT(other.stats().sessions == 0);
 
   external_mode();
