@@ -79,8 +79,12 @@ const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 >= CONFIG_S
 const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZE_V1);
 
 /// The caller's config, read up to its struct_size.
+///
+/// # Safety
+/// `cfg` must be NULL or point at a config of struct_size readable bytes.
 unsafe fn read_config(cfg: *const skv_cache_config) -> Result<skv_cache_config> {
-    super::read_versioned(arg(cfg, "cfg")?, CONFIG_SIZE_V1, "cfg")
+    // SAFETY: arg refuses NULL; any other cfg has struct_size readable bytes, by contract.
+    unsafe { super::read_versioned(arg(cfg, "cfg")?, CONFIG_SIZE_V1, "cfg") }
 }
 
 fn config(cfg: &skv_cache_config) -> Result<Config> {
@@ -109,7 +113,8 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 /// `cfg` and `out` must be NULL or valid pointers.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
-    guard(this_export!(), || {
+    // SAFETY: cfg and out are NULL or valid (the contract above); arg and out_mut refuse NULL.
+    guard(this_export!(), || unsafe {
         arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
         let cfg = config(&read_config(cfg)?)?;
@@ -130,7 +135,9 @@ pub unsafe extern "C" fn skv_cache_new_external(
     user_data: *mut c_void,
     out: *mut *mut skv_cache,
 ) -> skv_status {
-    guard(this_export!(), || {
+    // SAFETY: cfg, ops and out are NULL or valid, cfg and ops of struct_size readable bytes
+    // (the contract above); arg and out_mut refuse NULL before anything is read.
+    guard(this_export!(), || unsafe {
         arg(cfg, "cfg")?;
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
@@ -154,7 +161,9 @@ pub unsafe extern "C" fn skv_cache_new_external(
 pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
     // Freeing a handle from inside a callback could free the lock a running call holds.
     if !cache.is_null() && !in_callback() {
-        let _ = std::panic::catch_unwind(|| drop(Box::from_raw(cache)));
+        // SAFETY: a handle from Box::into_raw not yet freed, with no call on it in progress
+        // (the contract above); no callback runs on this thread, so none of its calls holds it.
+        let _ = std::panic::catch_unwind(|| drop(unsafe { Box::from_raw(cache) }));
     }
 }
 
@@ -169,7 +178,9 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 /// `path` must be NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
-    guard(this_export!(), || {
+    // SAFETY: c is NULL or a live handle and path NULL or a NUL-terminated string (the
+    // contract above); arg refuses a NULL handle and path is read only when not NULL.
+    guard(this_export!(), || unsafe {
         let handle = arg(c.cast_const(), "cache")?;
         // Calls take the trace lock before the handle's: read what the first line needs and let
         // go of the handle before opening.
@@ -187,7 +198,8 @@ struct ExternalPool {
     staging: Vec<i32>,
 }
 
-// The engine promises its callbacks may run on whichever thread calls libskv.
+// SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
+// whichever thread calls libskv; the handle's lock keeps the calls one at a time.
 unsafe impl Send for ExternalPool {}
 
 impl Pool for ExternalPool {
@@ -218,6 +230,8 @@ impl Pool for ExternalPool {
                     return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
                 }
                 self.staging.resize(at + n, -1);
+                // SAFETY: the engine's read_row (checked non-NULL at creation) writes end-start
+                // values, for which the staging space has just been resized.
                 let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
                 if rc != 0 {
                     return Err(Error::Callback(format!(
@@ -237,6 +251,7 @@ impl Pool for ExternalPool {
         for e in effects {
             let rc = match *e {
                 Effect::DecLockRef { node, receipt } => match self.ops.dec_lock_ref {
+                    // SAFETY: the engine's callback, callable while the handle lives.
                     Some(f) => unsafe { f(ud, node, receipt) },
                     None => continue,
                 },
@@ -248,13 +263,17 @@ impl Pool for ExternalPool {
                     at += idx.len();
                     handed += idx.len();
                     let free_kv = self.ops.free_kv.expect("checked at creation");
+                    // SAFETY: the engine's free_kv reads idx.len() values at idx, which lives
+                    // until the call returns.
                     unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }
                 }
                 Effect::FreeRow { row } => {
                     let free_row = self.ops.free_row.expect("checked at creation");
+                    // SAFETY: the engine's callback (checked non-NULL at creation).
                     unsafe { free_row(ud, row as i32) }
                 }
                 Effect::FreeAux { aux } => match self.ops.free_aux {
+                    // SAFETY: the engine's callback, callable while the handle lives.
                     Some(f) => unsafe { f(ud, aux) },
                     None => continue,
                 },

@@ -29,7 +29,8 @@ pub unsafe extern "C" fn skv_device_attach(
         |t| {
             t.num("device_ordinal", device_ordinal);
         },
-        || {
+        // SAFETY: c is NULL or a live handle (the contract above); arg and lock refuse NULL.
+        || unsafe {
             let handle = arg(c.cast_const(), "cache")?;
             let mut cache = lock(c)?;
             let mut device = handle.device.lock().map_err(|_| Error::Internal("device lock poisoned".into()))?;
@@ -61,7 +62,9 @@ pub unsafe extern "C" fn skv_device_sync(
         c,
         this_export!(),
         |_| {},
-        || {
+        // SAFETY: c, out_device_ptr and out_row_stride are NULL or valid (the contract above); arg,
+        // out_mut and lock refuse NULL.
+        || unsafe {
             let handle = arg(c.cast_const(), "cache")?;
             let ptr = out_mut(out_device_ptr, "out_device_ptr")?;
             let stride = out_mut(out_row_stride, "out_row_stride")?;

@@ -20,7 +20,8 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
         |t| {
             t.req("req", req);
         },
-        || on_req(c, req, |c, r| c.alloc_row(r), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.alloc_row(r), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -47,7 +48,9 @@ pub unsafe extern "C" fn skv_alloc_extend(
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
-        || {
+        // SAFETY: c and req are NULL or valid and out_loc NULL or n_tokens values (the contract
+        // above); on_req refuses NULL, out_loc is used only when not NULL.
+        || unsafe {
             let out = match out_loc.is_null() {
                 true => None,
                 false => Some(slice_mut(out_loc, n_tokens as usize, "out_loc")?),
@@ -75,7 +78,8 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
-        || on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -83,15 +87,20 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
 }
 
 /// Runs a batch operation on copies of reqs[0..n), writing them back only when it succeeds.
+///
+/// # Safety
+/// `c` must be NULL or a live handle, `reqs` NULL or n valid reqs.
 unsafe fn on_reqs(
     c: *mut skv_cache,
     reqs: *mut skv_req,
     n: usize,
     op: impl FnOnce(&mut Cache, &mut [Req]) -> Result<()>,
 ) -> Result<()> {
-    let mut cache = lock(c)?;
+    // SAFETY: NULL or a live handle, by this function's contract.
+    let mut cache = unsafe { lock(c) }?;
     cache.require_owned()?;
-    let reqs = slice_mut(reqs, n, "reqs")?;
+    // SAFETY: NULL or n reqs, by this function's contract.
+    let reqs = unsafe { slice_mut(reqs, n, "reqs") }?;
     let mut copies = std::mem::take(&mut cache.batch_reqs);
     copies.clear();
     if copies.try_reserve(n).is_err() {
@@ -136,7 +145,10 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
         |t| {
             t.num("n", n as u64).num("out_loc", !out_loc.is_null() as u8).num("out_cap", out_cap as u64);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, reqs and n_tokens NULL or n values, out_loc NULL
+        // or out_cap values (the contract above); nonnull, on_reqs, slice and slice_mut refuse
+        // NULL with a length.
+        || unsafe {
             nonnull(reqs, n, "reqs")?;
             nonnull(n_tokens, n, "n_tokens")?;
             on_reqs(c, reqs, n, |cache, copies| {
@@ -177,7 +189,9 @@ pub unsafe extern "C" fn skv_commit_batch(
         |t| {
             t.num("n", n as u64);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, reqs and n_tokens NULL or n values (the contract
+        // above); nonnull, on_reqs and slice refuse NULL with a length.
+        || unsafe {
             nonnull(reqs, n, "reqs")?;
             nonnull(n_tokens, n, "n_tokens")?;
             on_reqs(c, reqs, n, |cache, copies| cache.commit_batch(copies, slice(n_tokens, n, "n_tokens")?))
@@ -201,7 +215,8 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
         |t| {
             t.req("req", req);
         },
-        || on_req(c, req, |c, r| c.free_req(r), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.free_req(r), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -221,7 +236,9 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
         |t| {
             t.num("n_tokens", n_tokens);
         },
-        || {
+        // SAFETY: c is NULL or a live handle and out_indices NULL or n_tokens values (the contract
+        // above); lock and slice_mut refuse NULL.
+        || unsafe {
             let out = slice_mut(out_indices, n_tokens as usize, "out_indices")?;
             lock(c)?.pool_alloc(out)
         },
@@ -244,7 +261,9 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
         |t| {
             t.list("indices", indices, n);
         },
-        || {
+        // SAFETY: c is NULL or a live handle and indices NULL or n values (the contract above);
+        // lock and slice refuse NULL.
+        || unsafe {
             nonnull(indices, n, "indices")?;
             let mut c = lock(c)?;
             c.require_owned()?;
@@ -271,7 +290,9 @@ pub unsafe extern "C" fn skv_page_refs(
         |t| {
             t.list("indices", indices, n);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, indices and out_counts NULL or n values (the contract
+        // above); lock, slice and slice_mut refuse NULL.
+        || unsafe {
             nonnull(indices, n, "indices")?;
             nonnull(out_counts, n, "out_counts")?;
             let c = lock(c)?;
@@ -302,7 +323,9 @@ pub unsafe extern "C" fn skv_map_prefix(
         |t| {
             t.req("req", req).list("indices", indices, n_tokens as usize);
         },
-        || {
+        // SAFETY: c and req are NULL or valid and indices NULL or n_tokens values (the contract
+        // above); slice and on_req refuse NULL.
+        || unsafe {
             let indices = slice(indices, n_tokens as usize, "indices")?;
             on_req(c, req, |c, r| c.map_prefix(r, indices), |()| {})
         },
@@ -329,7 +352,8 @@ pub unsafe extern "C" fn skv_publish_prefix(
         |t| {
             t.req("req", req).num("new_protected_len", new_protected_len);
         },
-        || on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -355,7 +379,9 @@ pub unsafe extern "C" fn skv_row_indices(
         |t| {
             t.num("row", row).num("start", start).num("end", end);
         },
-        || {
+        // SAFETY: c is NULL or a live handle and out NULL or end-start values (the contract above);
+        // lock and slice_mut refuse NULL.
+        || unsafe {
             let n = end.saturating_sub(start) as usize;
             nonnull(out, n, "out")?;
             let c = lock(c)?;
@@ -406,7 +432,8 @@ pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats)
         c,
         this_export!(),
         |_| {},
-        || {
+        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
+        || unsafe {
             let out = out_mut(out, "out")?;
             let s = lock(c)?.stats()?;
             *out = skv_stats {
@@ -458,7 +485,8 @@ pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_
         c,
         this_export!(),
         |_| {},
-        || {
+        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
+        || unsafe {
             let out = out_mut(out, "out")?;
             let r = lock(c)?.check()?;
             let mut text = [0 as c_char; 256];
@@ -507,7 +535,8 @@ struct Hooks {
     user_data: *mut c_void,
 }
 
-// The engine promises its callbacks may run on whichever thread calls libskv.
+// SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
+// whichever thread calls libskv; the handle's lock keeps the calls one at a time.
 unsafe impl Send for Hooks {}
 
 fn rc(code: c_int) -> Result<(), i32> {
@@ -521,11 +550,13 @@ fn rc(code: c_int) -> Result<(), i32> {
 impl EngineHooks for Hooks {
     fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
         let _scope = CallbackScope::enter();
+        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
         self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
     }
 
     fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
         let _scope = CallbackScope::enter();
+        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
         self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
     }
 }
@@ -562,7 +593,9 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
                 }
             }
         },
-        || {
+        // SAFETY: c is NULL or a live handle and hooks NULL or a struct of struct_size bytes (the
+        // contract above); lock refuses NULL and hooks is read only when not NULL.
+        || unsafe {
             let mut c = lock(c)?;
             c.require_owned()?;
             let hooks = match hooks.is_null() {
@@ -603,7 +636,10 @@ pub unsafe extern "C" fn skv_build_flashinfer(
         |t| {
             t.list("rows", rows, n).num("cap", cap as u64);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, rows NULL or n values, kv_indptr n+1, kv_indices cap,
+        // kv_last_page_len n, needed NULL or valid (the contract above); nonnull, out_mut, lock,
+        // slice and slice_mut refuse NULL with a length.
+        || unsafe {
             nonnull(rows, n, "rows")?;
             nonnull(kv_indptr, 1, "kv_indptr")?;
             nonnull(kv_indices, cap, "kv_indices")?;
@@ -625,7 +661,8 @@ pub unsafe extern "C" fn skv_build_flashinfer(
             Ok(())
         },
         |t| {
-            let total = *needed;
+            // SAFETY: written by the call that just succeeded.
+            let total = unsafe { *needed };
             t.num("needed", total as u64).list("kv_indptr", kv_indptr.cast_const(), n + 1);
             t.list("kv_indices", kv_indices.cast_const(), total).list(
                 "kv_last_page_len",

@@ -140,14 +140,19 @@ pub(crate) fn store(req: &mut skv_req, r: Req) {
 
 /// Runs a core operation on a copy of `*req`, writing it back when the call completes
 /// (also when a free callback failed part-way: the state advanced).
+///
+/// # Safety
+/// `cache` must be NULL or a live handle, `req` NULL or a valid skv_req.
 pub(crate) unsafe fn on_req<T>(
     cache: *mut skv_cache,
     req: *mut skv_req,
     op: impl FnOnce(&mut crate::core::Cache, &mut Req) -> crate::core::Result<T>,
     write: impl FnOnce(T),
 ) -> crate::core::Result<()> {
-    let req = out_mut(req, "req")?;
-    let mut c = lock(cache)?;
+    // SAFETY: NULL or valid, by this function's contract.
+    let req = unsafe { out_mut(req, "req") }?;
+    // SAFETY: NULL or a live handle, by this function's contract.
+    let mut c = unsafe { lock(cache) }?;
     let mut r = Req::from(&*req);
     let value = op(&mut c, &mut r)?;
     store(req, r);
@@ -163,9 +168,10 @@ pub(crate) unsafe fn on_req<T>(
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     guard(this_export!(), || {
-        let req = out_mut(req, "req")?;
+        // SAFETY: req is NULL or valid (the contract above); out_mut refuses NULL.
+        let req = unsafe { out_mut(req, "req") }?;
         // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value.
-        std::ptr::write_bytes(req as *mut skv_req, 0, 1);
+        unsafe { std::ptr::write_bytes(req as *mut skv_req, 0, 1) };
         store(req, Req::default());
         Ok(())
     })
@@ -197,7 +203,9 @@ pub unsafe extern "C" fn skv_match_prefix(
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
             t.num("key_len", key_len).num("pre_aborted", pre_aborted);
         },
-        || {
+        // SAFETY: c, req and out are NULL or valid (the contract above); out_mut and on_req
+        // refuse NULL.
+        || unsafe {
             let out = out_mut(out, "out")?;
             on_req(
                 c,
@@ -234,7 +242,8 @@ pub unsafe extern "C" fn skv_cache_finished_req(
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
         },
-        || on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -260,7 +269,9 @@ pub unsafe extern "C" fn skv_checkpoint(
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
         },
-        || {
+        // SAFETY: c, req and handled are NULL or valid (the contract above); arg, out_mut and
+        // lock refuse NULL.
+        || unsafe {
             let r = Req::from(arg(req, "req")?);
             let handled = out_mut(handled, "handled")?;
             let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
@@ -268,7 +279,8 @@ pub unsafe extern "C" fn skv_checkpoint(
             Ok(())
         },
         |t| {
-            t.num("handled", *handled);
+            // SAFETY: written by the call that just succeeded.
+            t.num("handled", unsafe { *handled });
         },
     )
 }
@@ -287,7 +299,8 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
             t.num("session_id", session_id);
         },
         || {
-            let mut c = lock(c)?;
+            // SAFETY: c is NULL or a live handle (the contract above).
+            let mut c = unsafe { lock(c) }?;
             c.release_session(session_id)?;
             c.take_deferred()
         },
@@ -308,7 +321,8 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
             t.num("session_id", session_id).num("branch_id", branch_id);
         },
         || {
-            let mut c = lock(c)?;
+            // SAFETY: c is NULL or a live handle (the contract above).
+            let mut c = unsafe { lock(c) }?;
             c.release_branch(session_id, branch_id)?;
             c.take_deferred()
         },
@@ -334,7 +348,8 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
             t.num("row", row).num("target", target).num("end", end);
         },
         || {
-            let mut c = lock(c)?;
+            // SAFETY: c is NULL or a live handle (the contract above).
+            let mut c = unsafe { lock(c) }?;
             let Ok(row) = u32::try_from(row) else {
                 return Err(crate::core::Error::InvalidArg(format!("row {row} out of range")));
             };
@@ -359,7 +374,8 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
         |t| {
             t.req("req", req).num("finished_len", finished_len);
         },
-        || on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -379,7 +395,8 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
         |t| {
             t.req("req", req).num("prefix_len", prefix_len);
         },
-        || on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -404,7 +421,9 @@ pub unsafe extern "C" fn skv_session_held(
         |t| {
             t.list("active_rows", active_rows, n_active);
         },
-        || {
+        // SAFETY: c and out are NULL or valid and active_rows NULL or n_active values (the contract
+        // above); slice, out_mut and lock refuse NULL.
+        || unsafe {
             let active = slice(active_rows, n_active, "active_rows")?;
             let out = out_mut(out, "out")?;
             *out = lock(c)?.session_held(active).into();
