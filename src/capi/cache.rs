@@ -109,8 +109,7 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).
 ///
-/// # Safety
-/// `cfg` and `out` must be NULL or valid pointers.
+/// The caller must pass cfg and out as NULL or valid pointers.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
     // SAFETY: cfg and out are NULL or valid (the contract above); arg and out_mut refuse NULL.
@@ -126,8 +125,8 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
 /// Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
 /// `free_row` are required. `user_data` is passed to every callback.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; the callbacks must stay callable while the handle lives.
+/// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+/// the handle lives.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new_external(
     cfg: *const skv_cache_config,
@@ -155,8 +154,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
 /// Destroys a handle; NULL is a no-op, and so is a call from inside a libskv callback (of any
 /// handle). Frees host memory only: no callback runs and no session is released.
 ///
-/// # Safety
-/// `cache` must be NULL or a handle not yet freed, with no call on it in progress.
+/// The caller must pass NULL or a handle not yet freed, with no call on it in progress.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
     // Freeing a handle from inside a callback could free the lock a running call holds.
@@ -174,8 +172,7 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 /// (a path that cannot be opened then fails the handle's creation). Tracing costs a
 /// formatted line and a write per call; an untraced handle pays one atomic load.
 ///
-/// # Safety
-/// `path` must be NULL or a NUL-terminated string.
+/// The caller must pass path as NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
     // SAFETY: c is NULL or a live handle and path NULL or a NUL-terminated string (the

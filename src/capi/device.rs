@@ -14,9 +14,8 @@ use crate::device::Device;
 /// is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
 /// with the handle.
 ///
-/// # Safety
-/// `cu_stream` must be NULL or a live CUstream of that device's primary context while the
-/// handle lives.
+/// The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
+/// live while the handle lives.
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_attach(
     c: *mut skv_cache,
@@ -50,8 +49,7 @@ pub unsafe extern "C" fn skv_device_attach(
 /// sequence length). Writes the copy's device pointer and its row stride in int32 values
 /// (max_context_len). SKV_ERR_STATE before skv_device_attach.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_sync(
     c: *mut skv_cache,

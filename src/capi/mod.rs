@@ -3,6 +3,9 @@
 //! panic boundary every fallible export goes through.
 
 #![allow(non_camel_case_types)]
+// The exports' docs are the C header's: each states its contract in C prose ("The caller must
+// pass ...") rather than under a Rust `# Safety` heading, which would read as noise in C.
+#![allow(clippy::missing_safety_doc)]
 
 /// The name of the export it is written in (`"skv_match_prefix"` inside `skv_match_prefix`),
 /// for its error messages and trace lines: an export's name is written once, in its signature.

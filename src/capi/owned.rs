@@ -10,8 +10,7 @@ use crate::core::{Cache, EngineHooks, Error, Req, Result};
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
 /// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     traced(
@@ -33,8 +32,7 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
 /// indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
 /// everything unchanged.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; out_loc must hold n_tokens values.
+/// The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend(
     c: *mut skv_cache,
@@ -68,8 +66,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
 
 /// kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
     traced(
@@ -125,8 +122,8 @@ unsafe fn on_reqs(
 /// before anything changes; the error names the request's position (`reqs[17]: ...`).
 /// (NULL, 0) is an empty batch.
 ///
-/// # Safety
-/// reqs and n_tokens must hold n values, out_loc out_cap values (or be NULL).
+/// The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
+/// (or NULL).
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend_batch(
     c: *mut skv_cache,
@@ -174,8 +171,7 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
 /// skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
 /// `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
 ///
-/// # Safety
-/// reqs and n_tokens must hold n values.
+/// The caller must pass reqs and n_tokens holding n values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit_batch(
     c: *mut skv_cache,
@@ -205,8 +201,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 /// A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
 /// and KV lengths 0; its lock_node and aux_state stay the engine's to release.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     traced(
@@ -226,8 +221,7 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
 /// pages, page-structured, written to out_indices.
 ///
-/// # Safety
-/// out_indices must hold n_tokens values.
+/// The caller must pass out_indices holding n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
     traced(
@@ -251,8 +245,7 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 /// Takes back engine-held pages: each index frees the page it falls in. A page already free
 /// (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
 ///
-/// # Safety
-/// indices must hold n values.
+/// The caller must pass indices holding n values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
     traced(
@@ -275,8 +268,7 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
 
 /// For each index, how many rows map its page (0: the tree may evict it).
 ///
-/// # Safety
-/// indices and out_counts must hold n values.
+/// The caller must pass indices and out_counts holding n values each.
 #[no_mangle]
 pub unsafe extern "C" fn skv_page_refs(
     c: *mut skv_cache,
@@ -308,8 +300,7 @@ pub unsafe extern "C" fn skv_page_refs(
 /// A fresh row (kv_allocated_len 0) adopts engine-held pages as its protected prefix:
 /// allocated = committed = protected = n_tokens. Indices must be page-structured.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; indices must hold n_tokens values.
+/// The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_map_prefix(
     c: *mut skv_cache,
@@ -338,8 +329,7 @@ pub unsafe extern "C" fn skv_map_prefix(
 /// The row's pages [protected, new_protected_len) become engine-held (inserted in the
 /// engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_publish_prefix(
     c: *mut skv_cache,
@@ -363,8 +353,7 @@ pub unsafe extern "C" fn skv_publish_prefix(
 /// Copies req_to_token[row, start:end) into out (end-start values). External mode:
 /// SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
 ///
-/// # Safety
-/// out must hold end-start values.
+/// The caller must pass out holding end-start values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_indices(
     c: *mut skv_cache,
@@ -424,8 +413,7 @@ pub struct skv_stats {
 
 /// Reads the pool's occupancy and counters.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats) -> skv_status {
     traced(
@@ -477,8 +465,7 @@ pub struct skv_check_report {
 /// a row, every engine-held page's map count equal to the rows that map it, idle session
 /// slots agreeing with their rows.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status {
     traced(
@@ -565,8 +552,8 @@ impl EngineHooks for Hooks {
 /// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
 /// them).
 ///
-/// # Safety
-/// Pointers must be NULL or valid; the callbacks must stay callable while installed.
+/// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+/// they are installed.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_hooks(
     c: *mut skv_cache,
@@ -616,8 +603,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 /// *needed receives the number of page ids, also when it exceeds cap: then
 /// SKV_ERR_INVALID_ARG and nothing else is written.
 ///
-/// # Safety
-/// kv_indptr must hold n+1 values, kv_last_page_len n, kv_indices cap.
+/// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer(

@@ -163,8 +163,7 @@ pub(crate) unsafe fn on_req<T>(
 /// Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
 /// aux -1.
 ///
-/// # Safety
-/// `req` must be NULL or valid.
+/// The caller must pass req as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     guard(this_export!(), || {
@@ -184,8 +183,7 @@ pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
 /// (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
 /// other req is SKV_ERR_STATE.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_match_prefix(
     c: *mut skv_cache,
@@ -226,8 +224,7 @@ pub unsafe extern "C" fn skv_match_prefix(
 /// is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
 /// req's aux_state; of an idle slot, the slot's own record.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_finished_req(
     c: *mut skv_cache,
@@ -253,8 +250,7 @@ pub unsafe extern "C" fn skv_cache_finished_req(
 /// Between prefill chunks: *handled = 1 when the session slot handles this request (a later
 /// turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_checkpoint(
     c: *mut skv_cache,
@@ -288,8 +284,7 @@ pub unsafe extern "C" fn skv_checkpoint(
 /// Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
 /// refuses the whole call with SKV_ERR_STATE.
 ///
-/// # Safety
-/// `c` must be NULL or a live handle.
+/// The caller must pass c as NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
     traced(
@@ -310,8 +305,7 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 
 /// Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
 ///
-/// # Safety
-/// `c` must be NULL or a live handle.
+/// The caller must pass c as NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
     traced(
@@ -337,8 +331,7 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// recorded end, target must keep its protected prefix, and the slot shortens with the row
 /// (the engine lowers its own req's kv_allocated_len).
 ///
-/// # Safety
-/// `c` must be NULL or a live handle.
+/// The caller must pass c as NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
     traced(
@@ -364,8 +357,7 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
 /// own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     traced(
@@ -385,8 +377,7 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 /// Frees what lies past a reused prefix (the match path's tail free). A session row's rules
 /// are those of skv_free_aligned.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     traced(
@@ -406,8 +397,7 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
 /// What idle session slots hold. Rows listed in active_rows belong to running requests and
 /// are not counted; (NULL, 0) lists none.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; active_rows must hold n_active values.
+/// The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_held(
     c: *mut skv_cache,
