@@ -144,6 +144,46 @@ typedef struct skv_cache_config {
 } skv_cache_config;
 
 /**
+ * skv_pool_ops.read_row: copies req_to_token[row, start:end) into `out`, which has room for
+ * end - start int32 values. `user_data` is the pointer given to skv_cache_new_external.
+ * Returns 0, or non-zero to fail the libskv call with SKV_ERR_CALLBACK, nothing changed.
+ */
+typedef int (*skv_read_row_fn)(void *user_data,
+                               int32_t row,
+                               uint32_t start,
+                               uint32_t end,
+                               int32_t *out);
+
+/**
+ * skv_pool_ops.free_kv: returns the `n` KV slot indices at `indices` (readable only during the
+ * call) to the engine's allocator. `user_data` is the pointer given to
+ * skv_cache_new_external. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+ */
+typedef int (*skv_free_kv_fn)(void *user_data, const int32_t *indices, size_t n);
+
+/**
+ * skv_pool_ops.free_row: returns req_to_token row `row` to the engine's row pool.
+ * `user_data` is the pointer given to skv_cache_new_external. Returns 0, or non-zero for
+ * SKV_ERR_CALLBACK (the call completes).
+ */
+typedef int (*skv_free_row_fn)(void *user_data, int32_t row);
+
+/**
+ * skv_pool_ops.dec_lock_ref and skv_engine_hooks.dec_lock_ref: drops the prefix-tree lock a
+ * session inherited, given as its req's `lock_node` and `lock_receipt`. `user_data` is the
+ * pointer given with the ops or hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call
+ * completes).
+ */
+typedef int (*skv_dec_lock_ref_fn)(void *user_data, uint64_t lock_node, uint64_t lock_receipt);
+
+/**
+ * skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees engine auxiliary state
+ * `aux_state` (a req's aux_state, never -1). `user_data` is the pointer given with the ops or
+ * hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+ */
+typedef int (*skv_free_aux_fn)(void *user_data, int64_t aux_state);
+
+/**
  * The engine's pools (external mode). A callback returning non-zero fails the call with
  * SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
  * locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -159,24 +199,24 @@ typedef struct skv_pool_ops {
   /**
    * Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
    */
-  int (*read_row)(void*, int32_t, uint32_t, uint32_t, int32_t*);
+  skv_read_row_fn read_row;
   /**
    * Return these KV slot indices to the engine's allocator (a paged allocator frees the
    * pages they fall in). Required.
    */
-  int (*free_kv)(void*, const int32_t*, size_t);
+  skv_free_kv_fn free_kv;
   /**
    * Return a req_to_token row to the engine's row pool. Required.
    */
-  int (*free_row)(void*, int32_t);
+  skv_free_row_fn free_row;
   /**
    * Drop the prefix-tree lock a session inherited from its first request; may be NULL.
    */
-  int (*dec_lock_ref)(void*, uint64_t, uint64_t);
+  skv_dec_lock_ref_fn dec_lock_ref;
   /**
    * Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
    */
-  int (*free_aux)(void*, int64_t);
+  skv_free_aux_fn free_aux;
 } skv_pool_ops;
 
 /**
@@ -360,11 +400,11 @@ typedef struct skv_engine_hooks {
   /**
    * Drop the prefix-tree lock a session inherited from its first request.
    */
-  int (*dec_lock_ref)(void*, uint64_t, uint64_t);
+  skv_dec_lock_ref_fn dec_lock_ref;
   /**
    * Free engine auxiliary state.
    */
-  int (*free_aux)(void*, int64_t);
+  skv_free_aux_fn free_aux;
 } skv_engine_hooks;
 
 /**

@@ -48,6 +48,34 @@ pub struct skv_cache_config {
     pub flags: u32,
 }
 
+/// skv_pool_ops.read_row: copies req_to_token[row, start:end) into `out`, which has room for
+/// end - start int32 values. `user_data` is the pointer given to skv_cache_new_external.
+/// Returns 0, or non-zero to fail the libskv call with SKV_ERR_CALLBACK, nothing changed.
+pub type skv_read_row_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, row: i32, start: u32, end: u32, out: *mut i32) -> c_int>;
+
+/// skv_pool_ops.free_kv: returns the `n` KV slot indices at `indices` (readable only during the
+/// call) to the engine's allocator. `user_data` is the pointer given to
+/// skv_cache_new_external. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+pub type skv_free_kv_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, indices: *const i32, n: usize) -> c_int>;
+
+/// skv_pool_ops.free_row: returns req_to_token row `row` to the engine's row pool.
+/// `user_data` is the pointer given to skv_cache_new_external. Returns 0, or non-zero for
+/// SKV_ERR_CALLBACK (the call completes).
+pub type skv_free_row_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, row: i32) -> c_int>;
+
+/// skv_pool_ops.dec_lock_ref and skv_engine_hooks.dec_lock_ref: drops the prefix-tree lock a
+/// session inherited, given as its req's `lock_node` and `lock_receipt`. `user_data` is the
+/// pointer given with the ops or hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call
+/// completes).
+pub type skv_dec_lock_ref_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, lock_node: u64, lock_receipt: u64) -> c_int>;
+
+/// skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees engine auxiliary state
+/// `aux_state` (a req's aux_state, never -1). `user_data` is the pointer given with the ops or
+/// hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+pub type skv_free_aux_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, aux_state: i64) -> c_int>;
+
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
 /// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -60,16 +88,16 @@ pub struct skv_pool_ops {
     /// Accepted from 48 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
-    pub read_row: Option<unsafe extern "C" fn(*mut c_void, i32, u32, u32, *mut i32) -> c_int>,
+    pub read_row: skv_read_row_fn,
     /// Return these KV slot indices to the engine's allocator (a paged allocator frees the
     /// pages they fall in). Required.
-    pub free_kv: Option<unsafe extern "C" fn(*mut c_void, *const i32, usize) -> c_int>,
+    pub free_kv: skv_free_kv_fn,
     /// Return a req_to_token row to the engine's row pool. Required.
-    pub free_row: Option<unsafe extern "C" fn(*mut c_void, i32) -> c_int>,
+    pub free_row: skv_free_row_fn,
     /// Drop the prefix-tree lock a session inherited from its first request; may be NULL.
-    pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
+    pub dec_lock_ref: skv_dec_lock_ref_fn,
     /// Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
-    pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+    pub free_aux: skv_free_aux_fn,
 }
 
 /// The first published sizes of the versioned structs (ABI 1); every later size is accepted.

@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
 use super::session::on_req;
 use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
 use crate::core::{Cache, EngineHooks, Error, Req, Result};
@@ -508,9 +509,9 @@ pub struct skv_engine_hooks {
     /// and 2). Accepted from 24 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Drop the prefix-tree lock a session inherited from its first request.
-    pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
+    pub dec_lock_ref: skv_dec_lock_ref_fn,
     /// Free engine auxiliary state.
-    pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+    pub free_aux: skv_free_aux_fn,
 }
 
 /// The first published sizeof(skv_engine_hooks) (ABI 1); every later size is accepted.
