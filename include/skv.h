@@ -480,7 +480,7 @@ typedef struct skv_api {
   /**
    * Same as skv_checkpoint.
    */
-  enum skv_status (*checkpoint)(struct skv_cache *c,
+  enum skv_status (*checkpoint)(const struct skv_cache *c,
                                 uint64_t session_id,
                                 uint64_t branch_id,
                                 const struct skv_req *req,
@@ -508,7 +508,7 @@ typedef struct skv_api {
   /**
    * Same as skv_session_held.
    */
-  enum skv_status (*session_held)(struct skv_cache *c,
+  enum skv_status (*session_held)(const struct skv_cache *c,
                                   const int32_t *active_rows,
                                   size_t n_active,
                                   struct skv_held *out);
@@ -542,7 +542,7 @@ typedef struct skv_api {
   /**
    * Same as skv_page_refs.
    */
-  enum skv_status (*page_refs)(struct skv_cache *c,
+  enum skv_status (*page_refs)(const struct skv_cache *c,
                                const int32_t *indices,
                                size_t n,
                                uint32_t *out_counts);
@@ -562,7 +562,7 @@ typedef struct skv_api {
   /**
    * Same as skv_row_indices.
    */
-  enum skv_status (*row_indices)(struct skv_cache *c,
+  enum skv_status (*row_indices)(const struct skv_cache *c,
                                  int32_t row,
                                  uint32_t start,
                                  uint32_t end,
@@ -570,11 +570,11 @@ typedef struct skv_api {
   /**
    * Same as skv_cache_stats.
    */
-  enum skv_status (*cache_stats)(struct skv_cache *c, struct skv_stats *out);
+  enum skv_status (*cache_stats)(const struct skv_cache *c, struct skv_stats *out);
   /**
    * Same as skv_cache_check.
    */
-  enum skv_status (*cache_check)(struct skv_cache *c, struct skv_check_report *out);
+  enum skv_status (*cache_check)(const struct skv_cache *c, struct skv_check_report *out);
   /**
    * Same as skv_cache_set_hooks.
    */
@@ -584,7 +584,7 @@ typedef struct skv_api {
   /**
    * Same as skv_build_flashinfer.
    */
-  enum skv_status (*build_flashinfer)(struct skv_cache *c,
+  enum skv_status (*build_flashinfer)(const struct skv_cache *c,
                                       const int32_t *rows,
                                       size_t n,
                                       int32_t *kv_indptr,
@@ -741,7 +741,7 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid.
  */
-enum skv_status skv_checkpoint(struct skv_cache *c,
+enum skv_status skv_checkpoint(const struct skv_cache *c,
                                uint64_t session_id,
                                uint64_t branch_id,
                                const struct skv_req *req,
@@ -799,7 +799,7 @@ enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t
  *
  * The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
  */
-enum skv_status skv_session_held(struct skv_cache *c,
+enum skv_status skv_session_held(const struct skv_cache *c,
                                  const int32_t *active_rows,
                                  size_t n_active,
                                  struct skv_held *out);
@@ -891,7 +891,7 @@ enum skv_status skv_pool_free(struct skv_cache *c, const int32_t *indices, size_
  *
  * The caller must pass indices and out_counts holding n values each.
  */
-enum skv_status skv_page_refs(struct skv_cache *c,
+enum skv_status skv_page_refs(const struct skv_cache *c,
                               const int32_t *indices,
                               size_t n,
                               uint32_t *out_counts);
@@ -923,7 +923,7 @@ enum skv_status skv_publish_prefix(struct skv_cache *c,
  *
  * The caller must pass out holding end-start values.
  */
-enum skv_status skv_row_indices(struct skv_cache *c,
+enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t row,
                                 uint32_t start,
                                 uint32_t end,
@@ -934,7 +934,7 @@ enum skv_status skv_row_indices(struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid.
  */
-enum skv_status skv_cache_stats(struct skv_cache *c, struct skv_stats *out);
+enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out);
 
 /**
  * Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
@@ -944,7 +944,7 @@ enum skv_status skv_cache_stats(struct skv_cache *c, struct skv_stats *out);
  *
  * The caller must pass every pointer as NULL or valid.
  */
-enum skv_status skv_cache_check(struct skv_cache *c, struct skv_check_report *out);
+enum skv_status skv_cache_check(const struct skv_cache *c, struct skv_check_report *out);
 
 /**
  * Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
@@ -966,7 +966,7 @@ enum skv_status skv_cache_set_hooks(struct skv_cache *c,
  *
  * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
  */
-enum skv_status skv_build_flashinfer(struct skv_cache *c,
+enum skv_status skv_build_flashinfer(const struct skv_cache *c,
                                      const int32_t *rows,
                                      size_t n,
                                      int32_t *kv_indptr,

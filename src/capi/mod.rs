@@ -226,13 +226,15 @@ pub(crate) fn in_callback() -> bool {
     CALLBACKS_RUNNING.load(Ordering::Relaxed) != 0 && CALLBACK_DEPTH.get() > 0
 }
 
-/// Locks a handle for one call.
+/// Locks a handle for one call. A shared reference is enough, also for calls that change the
+/// cache: the handle's Mutex gives the interior mutability, which is why the queries take a
+/// `const skv_cache *`.
 ///
 /// # Safety
 /// `c` must be NULL or a live handle that stays live for `'a`.
-pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<MutexGuard<'a, Cache>> {
+pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<MutexGuard<'a, Cache>> {
     // SAFETY: NULL or a live handle, by this function's contract.
-    let handle = unsafe { arg(c.cast_const(), "cache") }?;
+    let handle = unsafe { arg(c, "cache") }?;
     if in_callback() {
         return Err(Error::State(
             "called from inside a libskv callback (skv_pool_ops or skv_engine_hooks): a callback must not \

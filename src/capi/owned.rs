@@ -272,7 +272,7 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
 /// The caller must pass indices and out_counts holding n values each.
 #[no_mangle]
 pub unsafe extern "C" fn skv_page_refs(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     indices: *const i32,
     n: usize,
     out_counts: *mut u32,
@@ -357,7 +357,7 @@ pub unsafe extern "C" fn skv_publish_prefix(
 /// The caller must pass out holding end-start values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_indices(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     row: i32,
     start: u32,
     end: u32,
@@ -416,7 +416,7 @@ pub struct skv_stats {
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
-pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats) -> skv_status {
+pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stats) -> skv_status {
     traced(
         c,
         this_export!(),
@@ -468,7 +468,7 @@ pub struct skv_check_report {
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
-pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status {
+pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_check_report) -> skv_status {
     traced(
         c,
         this_export!(),
@@ -608,7 +608,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     rows: *const i32,
     n: usize,
     kv_indptr: *mut i32,

@@ -253,7 +253,7 @@ pub unsafe extern "C" fn skv_cache_finished_req(
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_checkpoint(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     session_id: u64,
     branch_id: u64,
     req: *const skv_req,
@@ -400,7 +400,7 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
 /// The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_held(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     active_rows: *const i32,
     n_active: usize,
     out: *mut skv_held,
