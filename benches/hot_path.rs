@@ -13,6 +13,10 @@
 //! `--bench` (`cargo test --benches`) it runs every operation for a few rounds on 64 sessions
 //! and checks the pool's audit.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::CStr;
 use std::hint::black_box;
 use std::time::Instant;
@@ -116,6 +120,7 @@ impl Bed {
             flags: 0,
         };
         let mut c = std::ptr::null_mut();
+        // SAFETY: cfg and c are locals.
         check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
         let mut bed = Bed { c, n, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256] };
         let t = Instant::now();
@@ -130,6 +135,7 @@ impl Bed {
     fn hold(&mut self, id: usize) {
         let c = self.c;
         let mut req = skv_req::default();
+        // SAFETY: c is the bed's live handle; req is a local.
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, TOKENS, std::ptr::null_mut()), "skv_alloc_extend");
@@ -143,12 +149,14 @@ impl Bed {
     fn restore(&mut self, id: usize) {
         let mut req = skv_req::default();
         let mut m = skv_match { hit: 0, prefix_len: 0 };
+        // SAFETY: the bed's live handle; req and m are locals.
         check(unsafe { skv_match_prefix(self.c, id as u64, 0, &mut req, TOKENS, 0, &mut m) }, "skv_match_prefix");
         assert_eq!((m.hit, m.prefix_len), (1, TOKENS));
         self.reqs[id] = req;
     }
 
     fn extend(&mut self, id: usize, n: u32) {
+        // SAFETY: the bed's live handle and one of its reqs; out_loc is NULL.
         check(unsafe { skv_alloc_extend(self.c, &mut self.reqs[id], n, std::ptr::null_mut()) }, "skv_alloc_extend");
     }
 
@@ -156,11 +164,13 @@ impl Bed {
     fn finish_back(&mut self, id: usize) {
         let req = &mut self.reqs[id];
         if req.kv_allocated_len > TOKENS {
+            // SAFETY: the bed's live handle and one of its reqs.
             check(unsafe { skv_free_tail(self.c, req, TOKENS) }, "skv_free_tail");
         }
         req.origin_input_len = TOKENS;
         req.output_len = 0;
         req.finished_len = -1;
+        // SAFETY: the bed's live handle and one of its reqs.
         check(unsafe { skv_cache_finished_req(self.c, id as u64, 0, req, 0) }, "skv_cache_finished_req");
         assert_eq!(req.req_pool_idx, -1);
     }
@@ -175,6 +185,7 @@ impl Bed {
                 self.restore(id);
                 self.extend(id, TAIL);
                 let req = &mut self.reqs[id];
+                // SAFETY: the bed's live handle and one of its reqs.
                 check(unsafe { skv_commit(self.c, req, TAIL) }, "skv_commit");
                 req.origin_input_len = TOKENS - 8;
                 req.output_len = 8 + TAIL;
@@ -202,6 +213,8 @@ impl Bed {
     #[inline(always)]
     fn call(&mut self, op: Op, lo: usize, hi: usize) -> skv_status {
         let c = self.c;
+        // SAFETY: the bed's live handle, its reqs and locals; a batch lo..hi spans at most
+        // op.batch() <= 256 sessions, the length of ones.
         unsafe {
             match op {
                 Op::MatchTailFree => {
@@ -270,6 +283,8 @@ impl Bed {
 
     /// Every page is back where the setup left it, and the audit is clean.
     fn audit(&self) {
+        // SAFETY: the bed's live handle; report and stats are locals; libskv NUL-terminates
+        // first_violation.
         unsafe {
             let mut report: skv_check_report = std::mem::zeroed();
             check(skv_cache_check(self.c, &mut report), "skv_cache_check");
@@ -285,20 +300,28 @@ impl Bed {
 
 impl Drop for Bed {
     fn drop(&mut self) {
+        // SAFETY: the bed's handle, freed once, here.
         unsafe { skv_cache_free(self.c) };
     }
 }
 
 /// The batch calls, on the reqs of sessions `lo..hi`, one token each.
+///
+/// # Safety
+/// `hi - lo` must not exceed `bed.ones.len()` (one count per req).
 #[inline(always)]
 unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status {
     let n = hi - lo;
     let reqs = bed.reqs[lo..hi].as_mut_ptr();
     match op {
-        Op::ExtendBatch(_) => {
+        // SAFETY: the bed's live handle; n reqs (the slice above), n counts by this function's
+        // contract, out_loc with its own length as the cap.
+        Op::ExtendBatch(_) => unsafe {
             skv_alloc_extend_batch(bed.c, reqs, n, bed.ones.as_ptr(), bed.out_loc.as_mut_ptr(), bed.out_loc.len())
-        }
-        Op::CommitBatch(_) => skv_commit_batch(bed.c, reqs, n, bed.ones.as_ptr()),
+        },
+        // SAFETY: the bed's live handle; n reqs (the slice above), n counts by this function's
+        // contract.
+        Op::CommitBatch(_) => unsafe { skv_commit_batch(bed.c, reqs, n, bed.ones.as_ptr()) },
         _ => unreachable!(),
     }
 }

@@ -16,6 +16,10 @@
 //!
 //! `SKV_BENCH_SESSIONS=1000,100000` limits the session counts.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::CStr;
 use std::hint::black_box;
 use std::path::PathBuf;
@@ -119,6 +123,7 @@ impl Bed {
             flags: 0,
         };
         let mut cache: *mut skv_cache = std::ptr::null_mut();
+        // SAFETY: cfg and cache are locals.
         check(unsafe { skv_cache_new(&cfg, &mut cache) }, "skv_cache_new");
         let mut bed = Bed {
             cache,
@@ -144,6 +149,7 @@ impl Bed {
     fn hold_new(&mut self, id: u64, tokens: u32) {
         let c = self.cache;
         let mut req = skv_req::default();
+        // SAFETY: c is the bed's live handle; req is a local.
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, tokens, std::ptr::null_mut()), "skv_alloc_extend");
@@ -163,6 +169,7 @@ impl Bed {
     fn restore(&mut self, id: u64) -> skv_req {
         let mut req = skv_req::default();
         let mut m = skv_match { hit: 0, prefix_len: 0 };
+        // SAFETY: the bed's live handle; req and m are locals.
         check(unsafe { skv_match_prefix(self.cache, id, 0, &mut req, HELD_TOKENS, 0, &mut m) }, "skv_match_prefix");
         assert_eq!((m.hit, m.prefix_len), (1, HELD_TOKENS));
         req
@@ -175,6 +182,7 @@ impl Bed {
         req.origin_input_len = HELD_TOKENS;
         req.output_len = produced;
         req.finished_len = 0;
+        // SAFETY: the bed's live handle and one of its reqs.
         check(unsafe { skv_cache_finished_req(self.cache, id, 0, req, 0) }, "skv_cache_finished_req");
         assert_eq!(req.req_pool_idx, -1);
     }
@@ -196,8 +204,10 @@ impl Bed {
             let batch = &mut self.batch[..n];
             let elapsed = match op {
                 Op::FinishTrim => {
+                    // SAFETY: the bed's live handle and one of its reqs.
                     time_calls(batch, lat.as_deref_mut(), |id, req| unsafe { skv_cache_finished_req(c, id, 0, req, 0) })
                 }
+                // SAFETY: the bed's live handle and one of its reqs; m is a local.
                 Op::MatchTailFree => time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
                     let mut m = skv_match { hit: 0, prefix_len: 0 };
                     let st = skv_match_prefix(c, id, 0, req, HELD_TOKENS, 0, &mut m);
@@ -207,6 +217,7 @@ impl Bed {
                         skv_status::SKV_ERR_INTERNAL
                     }
                 }),
+                // SAFETY: the bed's live handle.
                 Op::Release => time_calls(batch, lat.as_deref_mut(), |id, _| unsafe { skv_release_session(c, id) }),
                 Op::Extend => unreachable!(),
             };
@@ -237,6 +248,7 @@ impl Bed {
             Op::FinishTrim => {
                 let id = self.next_session();
                 let mut req = self.restore(id);
+                // SAFETY: the bed's live handle; req is a local.
                 unsafe {
                     check(skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS, std::ptr::null_mut()), "extend");
                     check(skv_commit(self.cache, &mut req, TAIL_TOKENS), "commit");
@@ -251,6 +263,7 @@ impl Bed {
             Op::MatchTailFree => {
                 let id = self.next_session();
                 let mut req = self.restore(id);
+                // SAFETY: the bed's live handle; req is a local, out_loc NULL.
                 check(unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS, std::ptr::null_mut()) }, "extend");
                 self.batch[k] = (id, req);
             }
@@ -297,6 +310,7 @@ impl Bed {
             let n = (left as usize).min(DECODE_BATCH - self.decode_pos);
             let c = self.cache;
             let batch = &mut self.decode[self.decode_pos..self.decode_pos + n];
+            // SAFETY: the bed's live handle and one of its reqs; out_loc is NULL.
             let elapsed = time_calls(batch, lat.as_deref_mut(), |_, req| unsafe {
                 skv_alloc_extend(c, req, 1, std::ptr::null_mut())
             });
@@ -328,6 +342,8 @@ impl Bed {
 
     /// Everything but the held sessions has been handed back, and the audit is clean.
     fn audit(&mut self) {
+        // SAFETY: the bed's live handle; report and stats are locals; libskv NUL-terminates
+        // first_violation.
         unsafe {
             let mut report: skv_check_report = std::mem::zeroed();
             check(skv_cache_check(self.cache, &mut report), "skv_cache_check");
@@ -344,6 +360,7 @@ impl Bed {
 
 impl Drop for Bed {
     fn drop(&mut self) {
+        // SAFETY: the bed's handle, freed once, here.
         unsafe { skv_cache_free(self.cache) };
     }
 }

@@ -21,7 +21,7 @@
  *   below the first published size, or a larger struct with a non-zero byte past this
  *   library's sizeof (a field it does not know), is SKV_ERR_INVALID_ARG.
  * - (NULL, 0) is an empty array. A handle may be used from any thread; calls on one handle
- *   are serialized.
+ *   are serialized. A function taking a const skv_cache * changes nothing in the handle.
  * - Callbacks (skv_pool_ops, skv_engine_hooks) must not call libskv with a handle: while one
  *   runs, every call taking a handle (any handle) made on its thread returns SKV_ERR_STATE,
  *   and skv_cache_free does nothing. So no callback can deadlock on a handle's lock or free a
@@ -144,6 +144,46 @@ typedef struct skv_cache_config {
 } skv_cache_config;
 
 /**
+ * skv_pool_ops.read_row: copies req_to_token[row, start:end) into `out`, which has room for
+ * end - start int32 values. `user_data` is the pointer given to skv_cache_new_external.
+ * Returns 0, or non-zero to fail the libskv call with SKV_ERR_CALLBACK, nothing changed.
+ */
+typedef int (*skv_read_row_fn)(void *user_data,
+                               int32_t row,
+                               uint32_t start,
+                               uint32_t end,
+                               int32_t *out);
+
+/**
+ * skv_pool_ops.free_kv: returns the `n` KV slot indices at `indices` (readable only during the
+ * call) to the engine's allocator. `user_data` is the pointer given to
+ * skv_cache_new_external. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+ */
+typedef int (*skv_free_kv_fn)(void *user_data, const int32_t *indices, size_t n);
+
+/**
+ * skv_pool_ops.free_row: returns req_to_token row `row` to the engine's row pool.
+ * `user_data` is the pointer given to skv_cache_new_external. Returns 0, or non-zero for
+ * SKV_ERR_CALLBACK (the call completes).
+ */
+typedef int (*skv_free_row_fn)(void *user_data, int32_t row);
+
+/**
+ * skv_pool_ops.dec_lock_ref and skv_engine_hooks.dec_lock_ref: drops the prefix-tree lock a
+ * session inherited, given as its req's `lock_node` and `lock_receipt`. `user_data` is the
+ * pointer given with the ops or hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call
+ * completes).
+ */
+typedef int (*skv_dec_lock_ref_fn)(void *user_data, uint64_t lock_node, uint64_t lock_receipt);
+
+/**
+ * skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees engine auxiliary state
+ * `aux_state` (a req's aux_state, never -1). `user_data` is the pointer given with the ops or
+ * hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+ */
+typedef int (*skv_free_aux_fn)(void *user_data, int64_t aux_state);
+
+/**
  * The engine's pools (external mode). A callback returning non-zero fails the call with
  * SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
  * locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -159,24 +199,24 @@ typedef struct skv_pool_ops {
   /**
    * Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
    */
-  int (*read_row)(void*, int32_t, uint32_t, uint32_t, int32_t*);
+  skv_read_row_fn read_row;
   /**
    * Return these KV slot indices to the engine's allocator (a paged allocator frees the
    * pages they fall in). Required.
    */
-  int (*free_kv)(void*, const int32_t*, size_t);
+  skv_free_kv_fn free_kv;
   /**
    * Return a req_to_token row to the engine's row pool. Required.
    */
-  int (*free_row)(void*, int32_t);
+  skv_free_row_fn free_row;
   /**
    * Drop the prefix-tree lock a session inherited from its first request; may be NULL.
    */
-  int (*dec_lock_ref)(void*, uint64_t, uint64_t);
+  skv_dec_lock_ref_fn dec_lock_ref;
   /**
    * Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
    */
-  int (*free_aux)(void*, int64_t);
+  skv_free_aux_fn free_aux;
 } skv_pool_ops;
 
 /**
@@ -360,11 +400,11 @@ typedef struct skv_engine_hooks {
   /**
    * Drop the prefix-tree lock a session inherited from its first request.
    */
-  int (*dec_lock_ref)(void*, uint64_t, uint64_t);
+  skv_dec_lock_ref_fn dec_lock_ref;
   /**
    * Free engine auxiliary state.
    */
-  int (*free_aux)(void*, int64_t);
+  skv_free_aux_fn free_aux;
 } skv_engine_hooks;
 
 /**
@@ -440,7 +480,7 @@ typedef struct skv_api {
   /**
    * Same as skv_checkpoint.
    */
-  enum skv_status (*checkpoint)(struct skv_cache *c,
+  enum skv_status (*checkpoint)(const struct skv_cache *c,
                                 uint64_t session_id,
                                 uint64_t branch_id,
                                 const struct skv_req *req,
@@ -468,7 +508,7 @@ typedef struct skv_api {
   /**
    * Same as skv_session_held.
    */
-  enum skv_status (*session_held)(struct skv_cache *c,
+  enum skv_status (*session_held)(const struct skv_cache *c,
                                   const int32_t *active_rows,
                                   size_t n_active,
                                   struct skv_held *out);
@@ -502,7 +542,7 @@ typedef struct skv_api {
   /**
    * Same as skv_page_refs.
    */
-  enum skv_status (*page_refs)(struct skv_cache *c,
+  enum skv_status (*page_refs)(const struct skv_cache *c,
                                const int32_t *indices,
                                size_t n,
                                uint32_t *out_counts);
@@ -522,7 +562,7 @@ typedef struct skv_api {
   /**
    * Same as skv_row_indices.
    */
-  enum skv_status (*row_indices)(struct skv_cache *c,
+  enum skv_status (*row_indices)(const struct skv_cache *c,
                                  int32_t row,
                                  uint32_t start,
                                  uint32_t end,
@@ -530,11 +570,11 @@ typedef struct skv_api {
   /**
    * Same as skv_cache_stats.
    */
-  enum skv_status (*cache_stats)(struct skv_cache *c, struct skv_stats *out);
+  enum skv_status (*cache_stats)(const struct skv_cache *c, struct skv_stats *out);
   /**
    * Same as skv_cache_check.
    */
-  enum skv_status (*cache_check)(struct skv_cache *c, struct skv_check_report *out);
+  enum skv_status (*cache_check)(const struct skv_cache *c, struct skv_check_report *out);
   /**
    * Same as skv_cache_set_hooks.
    */
@@ -544,7 +584,7 @@ typedef struct skv_api {
   /**
    * Same as skv_build_flashinfer.
    */
-  enum skv_status (*build_flashinfer)(struct skv_cache *c,
+  enum skv_status (*build_flashinfer)(const struct skv_cache *c,
                                       const int32_t *rows,
                                       size_t n,
                                       int32_t *kv_indptr,
@@ -618,8 +658,7 @@ const char *skv_version(void);
 /**
  * Creates a cache over libskv's own paged pool and rows (owned mode).
  *
- * # Safety
- * `cfg` and `out` must be NULL or valid pointers.
+ * The caller must pass cfg and out as NULL or valid pointers.
  */
 enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cache **out);
 
@@ -627,8 +666,8 @@ enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cac
  * Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
  * `free_row` are required. `user_data` is passed to every callback.
  *
- * # Safety
- * Pointers must be NULL or valid; the callbacks must stay callable while the handle lives.
+ * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+ * the handle lives.
  */
 enum skv_status skv_cache_new_external(const struct skv_cache_config *cfg,
                                        const struct skv_pool_ops *ops,
@@ -639,8 +678,7 @@ enum skv_status skv_cache_new_external(const struct skv_cache_config *cfg,
  * Destroys a handle; NULL is a no-op, and so is a call from inside a libskv callback (of any
  * handle). Frees host memory only: no callback runs and no session is released.
  *
- * # Safety
- * `cache` must be NULL or a handle not yet freed, with no call on it in progress.
+ * The caller must pass NULL or a handle not yet freed, with no call on it in progress.
  */
 void skv_cache_free(struct skv_cache *cache);
 
@@ -652,8 +690,7 @@ void skv_cache_free(struct skv_cache *cache);
  * (a path that cannot be opened then fails the handle's creation). Tracing costs a
  * formatted line and a write per call; an untraced handle pays one atomic load.
  *
- * # Safety
- * `path` must be NULL or a NUL-terminated string.
+ * The caller must pass path as NULL or a NUL-terminated string.
  */
 enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 
@@ -661,8 +698,7 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
  * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
  * aux -1.
  *
- * # Safety
- * `req` must be NULL or valid.
+ * The caller must pass req as NULL or valid.
  */
 enum skv_status skv_req_init(struct skv_req *req);
 
@@ -674,8 +710,7 @@ enum skv_status skv_req_init(struct skv_req *req);
  * (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
  * other req is SKV_ERR_STATE.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_match_prefix(struct skv_cache *c,
                                  uint64_t session_id,
@@ -692,8 +727,7 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
  * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
  * req's aux_state; of an idle slot, the slot's own record.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_cache_finished_req(struct skv_cache *c,
                                        uint64_t session_id,
@@ -705,10 +739,9 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
  * Between prefill chunks: *handled = 1 when the session slot handles this request (a later
  * turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
-enum skv_status skv_checkpoint(struct skv_cache *c,
+enum skv_status skv_checkpoint(const struct skv_cache *c,
                                uint64_t session_id,
                                uint64_t branch_id,
                                const struct skv_req *req,
@@ -718,16 +751,14 @@ enum skv_status skv_checkpoint(struct skv_cache *c,
  * Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
  * refuses the whole call with SKV_ERR_STATE.
  *
- * # Safety
- * `c` must be NULL or a live handle.
+ * The caller must pass c as NULL or a live handle.
  */
 enum skv_status skv_release_session(struct skv_cache *c, uint64_t session_id);
 
 /**
  * Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
  *
- * # Safety
- * `c` must be NULL or a live handle.
+ * The caller must pass c as NULL or a live handle.
  */
 enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uint64_t branch_id);
 
@@ -739,8 +770,7 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
  * recorded end, target must keep its protected prefix, and the slot shortens with the row
  * (the engine lowers its own req's kv_allocated_len).
  *
- * # Safety
- * `c` must be NULL or a live handle.
+ * The caller must pass c as NULL or a live handle.
  */
 enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
 
@@ -749,8 +779,7 @@ enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t targ
  * pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
  * own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_trim_overshoot(struct skv_cache *c,
                                    struct skv_req *req,
@@ -760,8 +789,7 @@ enum skv_status skv_trim_overshoot(struct skv_cache *c,
  * Frees what lies past a reused prefix (the match path's tail free). A session row's rules
  * are those of skv_free_aligned.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t prefix_len);
 
@@ -769,10 +797,9 @@ enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t
  * What idle session slots hold. Rows listed in active_rows belong to running requests and
  * are not counted; (NULL, 0) lists none.
  *
- * # Safety
- * Pointers must be NULL or valid; active_rows must hold n_active values.
+ * The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
  */
-enum skv_status skv_session_held(struct skv_cache *c,
+enum skv_status skv_session_held(const struct skv_cache *c,
                                  const int32_t *active_rows,
                                  size_t n_active,
                                  struct skv_held *out);
@@ -781,8 +808,7 @@ enum skv_status skv_session_held(struct skv_cache *c,
  * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
  * maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_alloc_row(struct skv_cache *c, struct skv_req *req);
 
@@ -792,8 +818,7 @@ enum skv_status skv_alloc_row(struct skv_cache *c, struct skv_req *req);
  * indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
  * everything unchanged.
  *
- * # Safety
- * Pointers must be NULL or valid; out_loc must hold n_tokens values.
+ * The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
  */
 enum skv_status skv_alloc_extend(struct skv_cache *c,
                                  struct skv_req *req,
@@ -803,8 +828,7 @@ enum skv_status skv_alloc_extend(struct skv_cache *c,
 /**
  * kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
 
@@ -817,8 +841,8 @@ enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_
  * before anything changes; the error names the request's position (`reqs[17]: ...`).
  * (NULL, 0) is an empty batch.
  *
- * # Safety
- * reqs and n_tokens must hold n values, out_loc out_cap values (or be NULL).
+ * The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
+ * (or NULL).
  */
 enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
                                        struct skv_req *reqs,
@@ -831,8 +855,7 @@ enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
  * skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
  * `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
  *
- * # Safety
- * reqs and n_tokens must hold n values.
+ * The caller must pass reqs and n_tokens holding n values.
  */
 enum skv_status skv_commit_batch(struct skv_cache *c,
                                  struct skv_req *reqs,
@@ -843,8 +866,7 @@ enum skv_status skv_commit_batch(struct skv_cache *c,
  * A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
  * and KV lengths 0; its lock_node and aux_state stay the engine's to release.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_free_req(struct skv_cache *c, struct skv_req *req);
 
@@ -852,8 +874,7 @@ enum skv_status skv_free_req(struct skv_cache *c, struct skv_req *req);
  * Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
  * pages, page-structured, written to out_indices.
  *
- * # Safety
- * out_indices must hold n_tokens values.
+ * The caller must pass out_indices holding n_tokens values.
  */
 enum skv_status skv_pool_alloc(struct skv_cache *c, uint32_t n_tokens, int32_t *out_indices);
 
@@ -861,18 +882,16 @@ enum skv_status skv_pool_alloc(struct skv_cache *c, uint32_t n_tokens, int32_t *
  * Takes back engine-held pages: each index frees the page it falls in. A page already free
  * (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
  *
- * # Safety
- * indices must hold n values.
+ * The caller must pass indices holding n values.
  */
 enum skv_status skv_pool_free(struct skv_cache *c, const int32_t *indices, size_t n);
 
 /**
  * For each index, how many rows map its page (0: the tree may evict it).
  *
- * # Safety
- * indices and out_counts must hold n values.
+ * The caller must pass indices and out_counts holding n values each.
  */
-enum skv_status skv_page_refs(struct skv_cache *c,
+enum skv_status skv_page_refs(const struct skv_cache *c,
                               const int32_t *indices,
                               size_t n,
                               uint32_t *out_counts);
@@ -881,8 +900,7 @@ enum skv_status skv_page_refs(struct skv_cache *c,
  * A fresh row (kv_allocated_len 0) adopts engine-held pages as its protected prefix:
  * allocated = committed = protected = n_tokens. Indices must be page-structured.
  *
- * # Safety
- * Pointers must be NULL or valid; indices must hold n_tokens values.
+ * The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
  */
 enum skv_status skv_map_prefix(struct skv_cache *c,
                                struct skv_req *req,
@@ -893,8 +911,7 @@ enum skv_status skv_map_prefix(struct skv_cache *c,
  * The row's pages [protected, new_protected_len) become engine-held (inserted in the
  * engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_publish_prefix(struct skv_cache *c,
                                    struct skv_req *req,
@@ -904,10 +921,9 @@ enum skv_status skv_publish_prefix(struct skv_cache *c,
  * Copies req_to_token[row, start:end) into out (end-start values). External mode:
  * SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
  *
- * # Safety
- * out must hold end-start values.
+ * The caller must pass out holding end-start values.
  */
-enum skv_status skv_row_indices(struct skv_cache *c,
+enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t row,
                                 uint32_t start,
                                 uint32_t end,
@@ -916,10 +932,9 @@ enum skv_status skv_row_indices(struct skv_cache *c,
 /**
  * Reads the pool's occupancy and counters.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
-enum skv_status skv_cache_stats(struct skv_cache *c, struct skv_stats *out);
+enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out);
 
 /**
  * Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
@@ -927,18 +942,17 @@ enum skv_status skv_cache_stats(struct skv_cache *c, struct skv_stats *out);
  * a row, every engine-held page's map count equal to the rows that map it, idle session
  * slots agreeing with their rows.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
-enum skv_status skv_cache_check(struct skv_cache *c, struct skv_check_report *out);
+enum skv_status skv_cache_check(const struct skv_cache *c, struct skv_check_report *out);
 
 /**
  * Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
  * locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
  * them).
  *
- * # Safety
- * Pointers must be NULL or valid; the callbacks must stay callable while installed.
+ * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+ * they are installed.
  */
 enum skv_status skv_cache_set_hooks(struct skv_cache *c,
                                     const struct skv_engine_hooks *hooks,
@@ -950,10 +964,9 @@ enum skv_status skv_cache_set_hooks(struct skv_cache *c,
  * *needed receives the number of page ids, also when it exceeds cap: then
  * SKV_ERR_INVALID_ARG and nothing else is written.
  *
- * # Safety
- * kv_indptr must hold n+1 values, kv_last_page_len n, kv_indices cap.
+ * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
  */
-enum skv_status skv_build_flashinfer(struct skv_cache *c,
+enum skv_status skv_build_flashinfer(const struct skv_cache *c,
                                      const int32_t *rows,
                                      size_t n,
                                      int32_t *kv_indptr,
@@ -971,9 +984,8 @@ enum skv_status skv_build_flashinfer(struct skv_cache *c,
  * is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
  * with the handle.
  *
- * # Safety
- * `cu_stream` must be NULL or a live CUstream of that device's primary context while the
- * handle lives.
+ * The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
+ * live while the handle lives.
  */
 enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
 
@@ -984,8 +996,7 @@ enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void 
  * sequence length). Writes the copy's device pointer and its row stride in int32 values
  * (max_context_len). SKV_ERR_STATE before skv_device_attach.
  *
- * # Safety
- * Pointers must be NULL or valid.
+ * The caller must pass every pointer as NULL or valid.
  */
 enum skv_status skv_device_sync(struct skv_cache *c,
                                 uint64_t *out_device_ptr,

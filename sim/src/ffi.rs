@@ -107,8 +107,8 @@ impl Cache {
         s
     }
 
-    // SAFETY (every call below): `self.ptr` is a live handle and every pointer passed is a
-    // reference or a slice valid for the call's duration.
+    // Every call below passes `self.ptr`, a live handle until drop, and pointers from references
+    // or slices, valid for the call's duration.
 
     pub fn match_prefix(
         &mut self,
@@ -119,37 +119,45 @@ impl Cache {
         out: &mut skv_match,
     ) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; req and out are references.
         self.timed(Op::Match, || unsafe { skv::skv_match_prefix(c, sid, bid, req, key_len, 0, out) })
     }
 
     pub fn alloc_row(&mut self, req: &mut skv_req) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; req is a reference.
         self.timed(Op::AllocRow, || unsafe { skv::skv_alloc_row(c, req) })
     }
 
     pub fn map_prefix(&mut self, req: &mut skv_req, indices: &[i32]) -> skv_status {
         let c = self.ptr;
         let n = indices.len() as u32;
+        // SAFETY: a live handle; req is a reference, indices a slice of n values.
         self.timed(Op::MapPrefix, || unsafe { skv::skv_map_prefix(c, req, indices.as_ptr(), n) })
     }
 
     pub fn alloc_extend(&mut self, req: &mut skv_req, n: u32) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; req is a reference, out_loc NULL.
         self.timed(Op::Extend, || unsafe { skv::skv_alloc_extend(c, req, n, std::ptr::null_mut()) })
     }
 
     /// Extends every req by its count in one call (the decode step of the running batch).
     pub fn alloc_extend_batch(&mut self, reqs: &mut [skv_req], n_tokens: &[u32]) -> skv_status {
+        assert_eq!(reqs.len(), n_tokens.len(), "one count per req");
         let c = self.ptr;
         self.batched_requests += reqs.len() as u64;
+        // SAFETY: a live handle; reqs and n_tokens are slices of reqs.len() values, out_loc NULL.
         self.timed(Op::ExtendBatch, || unsafe {
             skv::skv_alloc_extend_batch(c, reqs.as_mut_ptr(), reqs.len(), n_tokens.as_ptr(), std::ptr::null_mut(), 0)
         })
     }
 
     pub fn commit_batch(&mut self, reqs: &mut [skv_req], n_tokens: &[u32]) -> skv_status {
+        assert_eq!(reqs.len(), n_tokens.len(), "one count per req");
         let c = self.ptr;
         self.batched_requests += reqs.len() as u64;
+        // SAFETY: a live handle; reqs and n_tokens are slices of reqs.len() values.
         self.timed(Op::CommitBatch, || unsafe {
             skv::skv_commit_batch(c, reqs.as_mut_ptr(), reqs.len(), n_tokens.as_ptr())
         })
@@ -157,26 +165,31 @@ impl Cache {
 
     pub fn commit(&mut self, req: &mut skv_req, n: u32) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; req is a reference.
         self.timed(Op::Commit, || unsafe { skv::skv_commit(c, req, n) })
     }
 
     pub fn finished_req(&mut self, sid: u64, bid: u64, req: &mut skv_req, aborted: bool) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; req is a reference.
         self.timed(Op::Finish, || unsafe { skv::skv_cache_finished_req(c, sid, bid, req, aborted as u32) })
     }
 
     pub fn release_session(&mut self, sid: u64) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; no other pointer.
         self.timed(Op::Release, || unsafe { skv::skv_release_session(c, sid) })
     }
 
     pub fn release_branch(&mut self, sid: u64, bid: u64) -> skv_status {
         let c = self.ptr;
+        // SAFETY: a live handle; no other pointer.
         self.timed(Op::Evict, || unsafe { skv::skv_release_branch(c, sid, bid) })
     }
 
     pub fn stats(&self) -> Result<skv_stats, skv_status> {
         let mut out = std::mem::MaybeUninit::<skv_stats>::zeroed();
+        // SAFETY: a live handle; out points at a skv_stats.
         match unsafe { skv::skv_cache_stats(self.ptr, out.as_mut_ptr()) } {
             // SAFETY: written by libskv on success; all-zero is a valid skv_stats anyway.
             SKV_OK => Ok(unsafe { out.assume_init() }),
@@ -186,6 +199,7 @@ impl Cache {
 
     pub fn check(&self) -> Result<skv_check_report, skv_status> {
         let mut out = std::mem::MaybeUninit::<skv_check_report>::zeroed();
+        // SAFETY: a live handle; out points at a skv_check_report.
         match unsafe { skv::skv_cache_check(self.ptr, out.as_mut_ptr()) } {
             // SAFETY: as in `stats`.
             SKV_OK => Ok(unsafe { out.assume_init() }),
@@ -195,6 +209,7 @@ impl Cache {
 
     pub fn held(&self, active_rows: &[i32]) -> Result<skv_held, skv_status> {
         let mut out = std::mem::MaybeUninit::<skv_held>::zeroed();
+        // SAFETY: a live handle; active_rows is a slice, out points at a skv_held.
         let s = unsafe { skv::skv_session_held(self.ptr, active_rows.as_ptr(), active_rows.len(), out.as_mut_ptr()) };
         match s {
             // SAFETY: as in `stats`.
@@ -206,6 +221,7 @@ impl Cache {
     /// Pages for the engine's prefix tree (the shared system prompt).
     pub fn pool_alloc(&mut self, n_tokens: u32) -> Result<Vec<i32>, skv_status> {
         let mut out = vec![0i32; n_tokens as usize];
+        // SAFETY: a live handle; out has room for n_tokens values.
         match unsafe { skv::skv_pool_alloc(self.ptr, n_tokens, out.as_mut_ptr()) } {
             SKV_OK => Ok(out),
             s => Err(s),
@@ -213,11 +229,13 @@ impl Cache {
     }
 
     pub fn pool_free(&mut self, indices: &[i32]) -> skv_status {
+        // SAFETY: a live handle; indices is a slice.
         unsafe { skv::skv_pool_free(self.ptr, indices.as_ptr(), indices.len()) }
     }
 
     pub fn page_refs(&self, indices: &[i32]) -> Result<Vec<u32>, skv_status> {
         let mut out = vec![0u32; indices.len()];
+        // SAFETY: a live handle; out has room for indices.len() values.
         match unsafe { skv::skv_page_refs(self.ptr, indices.as_ptr(), indices.len(), out.as_mut_ptr()) } {
             SKV_OK => Ok(out),
             s => Err(s),

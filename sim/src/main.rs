@@ -1,6 +1,10 @@
 //! skv-sim: libskv doing an engine's work — many multi-turn sessions under speculative
 //! decoding, driven through the C ABI, with every page accounted for at the end.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod cli;
 mod engine;
 mod ffi;

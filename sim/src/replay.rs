@@ -329,8 +329,8 @@ impl Call<'_> {
         let c = self.c;
         let u32_ = |k: &str| self.num(k).map(|n| n as u32);
         let u64_ = |k: &str| self.num(k).map(|n| n as u64);
-        // SAFETY (every call below): a live handle, buffers sized as each call requires, NULL
-        // where the recording names a NULL argument.
+        // SAFETY: every call below gets a live handle, buffers sized as each call requires, and
+        // NULL where the recording names a NULL argument.
         unsafe {
             match self.f() {
                 "skv_alloc_row" => {

@@ -48,6 +48,34 @@ pub struct skv_cache_config {
     pub flags: u32,
 }
 
+/// skv_pool_ops.read_row: copies req_to_token[row, start:end) into `out`, which has room for
+/// end - start int32 values. `user_data` is the pointer given to skv_cache_new_external.
+/// Returns 0, or non-zero to fail the libskv call with SKV_ERR_CALLBACK, nothing changed.
+pub type skv_read_row_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, row: i32, start: u32, end: u32, out: *mut i32) -> c_int>;
+
+/// skv_pool_ops.free_kv: returns the `n` KV slot indices at `indices` (readable only during the
+/// call) to the engine's allocator. `user_data` is the pointer given to
+/// skv_cache_new_external. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+pub type skv_free_kv_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, indices: *const i32, n: usize) -> c_int>;
+
+/// skv_pool_ops.free_row: returns req_to_token row `row` to the engine's row pool.
+/// `user_data` is the pointer given to skv_cache_new_external. Returns 0, or non-zero for
+/// SKV_ERR_CALLBACK (the call completes).
+pub type skv_free_row_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, row: i32) -> c_int>;
+
+/// skv_pool_ops.dec_lock_ref and skv_engine_hooks.dec_lock_ref: drops the prefix-tree lock a
+/// session inherited, given as its req's `lock_node` and `lock_receipt`. `user_data` is the
+/// pointer given with the ops or hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call
+/// completes).
+pub type skv_dec_lock_ref_fn =
+    Option<unsafe extern "C" fn(user_data: *mut c_void, lock_node: u64, lock_receipt: u64) -> c_int>;
+
+/// skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees engine auxiliary state
+/// `aux_state` (a req's aux_state, never -1). `user_data` is the pointer given with the ops or
+/// hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+pub type skv_free_aux_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, aux_state: i64) -> c_int>;
+
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
 /// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -60,16 +88,16 @@ pub struct skv_pool_ops {
     /// Accepted from 48 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
-    pub read_row: Option<unsafe extern "C" fn(*mut c_void, i32, u32, u32, *mut i32) -> c_int>,
+    pub read_row: skv_read_row_fn,
     /// Return these KV slot indices to the engine's allocator (a paged allocator frees the
     /// pages they fall in). Required.
-    pub free_kv: Option<unsafe extern "C" fn(*mut c_void, *const i32, usize) -> c_int>,
+    pub free_kv: skv_free_kv_fn,
     /// Return a req_to_token row to the engine's row pool. Required.
-    pub free_row: Option<unsafe extern "C" fn(*mut c_void, i32) -> c_int>,
+    pub free_row: skv_free_row_fn,
     /// Drop the prefix-tree lock a session inherited from its first request; may be NULL.
-    pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
+    pub dec_lock_ref: skv_dec_lock_ref_fn,
     /// Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
-    pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+    pub free_aux: skv_free_aux_fn,
 }
 
 /// The first published sizes of the versioned structs (ABI 1); every later size is accepted.
@@ -79,8 +107,12 @@ const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 >= CONFIG_S
 const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZE_V1);
 
 /// The caller's config, read up to its struct_size.
+///
+/// # Safety
+/// `cfg` must be NULL or point at a config of struct_size readable bytes.
 unsafe fn read_config(cfg: *const skv_cache_config) -> Result<skv_cache_config> {
-    super::read_versioned(arg(cfg, "cfg")?, CONFIG_SIZE_V1, "cfg")
+    // SAFETY: arg refuses NULL; any other cfg has struct_size readable bytes, by contract.
+    unsafe { super::read_versioned(arg(cfg, "cfg")?, CONFIG_SIZE_V1, "cfg") }
 }
 
 fn config(cfg: &skv_cache_config) -> Result<Config> {
@@ -105,11 +137,11 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).
 ///
-/// # Safety
-/// `cfg` and `out` must be NULL or valid pointers.
+/// The caller must pass cfg and out as NULL or valid pointers.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
-    guard(this_export!(), || {
+    // SAFETY: cfg and out are NULL or valid (the contract above); arg and out_mut refuse NULL.
+    guard(this_export!(), || unsafe {
         arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
         let cfg = config(&read_config(cfg)?)?;
@@ -121,8 +153,8 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
 /// Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
 /// `free_row` are required. `user_data` is passed to every callback.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; the callbacks must stay callable while the handle lives.
+/// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+/// the handle lives.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new_external(
     cfg: *const skv_cache_config,
@@ -130,7 +162,9 @@ pub unsafe extern "C" fn skv_cache_new_external(
     user_data: *mut c_void,
     out: *mut *mut skv_cache,
 ) -> skv_status {
-    guard(this_export!(), || {
+    // SAFETY: cfg, ops and out are NULL or valid, cfg and ops of struct_size readable bytes
+    // (the contract above); arg and out_mut refuse NULL before anything is read.
+    guard(this_export!(), || unsafe {
         arg(cfg, "cfg")?;
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
@@ -148,13 +182,14 @@ pub unsafe extern "C" fn skv_cache_new_external(
 /// Destroys a handle; NULL is a no-op, and so is a call from inside a libskv callback (of any
 /// handle). Frees host memory only: no callback runs and no session is released.
 ///
-/// # Safety
-/// `cache` must be NULL or a handle not yet freed, with no call on it in progress.
+/// The caller must pass NULL or a handle not yet freed, with no call on it in progress.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
     // Freeing a handle from inside a callback could free the lock a running call holds.
     if !cache.is_null() && !in_callback() {
-        let _ = std::panic::catch_unwind(|| drop(Box::from_raw(cache)));
+        // SAFETY: a handle from Box::into_raw not yet freed, with no call on it in progress
+        // (the contract above); no callback runs on this thread, so none of its calls holds it.
+        let _ = std::panic::catch_unwind(|| drop(unsafe { Box::from_raw(cache) }));
     }
 }
 
@@ -165,11 +200,12 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 /// (a path that cannot be opened then fails the handle's creation). Tracing costs a
 /// formatted line and a write per call; an untraced handle pays one atomic load.
 ///
-/// # Safety
-/// `path` must be NULL or a NUL-terminated string.
+/// The caller must pass path as NULL or a NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
-    guard(this_export!(), || {
+    // SAFETY: c is NULL or a live handle and path NULL or a NUL-terminated string (the
+    // contract above); arg refuses a NULL handle and path is read only when not NULL.
+    guard(this_export!(), || unsafe {
         let handle = arg(c.cast_const(), "cache")?;
         // Calls take the trace lock before the handle's: read what the first line needs and let
         // go of the handle before opening.
@@ -187,7 +223,8 @@ struct ExternalPool {
     staging: Vec<i32>,
 }
 
-// The engine promises its callbacks may run on whichever thread calls libskv.
+// SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
+// whichever thread calls libskv; the handle's lock keeps the calls one at a time.
 unsafe impl Send for ExternalPool {}
 
 impl Pool for ExternalPool {
@@ -206,6 +243,8 @@ impl Pool for ExternalPool {
                     return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
                 }
                 self.staging.resize(at + n, -1);
+                // SAFETY: the engine's read_row (checked non-NULL at creation) writes end-start
+                // values, for which the staging space has just been resized.
                 let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
                 if rc != 0 {
                     return Err(Error::Callback(format!(
@@ -225,6 +264,7 @@ impl Pool for ExternalPool {
         for e in effects {
             let rc = match *e {
                 Effect::DecLockRef { node, receipt } => match self.ops.dec_lock_ref {
+                    // SAFETY: the engine's callback, callable while the handle lives.
                     Some(f) => unsafe { f(ud, node, receipt) },
                     None => continue,
                 },
@@ -236,13 +276,17 @@ impl Pool for ExternalPool {
                     at += idx.len();
                     handed += idx.len();
                     let free_kv = self.ops.free_kv.expect("checked at creation");
+                    // SAFETY: the engine's free_kv reads idx.len() values at idx, which lives
+                    // until the call returns.
                     unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }
                 }
                 Effect::FreeRow { row } => {
                     let free_row = self.ops.free_row.expect("checked at creation");
+                    // SAFETY: the engine's callback (checked non-NULL at creation).
                     unsafe { free_row(ud, row as i32) }
                 }
                 Effect::FreeAux { aux } => match self.ops.free_aux {
+                    // SAFETY: the engine's callback, callable while the handle lives.
                     Some(f) => unsafe { f(ud, aux) },
                     None => continue,
                 },

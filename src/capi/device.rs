@@ -14,9 +14,8 @@ use crate::device::Device;
 /// is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
 /// with the handle.
 ///
-/// # Safety
-/// `cu_stream` must be NULL or a live CUstream of that device's primary context while the
-/// handle lives.
+/// The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
+/// live while the handle lives.
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_attach(
     c: *mut skv_cache,
@@ -29,7 +28,8 @@ pub unsafe extern "C" fn skv_device_attach(
         |t| {
             t.num("device_ordinal", device_ordinal);
         },
-        || {
+        // SAFETY: c is NULL or a live handle (the contract above); arg and lock refuse NULL.
+        || unsafe {
             let handle = arg(c.cast_const(), "cache")?;
             let mut cache = lock(c)?;
             let mut device = handle.device.lock().map_err(|_| Error::Internal("device lock poisoned".into()))?;
@@ -49,8 +49,7 @@ pub unsafe extern "C" fn skv_device_attach(
 /// sequence length). Writes the copy's device pointer and its row stride in int32 values
 /// (max_context_len). SKV_ERR_STATE before skv_device_attach.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_sync(
     c: *mut skv_cache,
@@ -61,7 +60,9 @@ pub unsafe extern "C" fn skv_device_sync(
         c,
         this_export!(),
         |_| {},
-        || {
+        // SAFETY: c, out_device_ptr and out_row_stride are NULL or valid (the contract above); arg,
+        // out_mut and lock refuse NULL.
+        || unsafe {
             let handle = arg(c.cast_const(), "cache")?;
             let ptr = out_mut(out_device_ptr, "out_device_ptr")?;
             let stride = out_mut(out_row_stride, "out_row_stride")?;

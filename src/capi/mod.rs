@@ -3,6 +3,9 @@
 //! panic boundary every fallible export goes through.
 
 #![allow(non_camel_case_types)]
+// The exports' docs are the C header's: each states its contract in C prose ("The caller must
+// pass ...") rather than under a Rust `# Safety` heading, which would read as noise in C.
+#![allow(clippy::missing_safety_doc)]
 
 /// The name of the export it is written in (`"skv_match_prefix"` inside `skv_match_prefix`),
 /// for its error messages and trace lines: an export's name is written once, in its signature.
@@ -86,30 +89,51 @@ pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> 
 }
 
 /// A required pointer as a reference.
+///
+/// # Safety
+/// `p` must be NULL or point at a `T` that stays valid and unmodified for `'a`.
 pub(crate) unsafe fn arg<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
-    p.as_ref().ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
+    // SAFETY: as_ref turns NULL into None; any other p is valid by this function's contract.
+    unsafe { p.as_ref() }.ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
 }
 
 /// A required out-pointer as a mutable reference.
+///
+/// # Safety
+/// `p` must be NULL or point at a `T` that stays valid, and is accessed only through the
+/// result, for `'a`.
 pub(crate) unsafe fn out_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
-    p.as_mut().ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
+    // SAFETY: as_mut turns NULL into None; any other p is valid by this function's contract.
+    unsafe { p.as_mut() }.ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
 }
 
 /// A `(pointer, length)` pair as a slice; `(NULL, 0)` is the empty slice. A length no
 /// array can have is refused rather than turned into a slice.
+///
+/// # Safety
+/// `p` must be NULL or point at `n` initialised `T`s that stay valid and unmodified for `'a`.
 pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
     match (p.is_null(), n) {
         (_, 0) => Ok(&[]),
         (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
-        (false, _) => Ok(std::slice::from_raw_parts(p, checked_len::<T>(n, name)?)),
+        // SAFETY: p is not NULL, so it holds n values by this function's contract, and
+        // checked_len has refused an n whose byte size exceeds isize::MAX.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts(p, checked_len::<T>(n, name)?) }),
     }
 }
 
+/// `slice` for an array the call writes.
+///
+/// # Safety
+/// `p` must be NULL or point at `n` initialised `T`s that stay valid, and are accessed only
+/// through the result, for `'a`.
 pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result<&'a mut [T]> {
     match (p.is_null(), n) {
         (_, 0) => Ok(&mut []),
         (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
-        (false, _) => Ok(std::slice::from_raw_parts_mut(p, checked_len::<T>(n, name)?)),
+        // SAFETY: p is not NULL, so it holds n values by this function's contract, and
+        // checked_len has refused an n whose byte size exceeds isize::MAX.
+        (false, _) => Ok(unsafe { std::slice::from_raw_parts_mut(p, checked_len::<T>(n, name)?) }),
     }
 }
 
@@ -133,7 +157,8 @@ pub(crate) fn nonnull<T>(p: *const T, n: usize, name: &str) -> Result<()> {
 /// a valid value.
 pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, first_size: u32, name: &str) -> Result<T> {
     let ty = std::any::type_name::<T>().rsplit("::").next().unwrap_or("?");
-    let size = p.cast::<u32>().read_unaligned();
+    // SAFETY: p is not NULL and its struct_size (the first 4 bytes) is readable, by contract.
+    let size = unsafe { p.cast::<u32>().read_unaligned() };
     let full = std::mem::size_of::<T>();
     if size < first_size {
         return Err(Error::InvalidArg(format!(
@@ -141,15 +166,21 @@ pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, first_size: u32, name:
         )));
     }
     let bytes = p.cast::<u8>();
-    if let Some(at) = (full..size as usize).find(|&i| *bytes.add(i) != 0) {
+    // SAFETY: i < size, and the caller's struct has size readable bytes, by contract.
+    if let Some(at) = (full..size as usize).find(|&i| unsafe { *bytes.add(i) } != 0) {
         return Err(Error::InvalidArg(format!(
             "{name}->struct_size {size}: byte {at}, past this library's sizeof({ty}) {full}, is non-zero \
              (a field this library does not know)"
         )));
     }
     let mut out = std::mem::MaybeUninit::<T>::zeroed();
-    std::ptr::copy_nonoverlapping(bytes, out.as_mut_ptr().cast::<u8>(), full.min(size as usize));
-    Ok(out.assume_init())
+    // SAFETY: at most size bytes are read from the caller's struct and at most sizeof(T) are
+    // written into out; the two do not overlap, and an all-zero T overwritten with a prefix
+    // of a caller's T is a valid T, by contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes, out.as_mut_ptr().cast::<u8>(), full.min(size as usize));
+        Ok(out.assume_init())
+    }
 }
 
 fn checked_len<T>(n: usize, name: &str) -> Result<usize> {
@@ -195,9 +226,15 @@ pub(crate) fn in_callback() -> bool {
     CALLBACKS_RUNNING.load(Ordering::Relaxed) != 0 && CALLBACK_DEPTH.get() > 0
 }
 
-/// Locks a handle for one call.
-pub(crate) unsafe fn lock<'a>(c: *mut skv_cache) -> Result<MutexGuard<'a, Cache>> {
-    let handle = arg(c.cast_const(), "cache")?;
+/// Locks a handle for one call. A shared reference is enough, also for calls that change the
+/// cache: the handle's Mutex gives the interior mutability, which is why the queries take a
+/// `const skv_cache *`.
+///
+/// # Safety
+/// `c` must be NULL or a live handle that stays live for `'a`.
+pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<MutexGuard<'a, Cache>> {
+    // SAFETY: NULL or a live handle, by this function's contract.
+    let handle = unsafe { arg(c, "cache") }?;
     if in_callback() {
         return Err(Error::State(
             "called from inside a libskv callback (skv_pool_ops or skv_engine_hooks): a callback must not \

@@ -3,6 +3,7 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
+use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
 use super::session::on_req;
 use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
 use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
@@ -10,8 +11,7 @@ use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
 /// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     traced(
@@ -20,7 +20,8 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
         |t| {
             t.req("req", req);
         },
-        || on_req(c, req, |c, r| c.alloc_row(r), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.alloc_row(r), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -32,8 +33,7 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
 /// indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
 /// everything unchanged.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; out_loc must hold n_tokens values.
+/// The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend(
     c: *mut skv_cache,
@@ -47,7 +47,9 @@ pub unsafe extern "C" fn skv_alloc_extend(
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
-        || {
+        // SAFETY: c and req are NULL or valid and out_loc NULL or n_tokens values (the contract
+        // above); on_req refuses NULL, out_loc is used only when not NULL.
+        || unsafe {
             let out = match out_loc.is_null() {
                 true => None,
                 false => Some(slice_mut(out_loc, n_tokens as usize, "out_loc")?),
@@ -65,8 +67,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
 
 /// kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
     traced(
@@ -75,7 +76,8 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
-        || on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -83,15 +85,20 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
 }
 
 /// Runs a batch operation on copies of reqs[0..n), writing them back only when it succeeds.
+///
+/// # Safety
+/// `c` must be NULL or a live handle, `reqs` NULL or n valid reqs.
 unsafe fn on_reqs(
     c: *mut skv_cache,
     reqs: *mut skv_req,
     n: usize,
     op: impl FnOnce(&mut Cache, &mut [Req]) -> Result<()>,
 ) -> Result<()> {
-    let mut cache = lock(c)?;
+    // SAFETY: NULL or a live handle, by this function's contract.
+    let mut cache = unsafe { lock(c) }?;
     cache.require_owned()?;
-    let reqs = slice_mut(reqs, n, "reqs")?;
+    // SAFETY: NULL or n reqs, by this function's contract.
+    let reqs = unsafe { slice_mut(reqs, n, "reqs") }?;
     let mut copies = std::mem::take(&mut cache.batch_reqs);
     copies.clear();
     if copies.try_reserve(n).is_err() {
@@ -116,8 +123,8 @@ unsafe fn on_reqs(
 /// before anything changes; the error names the request's position (`reqs[17]: ...`).
 /// (NULL, 0) is an empty batch.
 ///
-/// # Safety
-/// reqs and n_tokens must hold n values, out_loc out_cap values (or be NULL).
+/// The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
+/// (or NULL).
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend_batch(
     c: *mut skv_cache,
@@ -136,7 +143,10 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
         |t| {
             t.num("n", n as u64).num("out_loc", !out_loc.is_null() as u8).num("out_cap", out_cap as u64);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, reqs and n_tokens NULL or n values, out_loc NULL
+        // or out_cap values (the contract above); nonnull, on_reqs, slice and slice_mut refuse
+        // NULL with a length.
+        || unsafe {
             nonnull(reqs, n, "reqs")?;
             nonnull(n_tokens, n, "n_tokens")?;
             on_reqs(c, reqs, n, |cache, copies| {
@@ -162,8 +172,7 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
 /// skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
 /// `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
 ///
-/// # Safety
-/// reqs and n_tokens must hold n values.
+/// The caller must pass reqs and n_tokens holding n values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit_batch(
     c: *mut skv_cache,
@@ -177,7 +186,9 @@ pub unsafe extern "C" fn skv_commit_batch(
         |t| {
             t.num("n", n as u64);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, reqs and n_tokens NULL or n values (the contract
+        // above); nonnull, on_reqs and slice refuse NULL with a length.
+        || unsafe {
             nonnull(reqs, n, "reqs")?;
             nonnull(n_tokens, n, "n_tokens")?;
             on_reqs(c, reqs, n, |cache, copies| cache.commit_batch(copies, slice(n_tokens, n, "n_tokens")?))
@@ -191,8 +202,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 /// A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
 /// and KV lengths 0; its lock_node and aux_state stay the engine's to release.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     traced(
@@ -201,7 +211,8 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
         |t| {
             t.req("req", req);
         },
-        || on_req(c, req, |c, r| c.free_req(r), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.free_req(r), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -211,8 +222,7 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
 /// pages, page-structured, written to out_indices.
 ///
-/// # Safety
-/// out_indices must hold n_tokens values.
+/// The caller must pass out_indices holding n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
     traced(
@@ -221,7 +231,9 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
         |t| {
             t.num("n_tokens", n_tokens);
         },
-        || {
+        // SAFETY: c is NULL or a live handle and out_indices NULL or n_tokens values (the contract
+        // above); lock and slice_mut refuse NULL.
+        || unsafe {
             let out = slice_mut(out_indices, n_tokens as usize, "out_indices")?;
             lock(c)?.pool_alloc(out)
         },
@@ -234,8 +246,7 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 /// Takes back engine-held pages: each index frees the page it falls in. A page already free
 /// (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
 ///
-/// # Safety
-/// indices must hold n values.
+/// The caller must pass indices holding n values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
     traced(
@@ -244,7 +255,9 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
         |t| {
             t.list("indices", indices, n);
         },
-        || {
+        // SAFETY: c is NULL or a live handle and indices NULL or n values (the contract above);
+        // lock and slice refuse NULL.
+        || unsafe {
             nonnull(indices, n, "indices")?;
             let mut c = lock(c)?;
             c.require_owned()?;
@@ -256,11 +269,10 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
 
 /// For each index, how many rows map its page (0: the tree may evict it).
 ///
-/// # Safety
-/// indices and out_counts must hold n values.
+/// The caller must pass indices and out_counts holding n values each.
 #[no_mangle]
 pub unsafe extern "C" fn skv_page_refs(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     indices: *const i32,
     n: usize,
     out_counts: *mut u32,
@@ -271,7 +283,9 @@ pub unsafe extern "C" fn skv_page_refs(
         |t| {
             t.list("indices", indices, n);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, indices and out_counts NULL or n values (the contract
+        // above); lock, slice and slice_mut refuse NULL.
+        || unsafe {
             nonnull(indices, n, "indices")?;
             nonnull(out_counts, n, "out_counts")?;
             let c = lock(c)?;
@@ -287,8 +301,7 @@ pub unsafe extern "C" fn skv_page_refs(
 /// A fresh row (kv_allocated_len 0) adopts engine-held pages as its protected prefix:
 /// allocated = committed = protected = n_tokens. Indices must be page-structured.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; indices must hold n_tokens values.
+/// The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_map_prefix(
     c: *mut skv_cache,
@@ -302,7 +315,9 @@ pub unsafe extern "C" fn skv_map_prefix(
         |t| {
             t.req("req", req).list("indices", indices, n_tokens as usize);
         },
-        || {
+        // SAFETY: c and req are NULL or valid and indices NULL or n_tokens values (the contract
+        // above); slice and on_req refuse NULL.
+        || unsafe {
             let indices = slice(indices, n_tokens as usize, "indices")?;
             on_req(c, req, |c, r| c.map_prefix(r, indices), |()| {})
         },
@@ -315,8 +330,7 @@ pub unsafe extern "C" fn skv_map_prefix(
 /// The row's pages [protected, new_protected_len) become engine-held (inserted in the
 /// engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_publish_prefix(
     c: *mut skv_cache,
@@ -329,7 +343,8 @@ pub unsafe extern "C" fn skv_publish_prefix(
         |t| {
             t.req("req", req).num("new_protected_len", new_protected_len);
         },
-        || on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -339,11 +354,10 @@ pub unsafe extern "C" fn skv_publish_prefix(
 /// Copies req_to_token[row, start:end) into out (end-start values). External mode:
 /// SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
 ///
-/// # Safety
-/// out must hold end-start values.
+/// The caller must pass out holding end-start values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_indices(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     row: i32,
     start: u32,
     end: u32,
@@ -355,7 +369,9 @@ pub unsafe extern "C" fn skv_row_indices(
         |t| {
             t.num("row", row).num("start", start).num("end", end);
         },
-        || {
+        // SAFETY: c is NULL or a live handle and out NULL or end-start values (the contract above);
+        // lock and slice_mut refuse NULL.
+        || unsafe {
             let n = end.saturating_sub(start) as usize;
             nonnull(out, n, "out")?;
             let c = lock(c)?;
@@ -423,15 +439,15 @@ impl From<Stats> for skv_stats {
 
 /// Reads the pool's occupancy and counters.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
-pub unsafe extern "C" fn skv_cache_stats(c: *mut skv_cache, out: *mut skv_stats) -> skv_status {
+pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stats) -> skv_status {
     traced(
         c,
         this_export!(),
         |_| {},
-        || {
+        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
+        || unsafe {
             let out = out_mut(out, "out")?;
             let s = lock(c)?.stats()?;
             *out = s.into();
@@ -466,15 +482,15 @@ pub struct skv_check_report {
 /// a row, every engine-held page's map count equal to the rows that map it, idle session
 /// slots agreeing with their rows.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
-pub unsafe extern "C" fn skv_cache_check(c: *mut skv_cache, out: *mut skv_check_report) -> skv_status {
+pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_check_report) -> skv_status {
     traced(
         c,
         this_export!(),
         |_| {},
-        || {
+        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
+        || unsafe {
             let out = out_mut(out, "out")?;
             let r = lock(c)?.check()?;
             let mut text = [0 as c_char; 256];
@@ -509,9 +525,9 @@ pub struct skv_engine_hooks {
     /// and 2). Accepted from 24 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Drop the prefix-tree lock a session inherited from its first request.
-    pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
+    pub dec_lock_ref: skv_dec_lock_ref_fn,
     /// Free engine auxiliary state.
-    pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+    pub free_aux: skv_free_aux_fn,
 }
 
 /// The first published sizeof(skv_engine_hooks) (ABI 1); every later size is accepted.
@@ -523,7 +539,8 @@ struct Hooks {
     user_data: *mut c_void,
 }
 
-// The engine promises its callbacks may run on whichever thread calls libskv.
+// SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
+// whichever thread calls libskv; the handle's lock keeps the calls one at a time.
 unsafe impl Send for Hooks {}
 
 fn rc(code: c_int) -> Result<(), i32> {
@@ -537,11 +554,13 @@ fn rc(code: c_int) -> Result<(), i32> {
 impl EngineHooks for Hooks {
     fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
         let _scope = CallbackScope::enter();
+        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
         self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
     }
 
     fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
         let _scope = CallbackScope::enter();
+        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
         self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
     }
 }
@@ -550,8 +569,8 @@ impl EngineHooks for Hooks {
 /// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
 /// them).
 ///
-/// # Safety
-/// Pointers must be NULL or valid; the callbacks must stay callable while installed.
+/// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+/// they are installed.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_hooks(
     c: *mut skv_cache,
@@ -578,7 +597,9 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
                 }
             }
         },
-        || {
+        // SAFETY: c is NULL or a live handle and hooks NULL or a struct of struct_size bytes (the
+        // contract above); lock refuses NULL and hooks is read only when not NULL.
+        || unsafe {
             let mut c = lock(c)?;
             c.require_owned()?;
             let hooks = match hooks.is_null() {
@@ -599,12 +620,11 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 /// *needed receives the number of page ids, also when it exceeds cap: then
 /// SKV_ERR_INVALID_ARG and nothing else is written.
 ///
-/// # Safety
-/// kv_indptr must hold n+1 values, kv_last_page_len n, kv_indices cap.
+/// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     rows: *const i32,
     n: usize,
     kv_indptr: *mut i32,
@@ -619,7 +639,10 @@ pub unsafe extern "C" fn skv_build_flashinfer(
         |t| {
             t.list("rows", rows, n).num("cap", cap as u64);
         },
-        || {
+        // SAFETY: c is NULL or a live handle, rows NULL or n values, kv_indptr n+1, kv_indices cap,
+        // kv_last_page_len n, needed NULL or valid (the contract above); nonnull, out_mut, lock,
+        // slice and slice_mut refuse NULL with a length.
+        || unsafe {
             nonnull(rows, n, "rows")?;
             nonnull(kv_indptr, 1, "kv_indptr")?;
             nonnull(kv_indices, cap, "kv_indices")?;
@@ -641,7 +664,8 @@ pub unsafe extern "C" fn skv_build_flashinfer(
             Ok(())
         },
         |t| {
-            let total = *needed;
+            // SAFETY: written by the call that just succeeded.
+            let total = unsafe { *needed };
             t.num("needed", total as u64).list("kv_indptr", kv_indptr.cast_const(), n + 1);
             t.list("kv_indices", kv_indices.cast_const(), total).list(
                 "kv_last_page_len",

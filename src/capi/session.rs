@@ -140,14 +140,19 @@ pub(crate) fn store(req: &mut skv_req, r: Req) {
 
 /// Runs a core operation on a copy of `*req`, writing it back when the call completes
 /// (also when a free callback failed part-way: the state advanced).
+///
+/// # Safety
+/// `cache` must be NULL or a live handle, `req` NULL or a valid skv_req.
 pub(crate) unsafe fn on_req<T>(
     cache: *mut skv_cache,
     req: *mut skv_req,
     op: impl FnOnce(&mut crate::core::Cache, &mut Req) -> crate::core::Result<T>,
     write: impl FnOnce(T),
 ) -> crate::core::Result<()> {
-    let req = out_mut(req, "req")?;
-    let mut c = lock(cache)?;
+    // SAFETY: NULL or valid, by this function's contract.
+    let req = unsafe { out_mut(req, "req") }?;
+    // SAFETY: NULL or a live handle, by this function's contract.
+    let mut c = unsafe { lock(cache) }?;
     let mut r = Req::from(&*req);
     let value = op(&mut c, &mut r)?;
     store(req, r);
@@ -168,15 +173,15 @@ impl Default for skv_req {
 /// Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
 /// aux -1.
 ///
-/// # Safety
-/// `req` must be NULL or valid.
+/// The caller must pass req as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     guard(this_export!(), || {
-        let req = out_mut(req, "req")?;
+        // SAFETY: req is NULL or valid (the contract above); out_mut refuses NULL.
+        let req = unsafe { out_mut(req, "req") }?;
         // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value, and
         // zeroing the padding keeps memcmp-style comparisons and valgrind quiet.
-        std::ptr::write_bytes(req as *mut skv_req, 0, 1);
+        unsafe { std::ptr::write_bytes(req as *mut skv_req, 0, 1) };
         store(req, Req::default());
         Ok(())
     })
@@ -189,8 +194,7 @@ pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
 /// (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
 /// other req is SKV_ERR_STATE.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_match_prefix(
     c: *mut skv_cache,
@@ -208,7 +212,9 @@ pub unsafe extern "C" fn skv_match_prefix(
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
             t.num("key_len", key_len).num("pre_aborted", pre_aborted);
         },
-        || {
+        // SAFETY: c, req and out are NULL or valid (the contract above); out_mut and on_req
+        // refuse NULL.
+        || unsafe {
             let out = out_mut(out, "out")?;
             on_req(
                 c,
@@ -229,8 +235,7 @@ pub unsafe extern "C" fn skv_match_prefix(
 /// is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
 /// req's aux_state; of an idle slot, the slot's own record.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_finished_req(
     c: *mut skv_cache,
@@ -245,7 +250,8 @@ pub unsafe extern "C" fn skv_cache_finished_req(
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
         },
-        || on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -255,11 +261,10 @@ pub unsafe extern "C" fn skv_cache_finished_req(
 /// Between prefill chunks: *handled = 1 when the session slot handles this request (a later
 /// turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_checkpoint(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     session_id: u64,
     branch_id: u64,
     req: *const skv_req,
@@ -271,7 +276,9 @@ pub unsafe extern "C" fn skv_checkpoint(
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
         },
-        || {
+        // SAFETY: c, req and handled are NULL or valid (the contract above); arg, out_mut and
+        // lock refuse NULL.
+        || unsafe {
             let r = Req::from(arg(req, "req")?);
             let handled = out_mut(handled, "handled")?;
             let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
@@ -279,7 +286,8 @@ pub unsafe extern "C" fn skv_checkpoint(
             Ok(())
         },
         |t| {
-            t.num("handled", *handled);
+            // SAFETY: written by the call that just succeeded.
+            t.num("handled", unsafe { *handled });
         },
     )
 }
@@ -287,8 +295,7 @@ pub unsafe extern "C" fn skv_checkpoint(
 /// Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
 /// refuses the whole call with SKV_ERR_STATE.
 ///
-/// # Safety
-/// `c` must be NULL or a live handle.
+/// The caller must pass c as NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
     traced(
@@ -298,7 +305,8 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
             t.num("session_id", session_id);
         },
         || {
-            let mut c = lock(c)?;
+            // SAFETY: c is NULL or a live handle (the contract above).
+            let mut c = unsafe { lock(c) }?;
             c.release_session(session_id)?;
             c.take_deferred()
         },
@@ -308,8 +316,7 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 
 /// Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
 ///
-/// # Safety
-/// `c` must be NULL or a live handle.
+/// The caller must pass c as NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
     traced(
@@ -319,7 +326,8 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
             t.num("session_id", session_id).num("branch_id", branch_id);
         },
         || {
-            let mut c = lock(c)?;
+            // SAFETY: c is NULL or a live handle (the contract above).
+            let mut c = unsafe { lock(c) }?;
             c.release_branch(session_id, branch_id)?;
             c.take_deferred()
         },
@@ -334,8 +342,7 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// recorded end, target must keep its protected prefix, and the slot shortens with the row
 /// (the engine lowers its own req's kv_allocated_len).
 ///
-/// # Safety
-/// `c` must be NULL or a live handle.
+/// The caller must pass c as NULL or a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
     traced(
@@ -345,7 +352,8 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
             t.num("row", row).num("target", target).num("end", end);
         },
         || {
-            let mut c = lock(c)?;
+            // SAFETY: c is NULL or a live handle (the contract above).
+            let mut c = unsafe { lock(c) }?;
             let Ok(row) = u32::try_from(row) else {
                 return Err(crate::core::Error::InvalidArg(format!("row {row} out of range")));
             };
@@ -360,8 +368,7 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
 /// own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     traced(
@@ -370,7 +377,8 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
         |t| {
             t.req("req", req).num("finished_len", finished_len);
         },
-        || on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -380,8 +388,7 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 /// Frees what lies past a reused prefix (the match path's tail free). A session row's rules
 /// are those of skv_free_aligned.
 ///
-/// # Safety
-/// Pointers must be NULL or valid.
+/// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     traced(
@@ -390,7 +397,8 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
         |t| {
             t.req("req", req).num("prefix_len", prefix_len);
         },
-        || on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}),
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -400,11 +408,10 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
 /// What idle session slots hold. Rows listed in active_rows belong to running requests and
 /// are not counted; (NULL, 0) lists none.
 ///
-/// # Safety
-/// Pointers must be NULL or valid; active_rows must hold n_active values.
+/// The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_held(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     active_rows: *const i32,
     n_active: usize,
     out: *mut skv_held,
@@ -415,7 +422,9 @@ pub unsafe extern "C" fn skv_session_held(
         |t| {
             t.list("active_rows", active_rows, n_active);
         },
-        || {
+        // SAFETY: c and out are NULL or valid and active_rows NULL or n_active values (the contract
+        // above); slice, out_mut and lock refuse NULL.
+        || unsafe {
             let active = slice(active_rows, n_active, "active_rows")?;
             let out = out_mut(out, "out")?;
             *out = lock(c)?.session_held(active).into();

@@ -206,7 +206,7 @@ impl Line {
 /// path runs inside the panic boundary, and `args` reads the caller's memory only through
 /// the checks the body makes (`Line::list`, `read_versioned`).
 pub(crate) fn traced(
-    c: *mut skv_cache,
+    c: *const skv_cache,
     function: ExportName,
     args: impl FnOnce(&mut Line),
     body: impl FnOnce() -> Result<()>,

@@ -270,7 +270,7 @@ impl Cache {
     }
 
     /// `checkpoint`: whether a session slot handles this request's chunk boundary.
-    pub fn checkpoint(&mut self, session: u64, branch: u64, req: &Req) -> Result<bool> {
+    pub fn checkpoint(&self, session: u64, branch: u64, req: &Req) -> Result<bool> {
         self.check_req(req)?;
         Ok(self.slots.find(session, branch).is_some())
     }

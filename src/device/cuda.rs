@@ -40,7 +40,8 @@ pub(crate) struct Device {
     stride: u64,
 }
 
-// The engine's stream and the retained context may be used from whichever thread calls.
+// SAFETY: CUDA driver handles (the retained context, the engine's stream, device memory) may
+// be used from any thread; each use makes the context current on the calling thread first.
 unsafe impl Send for Device {}
 
 impl Device {
