@@ -12,9 +12,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{
-    guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, skv_status_str, ExportName,
-};
+use super::{guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, ExportName};
 use crate::core::{Cache, Error, Result};
 
 /// Where a handle's trace goes; `None` when it is not traced.
@@ -224,16 +222,12 @@ pub(crate) fn traced(
         let mut line = Line(format!("{{\"h\":{},\"fn\":\"{}\"", handle.id, function.get()));
         args(&mut line);
         let status = guard(function, body);
-        // SAFETY: skv_status_str returns a static NUL-terminated string.
-        let name = unsafe { std::ffi::CStr::from_ptr(skv_status_str(status as i32)) };
-        line.text("status", &name.to_string_lossy());
+        line.text("status", status.name());
         if matches!(status, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK) {
             results(&mut line);
         }
         if status != skv_status::SKV_OK {
-            // SAFETY: the thread's last error, NUL-terminated, valid until the next call.
-            let err = unsafe { std::ffi::CStr::from_ptr(super::skv_last_error()) };
-            line.text("error", &err.to_string_lossy());
+            line.text("error", &super::last_error_message());
         }
         line.0.push_str("}\n");
         if let Some(f) = file.as_mut() {
