@@ -233,9 +233,17 @@ typedef struct skv_req {
    */
   uint64_t lock_receipt;
   /**
-   * Engine auxiliary state handed back to free_aux, -1 = none.
+   * Engine auxiliary state handed back to free_aux, -1 = none (sglang: the request's mamba
+   * pool slot, mamba_pool_idx).
    */
   int64_t aux_state;
+  /**
+   * Two more recurrent-state handles (sglang: the ping-pong track buffer,
+   * mamba_ping_pong_track_buffer), each -1 when empty. Kept, restored and freed like
+   * aux_state, each on its own: a release calls free_aux for aux_state, then aux_track[0],
+   * then aux_track[1], skipping -1 (docs/recurrent-state.md).
+   */
+  int64_t aux_track[2];
 } skv_req;
 
 /**
@@ -276,6 +284,11 @@ typedef struct skv_held {
    * (session, branch) slots, idle or not.
    */
   uint64_t sessions;
+  /**
+   * Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
+   * not -1 (sglang's session_held_mamba_slots).
+   */
+  uint64_t aux_handles;
 } skv_held;
 
 /**
@@ -659,7 +672,7 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 
 /**
  * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
- * aux -1.
+ * aux_state -1, both aux_track entries -1.
  *
  * # Safety
  * `req` must be NULL or valid.
@@ -690,7 +703,7 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
  * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
  * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
  * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
- * req's aux_state; of an idle slot, the slot's own record.
+ * req's aux_state and aux_track; of an idle slot, the slot's own record.
  *
  * # Safety
  * Pointers must be NULL or valid.
