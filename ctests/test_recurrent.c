@@ -3,6 +3,8 @@
  * aux_state, aux_track[0], aux_track[1], never passes the -1 sentinel, and leaks none; over
  * finish/match/release, in-flight and idle aborts, an aligned-reuse release, a ping-pong
  * step the engine frees itself, a retried match, and owned mode's hooks. */
+#include <stddef.h>
+
 #include "common.h"
 
 #define MAX_HANDLES 64
@@ -105,7 +107,12 @@ static void init_sets_sentinels(void) {
   CHECK_EQ_INT(r.aux_state, -1);
   CHECK_EQ_INT(r.aux_track[0], -1);
   CHECK_EQ_INT(r.aux_track[1], -1);
+  /* the layout docs/recurrent-state.md gives */
   CHECK_EQ_INT(sizeof(skv_req), 80);
+  CHECK_EQ_INT(offsetof(skv_req, aux_state), 56);
+  CHECK_EQ_INT(offsetof(skv_req, aux_track), 64);
+  CHECK_EQ_INT(sizeof(skv_held), 48);
+  CHECK_EQ_INT(offsetof(skv_held, aux_handles), 40);
 }
 
 /* Finish keeps the handles, a hit restores them, a release frees them in order. */
