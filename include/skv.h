@@ -174,7 +174,9 @@ typedef struct skv_pool_ops {
    */
   int (*dec_lock_ref)(void*, uint64_t, uint64_t);
   /**
-   * Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
+   * Free one engine auxiliary-state handle (e.g. a mamba pool slot); may be NULL. A release
+   * calls it once per handle that is not -1: aux_state, then aux_track[0], then
+   * aux_track[1] (docs/recurrent-state.md).
    */
   int (*free_aux)(void*, int64_t);
 } skv_pool_ops;
@@ -286,7 +288,8 @@ typedef struct skv_held {
   uint64_t sessions;
   /**
    * Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
-   * not -1 (sglang's session_held_mamba_slots).
+   * not -1 (sglang's session_held_mamba_slots; docs/recurrent-state.md). The last field:
+   * the ones before it keep their offsets.
    */
   uint64_t aux_handles;
 } skv_held;
@@ -375,7 +378,8 @@ typedef struct skv_engine_hooks {
    */
   int (*dec_lock_ref)(void*, uint64_t, uint64_t);
   /**
-   * Free engine auxiliary state.
+   * Free one engine auxiliary-state handle: once per handle that is not -1, in the order
+   * aux_state, aux_track[0], aux_track[1] (docs/recurrent-state.md).
    */
   int (*free_aux)(void*, int64_t);
 } skv_engine_hooks;

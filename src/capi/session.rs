@@ -115,7 +115,8 @@ pub struct skv_held {
     /// (session, branch) slots, idle or not.
     pub sessions: u64,
     /// Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
-    /// not -1 (sglang's session_held_mamba_slots).
+    /// not -1 (sglang's session_held_mamba_slots; docs/recurrent-state.md). The last field:
+    /// the ones before it keep their offsets.
     pub aux_handles: u64,
 }
 
