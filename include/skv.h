@@ -175,8 +175,8 @@ typedef struct skv_pool_ops {
   int (*dec_lock_ref)(void*, uint64_t, uint64_t);
   /**
    * Free one engine auxiliary-state handle (e.g. a mamba pool slot); may be NULL. A release
-   * calls it once per handle that is not -1: aux_state, then aux_track[0], then
-   * aux_track[1] (docs/recurrent-state.md).
+   * calls it once per handle that is not -1: `aux_state`, then `aux_track[0]`, then
+   * `aux_track[1]` (docs/recurrent-state.md).
    */
   int (*free_aux)(void*, int64_t);
 } skv_pool_ops;
@@ -242,8 +242,8 @@ typedef struct skv_req {
   /**
    * Two more recurrent-state handles (sglang: the ping-pong track buffer,
    * mamba_ping_pong_track_buffer), each -1 when empty. Kept, restored and freed like
-   * aux_state, each on its own: a release calls free_aux for aux_state, then aux_track[0],
-   * then aux_track[1], skipping -1 (docs/recurrent-state.md).
+   * aux_state, each on its own: a release calls free_aux for `aux_state`, then
+   * `aux_track[0]`, then `aux_track[1]`, skipping -1 (docs/recurrent-state.md).
    */
   int64_t aux_track[2];
 } skv_req;
@@ -379,7 +379,7 @@ typedef struct skv_engine_hooks {
   int (*dec_lock_ref)(void*, uint64_t, uint64_t);
   /**
    * Free one engine auxiliary-state handle: once per handle that is not -1, in the order
-   * aux_state, aux_track[0], aux_track[1] (docs/recurrent-state.md).
+   * `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
    */
   int (*free_aux)(void*, int64_t);
 } skv_engine_hooks;

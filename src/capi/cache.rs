@@ -69,8 +69,8 @@ pub struct skv_pool_ops {
     /// Drop the prefix-tree lock a session inherited from its first request; may be NULL.
     pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
     /// Free one engine auxiliary-state handle (e.g. a mamba pool slot); may be NULL. A release
-    /// calls it once per handle that is not -1: aux_state, then aux_track[0], then
-    /// aux_track[1] (docs/recurrent-state.md).
+    /// calls it once per handle that is not -1: `aux_state`, then `aux_track[0]`, then
+    /// `aux_track[1]` (docs/recurrent-state.md).
     pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
 }
 

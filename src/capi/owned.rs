@@ -495,7 +495,7 @@ pub struct skv_engine_hooks {
     /// Drop the prefix-tree lock a session inherited from its first request.
     pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
     /// Free one engine auxiliary-state handle: once per handle that is not -1, in the order
-    /// aux_state, aux_track[0], aux_track[1] (docs/recurrent-state.md).
+    /// `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
     pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
 }
 

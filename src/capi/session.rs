@@ -39,8 +39,8 @@ pub struct skv_req {
     pub aux_state: i64,
     /// Two more recurrent-state handles (sglang: the ping-pong track buffer,
     /// mamba_ping_pong_track_buffer), each -1 when empty. Kept, restored and freed like
-    /// aux_state, each on its own: a release calls free_aux for aux_state, then aux_track[0],
-    /// then aux_track[1], skipping -1 (docs/recurrent-state.md).
+    /// aux_state, each on its own: a release calls free_aux for `aux_state`, then
+    /// `aux_track[0]`, then `aux_track[1]`, skipping -1 (docs/recurrent-state.md).
     pub aux_track: [i64; 2],
 }
 

@@ -3,8 +3,8 @@
 //! alternate. At a track boundary the engine fills the empty entry with the next tracked
 //! state; after the following round it frees the older entry itself. Whatever the req holds
 //! when libskv takes it over (a finish) or lets it go (an abort, a release) is libskv's to
-//! hand back, in the order aux_state, aux_track[0], aux_track[1]; the engine checks every
-//! such call against its own mirror.
+//! hand back, in the order `aux_state`, `aux_track[0]`, `aux_track[1]`; the engine checks
+//! every such call against its own mirror.
 
 use skv::skv_req;
 
