@@ -2,7 +2,7 @@
  * handle pool checks that libskv frees each handle it was given exactly once, in the order
  * aux_state, aux_track[0], aux_track[1], never passes the -1 sentinel, and leaks none; over
  * finish/match/release, in-flight and idle aborts, an aligned-reuse release, a ping-pong
- * step the engine frees itself, a retried match, and owned mode's hooks. */
+ * step the engine frees itself, a retried match, owned mode's hooks and skv_free_req. */
 #include <stddef.h>
 
 #include "common.h"
@@ -293,6 +293,21 @@ static void owned_hooks(void) {
   CHECK_OK(skv_release_session(c, 1));
   want[0] = 0, want[1] = 1;
   CHECK_FREED(&m, want);
+
+  /* a request outside sessions: skv_free_req leaves its handles to the engine */
+  me_reset(&m);
+  CHECK_OK(skv_req_init(&r));
+  CHECK_OK(skv_alloc_row(c, &r));
+  r.aux_state = me_alloc(&m);    /* 2 */
+  r.aux_track[1] = me_alloc(&m); /* 3 */
+  CHECK_OK(skv_free_req(c, &r));
+  CHECK_EQ_INT(r.req_pool_idx, -1);
+  CHECK_EQ_INT(r.aux_state, 2);
+  CHECK_EQ_INT(r.aux_track[0], -1);
+  CHECK_EQ_INT(r.aux_track[1], 3);
+  CHECK_NONE_FREED(&m);
+  me_engine_free(&m, 2);
+  me_engine_free(&m, 3);
   me_done(&m, c);
 }
 
