@@ -116,7 +116,8 @@ static inline int req_same(const skv_req *a, const skv_req *b) {
          a->swa_evicted_seqlen == b->swa_evicted_seqlen &&
          a->origin_input_len == b->origin_input_len && a->output_len == b->output_len &&
          a->finished_len == b->finished_len && a->lock_node == b->lock_node &&
-         a->lock_receipt == b->lock_receipt && a->aux_state == b->aux_state;
+         a->lock_receipt == b->lock_receipt && a->aux_state == b->aux_state &&
+         a->aux_track[0] == b->aux_track[0] && a->aux_track[1] == b->aux_track[1];
 }
 #define CHECK_REQ_SAME(a, b) CHECK(req_same((a), (b)))
 
@@ -129,6 +130,7 @@ static inline skv_req req_make(int32_t row, uint32_t committed, uint32_t allocat
   r.kv_allocated_len = allocated;
   r.finished_len = -1;
   r.aux_state = -1;
+  r.aux_track[0] = r.aux_track[1] = -1;
   return r;
 }
 
@@ -136,7 +138,8 @@ static inline skv_req req_make(int32_t row, uint32_t committed, uint32_t allocat
 static inline int req_is_empty(const skv_req *r) {
   return r->req_pool_idx == -1 && r->kv_committed_len == 0 && r->kv_allocated_len == 0 &&
          r->cache_protected_len == 0 && r->swa_evicted_seqlen == 0 && r->lock_node == 0 &&
-         r->lock_receipt == 0 && r->aux_state == -1;
+         r->lock_receipt == 0 && r->aux_state == -1 && r->aux_track[0] == -1 &&
+         r->aux_track[1] == -1;
 }
 
 /* ----------------------------------------------------------- fake engine */

@@ -162,7 +162,8 @@ void free_callbacks_throw() {
   Pools pools;
   skv::Cache cache(skv::make_config(kPage, 0, kRows, 128), pools);
   skv::Req req = finished_turn_req();
-  req.set_lock(5, 6).set_aux_state(9);
+  req.set_lock(5, 6).set_aux_state(9).set_aux_track(1, 11);
+  CHECK(req.aux_track(0) == -1 && req.aux_track(1) == 11);
   cache.finished_req(7, 0, req);
   pools.clear();
   pools.fail = Pools::kFreeKv;
@@ -170,7 +171,7 @@ void free_callbacks_throw() {
   CHECK(pools.locks == std::vector<uint64_t>{5});
   CHECK(pools.freed_kv == range(128, 128 + 24));
   CHECK(pools.freed_rows == std::vector<int32_t>{1});
-  CHECK(pools.aux == std::vector<int64_t>{9});
+  CHECK((pools.aux == std::vector<int64_t>{9, 11}));
   CHECK(cache.session_held().sessions == 0);
   pools.clear();
   cache.release_session(7);

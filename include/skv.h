@@ -177,11 +177,12 @@ typedef int (*skv_free_row_fn)(void *user_data, int32_t row);
 typedef int (*skv_dec_lock_ref_fn)(void *user_data, uint64_t lock_node, uint64_t lock_receipt);
 
 /**
- * skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees engine auxiliary state
- * `aux_state` (a req's aux_state, never -1). `user_data` is the pointer given with the ops or
- * hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
+ * skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees one engine auxiliary-state
+ * handle `aux` (a req's aux_state or one of its aux_track entries, never -1). `user_data` is
+ * the pointer given with the ops or hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the
+ * call completes).
  */
-typedef int (*skv_free_aux_fn)(void *user_data, int64_t aux_state);
+typedef int (*skv_free_aux_fn)(void *user_data, int64_t aux);
 
 /**
  * The engine's pools (external mode). A callback returning non-zero fails the call with
@@ -214,7 +215,9 @@ typedef struct skv_pool_ops {
    */
   skv_dec_lock_ref_fn dec_lock_ref;
   /**
-   * Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
+   * Free one engine auxiliary-state handle (e.g. a mamba pool slot); may be NULL. A release
+   * calls it once per handle that is not -1: `aux_state`, then `aux_track[0]`, then
+   * `aux_track[1]` (docs/recurrent-state.md).
    */
   skv_free_aux_fn free_aux;
 } skv_pool_ops;
@@ -273,9 +276,17 @@ typedef struct skv_req {
    */
   uint64_t lock_receipt;
   /**
-   * Engine auxiliary state handed back to free_aux, -1 = none.
+   * Engine auxiliary state handed back to free_aux, -1 = none (sglang: the request's mamba
+   * pool slot, mamba_pool_idx).
    */
   int64_t aux_state;
+  /**
+   * Two more recurrent-state handles (sglang: the ping-pong track buffer,
+   * mamba_ping_pong_track_buffer), each -1 when empty. Kept, restored and freed like
+   * aux_state, each on its own: a release calls free_aux for `aux_state`, then
+   * `aux_track[0]`, then `aux_track[1]`, skipping -1 (docs/recurrent-state.md).
+   */
+  int64_t aux_track[2];
 } skv_req;
 
 /**
@@ -316,6 +327,12 @@ typedef struct skv_held {
    * (session, branch) slots, idle or not.
    */
   uint64_t sessions;
+  /**
+   * Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
+   * not -1 (sglang's session_held_mamba_slots; docs/recurrent-state.md). The last field:
+   * the ones before it keep their offsets.
+   */
+  uint64_t aux_handles;
 } skv_held;
 
 /**
@@ -402,7 +419,8 @@ typedef struct skv_engine_hooks {
    */
   skv_dec_lock_ref_fn dec_lock_ref;
   /**
-   * Free engine auxiliary state.
+   * Free one engine auxiliary-state handle: once per handle that is not -1, in the order
+   * `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
    */
   skv_free_aux_fn free_aux;
 } skv_engine_hooks;
@@ -696,7 +714,7 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 
 /**
  * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
- * aux -1.
+ * aux_state -1, both aux_track entries -1.
  *
  * The caller must pass req as NULL or valid.
  */
@@ -725,7 +743,7 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
  * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
  * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
  * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
- * req's aux_state; of an idle slot, the slot's own record.
+ * req's aux_state and aux_track; of an idle slot, the slot's own record.
  *
  * The caller must pass every pointer as NULL or valid.
  */

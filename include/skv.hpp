@@ -133,8 +133,9 @@ class EngineHooks {
   virtual ~EngineHooks() = default;
   /// Drop the prefix-tree lock a session inherited from its first request.
   virtual void dec_lock_ref(uint64_t /*lock_node*/, uint64_t /*lock_receipt*/) {}
-  /// Free engine auxiliary state (e.g. a mamba pool slot).
-  virtual void free_aux(int64_t /*aux_state*/) {}
+  /// Free one engine auxiliary-state handle (e.g. a mamba pool slot or a track entry; never
+  /// -1), in the order aux_state, aux_track[0], aux_track[1].
+  virtual void free_aux(int64_t /*aux*/) {}
 };
 
 /// External mode's engine pools (skv_pool_ops) as an interface, with EngineHooks' two
@@ -229,6 +230,8 @@ class Req {
   uint64_t lock_node() const noexcept { return req_.lock_node; }
   uint64_t lock_receipt() const noexcept { return req_.lock_receipt; }
   int64_t aux_state() const noexcept { return req_.aux_state; }
+  /// Recurrent state's ping-pong track entry i (0 or 1); -1 = empty.
+  int64_t aux_track(size_t i) const noexcept { return req_.aux_track[i]; }
 
   // Setters return *this so a turn's fields can be set in one expression. In owned mode
   // libskv maintains the row, committed, allocated and protected fields itself.
@@ -246,6 +249,7 @@ class Req {
     return *this;
   }
   Req &set_aux_state(int64_t v) noexcept { req_.aux_state = v; return *this; }
+  Req &set_aux_track(size_t i, int64_t v) noexcept { req_.aux_track[i] = v; return *this; }
 
  private:
   skv_req req_{};

@@ -180,7 +180,9 @@ impl Engine {
         if r.lock_node != 0 {
             self.locks.remove(&r.lock_node);
         }
-        self.auxes.remove(&r.aux_state);
+        for h in aux_handles(r) {
+            self.auxes.remove(&h);
+        }
     }
 
     fn new_lock(&mut self) -> (u64, u64) {
@@ -302,6 +304,10 @@ enum Op {
     SwapAux {
         k: u8,
     },
+    /// sglang's ping-pong track step: fill the empty track entry, or free the older one
+    PingPong {
+        k: u8,
+    },
     /// `again`: the engine finishes the same req a second time
     Finish {
         k: u8,
@@ -380,6 +386,7 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         3 => (k.clone(), any::<u8>()).prop_map(|(k, n)| Op::Extend { k, n }),
         2 => (k.clone(), any::<u8>()).prop_map(|(k, n)| Op::Swa { k, n }),
         1 => k.clone().prop_map(|k| Op::SwapAux { k }),
+        2 => k.clone().prop_map(|k| Op::PingPong { k }),
         6 => (k.clone(), any::<u8>(), prop::bool::weighted(0.2), prop::bool::weighted(0.15))
             .prop_map(|(k, mode, aborted, again)| Op::Finish { k, mode, aborted, again }),
         1 => (k.clone(), 0u8..6, any::<bool>()).prop_map(|(k, other, aborted)| Op::FinishAs { k, other, aborted }),
@@ -747,10 +754,10 @@ impl Sim {
     fn check_world(&mut self, with_active: bool) -> Result<(), TestCaseError> {
         let active: Vec<i32> = self.running.values().map(|r| r.req.req_pool_idx).collect();
         let passed: &[i32] = if with_active { &active } else { &[] };
-        let mut h = skv_held { full_tokens: 7, swa_tokens: 7, rows: 7, aux_states: 7, sessions: 7 };
+        let mut h = skv_held { full_tokens: 7, swa_tokens: 7, rows: 7, aux_states: 7, sessions: 7, aux_handles: 7 };
         let ptr = if passed.is_empty() { std::ptr::null() } else { passed.as_ptr() };
         let st = unsafe { skv_session_held(self.cache, ptr, passed.len(), &mut h) };
-        let got = [h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions];
+        let got = [h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions, h.aux_handles];
         let want = self.model.held(passed);
         if code(st) != OK || got != want {
             return Err(self.failure(&format!(
@@ -893,6 +900,25 @@ impl Sim {
                 run.req.aux_state = if old % 3 == 0 { -1 } else { self.eng().new_aux() };
                 run.swapped_aux = true;
                 self.log.push(format!("engine swaps aux {key:?} -> {}", show(&run.req)));
+                self.running.insert(key, run);
+            }
+            Op::PingPong { k } => {
+                let Some((key, mut run)) = self.pick_running(k, false) else { return Ok(()) };
+                let t = run.req.aux_track;
+                match t.iter().position(|&h| h == -1) {
+                    // The next tracked state goes to the empty entry.
+                    Some(empty) => run.req.aux_track[empty] = self.eng().new_aux(),
+                    // Both full: the engine frees the older entry itself (the lower handle).
+                    None => {
+                        let older = if t[0] < t[1] { 0 } else { 1 };
+                        self.eng().auxes.remove(&t[older]);
+                        run.req.aux_track[older] = -1;
+                    }
+                }
+                // A retry would restore the slot's entries over these: the engine re-applies
+                // them, which this driver does not model.
+                run.swapped_aux = true;
+                self.log.push(format!("engine ping-pong {key:?} -> {}", show(&run.req)));
                 self.running.insert(key, run);
             }
             Op::Finish { k, mode, aborted, again } => {
@@ -1046,7 +1072,9 @@ impl Sim {
                 (req.lock_node, req.lock_receipt) = self.eng().new_lock();
             }
             if prot & 16 != 0 {
+                // A recurrent-state request: its pool slot and its first track entry.
                 req.aux_state = self.eng().new_aux();
+                req.aux_track[(prot & 0x80 != 0) as usize] = self.eng().new_aux();
             }
         }
         let max_new = 1 + (growth >> 8) as u32 % (ps + 16);
@@ -1182,6 +1210,7 @@ impl Sim {
         (rec.cache_protected_len, rec.swa_evicted_seqlen, rec.origin_input_len) = (s.protected, s.swa, s.committed);
         (rec.lock_node, rec.lock_receipt) = s.lock;
         rec.aux_state = s.aux;
+        rec.aux_track = s.track;
         let kept = self.stale.iter().rev().find(|(kk, r)| *kk == key && r.req_pool_idx == s.row).map(|(_, r)| *r);
         let mut r = kept.filter(|_| x & 1 == 0).unwrap_or(rec);
         let xs = x as u32 >> 1;
@@ -1383,7 +1412,7 @@ impl Sim {
         let rp: *mut skv_req = if which == 9 { std::ptr::null_mut() } else { &mut req };
         let mut out = skv_match { hit: MATCH_SENTINEL.0, prefix_len: MATCH_SENTINEL.1 };
         let mut handled = HANDLED_SENTINEL;
-        let mut held = skv_held { full_tokens: 9, swa_tokens: 9, rows: 9, aux_states: 9, sessions: 9 };
+        let mut held = skv_held { full_tokens: 9, swa_tokens: 9, rows: 9, aux_states: 9, sessions: 9, aux_handles: 9 };
         let null_out = which == 10;
         // only the functions that take the pointer being NULLed
         let f = match which {

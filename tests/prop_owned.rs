@@ -359,7 +359,9 @@ impl Sim {
                         self.locks.remove(&node);
                     }
                     Eff::FreeAux(a) => {
-                        self.auxes.remove(&a);
+                        if !self.auxes.remove(&a) {
+                            return Err(self.fail(format!("free_aux({a}): not a live handle")));
+                        }
                     }
                 }
             }
@@ -903,8 +905,14 @@ impl Sim {
                 }
             }
             if self.rng.chance(30) {
-                req.aux_state = self.new_id() as i64;
-                self.auxes.insert(req.aux_state);
+                // A recurrent-state request: a pool slot, track entries that may be empty.
+                req.aux_state = if self.rng.chance(85) { self.new_id() as i64 } else { -1 };
+                for t in 0..2 {
+                    if self.rng.chance(50) {
+                        req.aux_track[t] = self.new_id() as i64;
+                    }
+                }
+                self.auxes.extend(aux_handles(&req).into_iter().filter(|&h| h != -1));
             }
         }
         let max_new = 1 + self.rng.below(ps + 16);
@@ -991,7 +999,9 @@ impl Sim {
                     let (st, _) = self.free_req(&run.req)?;
                     if st == OK {
                         self.locks.remove(&run.req.lock_node);
-                        self.auxes.remove(&run.req.aux_state);
+                        for h in aux_handles(&run.req) {
+                            self.auxes.remove(&h);
+                        }
                         self.running.remove(&key);
                     }
                     return Ok(());
@@ -1392,6 +1402,7 @@ impl Sim {
         (r.cache_protected_len, r.swa_evicted_seqlen, r.origin_input_len) = (s.protected, s.swa, s.committed);
         (r.lock_node, r.lock_receipt) = s.lock;
         r.aux_state = s.aux;
+        r.aux_track = s.track;
         r
     }
 
@@ -1411,7 +1422,9 @@ impl Sim {
                 return Err(self.fail(format!("{key:?}: neither abort nor free_req ended it")));
             }
             self.locks.remove(&run.req.lock_node);
-            self.auxes.remove(&run.req.aux_state);
+            for h in aux_handles(&run.req) {
+                self.auxes.remove(&h);
+            }
             self.running.remove(&key);
         }
         for s in 0..4 {

@@ -71,6 +71,10 @@ pub struct Args {
     /// Reuse a session prefix only in whole pages (SKV_FLAG_ALIGNED_REUSE)
     #[arg(long)]
     pub aligned_reuse: bool,
+    /// Give every request recurrent-state handles from a fake pool (sglang's mamba pool slot
+    /// in aux_state, ping-pong track entries in aux_track); each must come back exactly once
+    #[arg(long)]
+    pub mamba: bool,
     /// Run skv_cache_check every N finished turns (0: only at the end)
     #[arg(long, default_value_t = 500)]
     pub check_every: u64,

@@ -17,6 +17,9 @@ use crate::ffi::{Cache, SHARED_NODE};
 use crate::workload::{Rng, TurnPlan};
 
 mod audit;
+mod mamba;
+
+use mamba::{handles_of, real, Track};
 
 /// Why a run stopped early: an unexpected status, a wrong answer, or an audit violation.
 pub type Fault = String;
@@ -62,6 +65,13 @@ pub struct Metrics {
     pub total_pages: u64,
     pub leaked_pages: u64,
     pub leaked_rows: u64,
+    /// Recurrent-state handles (`--mamba`): handed out, and handed back by libskv's
+    /// `free_aux` or by the engine itself (replaced track entries); left live at the end.
+    pub mamba_allocated: u64,
+    pub mamba_freed_by_libskv: u64,
+    pub mamba_freed_by_engine: u64,
+    pub mamba_leaked: u64,
+    pub peak_held_aux_handles: u64,
     pub elapsed: Duration,
 }
 
@@ -75,12 +85,34 @@ struct Branch {
     kv_len: u32,
     protected: u32,
     idle_since: u64,
+    /// The slot's recurrent-state handles (free order) and its ping-pong state.
+    handles: [i64; 3],
+    track: Track,
+    /// When the slot was created: a session's release frees its slots oldest first.
+    slot_seq: u64,
+}
+
+impl Branch {
+    fn new(id: u64, history: u32) -> Branch {
+        Branch {
+            id,
+            history,
+            has_slot: false,
+            kv_len: 0,
+            protected: 0,
+            idle_since: 0,
+            handles: [-1; 3],
+            track: Track::default(),
+            slot_seq: 0,
+        }
+    }
 }
 
 struct Turn {
     branch: usize,
     req: skv_req,
     plan: TurnPlan,
+    track: Track,
 }
 
 struct Session {
@@ -105,6 +137,7 @@ pub struct Engine<'a> {
     shared: Vec<i32>,
     next_audit: u64,
     receipts: u64,
+    slots_created: u64,
     pub m: Metrics,
     bar: ProgressBar,
 }
@@ -150,6 +183,7 @@ impl<'a> Engine<'a> {
             shared: Vec::new(),
             next_audit: if check_every == 0 { u64::MAX } else { check_every },
             receipts: 0,
+            slots_created: 0,
             m: Metrics { total_pages: cfg.total_pages, ..Metrics::default() },
             bar,
         })
@@ -209,14 +243,7 @@ impl<'a> Engine<'a> {
                 turns_left: a.turns,
                 swa,
                 shared,
-                branches: vec![Branch {
-                    id: 0,
-                    history: if shared { self.cfg.shared_tokens } else { 0 },
-                    has_slot: false,
-                    kv_len: 0,
-                    protected: 0,
-                    idle_since: 0,
-                }],
+                branches: vec![Branch::new(0, if shared { self.cfg.shared_tokens } else { 0 })],
                 busy: None,
                 turn: None,
             });
@@ -270,7 +297,9 @@ impl<'a> Engine<'a> {
         let Some((_, i, b)) = victim else { return Ok(false) };
         let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
         let before = self.free_pages()?;
-        expect_ok(&format!("skv_release_branch(session {sid}, branch {bid})"), self.cache.release_branch(sid, bid))?;
+        let what = format!("skv_release_branch(session {sid}, branch {bid})");
+        expect_ok(&what, self.cache.release_branch(sid, bid))?;
+        self.expect_handed_back(&what, real(self.open[i].branches[b].handles))?;
         self.m.freed_evict += self.free_pages()? - before;
         self.open[i].branches[b].has_slot = false;
         self.m.evictions += 1;
@@ -303,14 +332,7 @@ impl<'a> Engine<'a> {
             // prefilled from scratch.
             let from = self.rng.below(n);
             let history = self.open[i].branches[from].history;
-            self.open[i].branches.push(Branch {
-                id: n as u64,
-                history,
-                has_slot: false,
-                kv_len: 0,
-                protected: 0,
-                idle_since: 0,
-            });
+            self.open[i].branches.push(Branch::new(n as u64, history));
             self.m.branches += 1;
             return n;
         }
@@ -349,6 +371,12 @@ impl<'a> Engine<'a> {
                 out.hit, out.prefix_len, req.kv_allocated_len, want_hit as u32
             ));
         }
+        let slot_handles = self.open[i].branches[b].handles;
+        let released = self.open[i].branches[b].has_slot && !hit;
+        self.expect_handed_back(&what, real(slot_handles).filter(|_| released))?;
+        if hit && handles_of(req) != slot_handles {
+            return Err(format!("{what}: restored handles {:?}, the slot holds {slot_handles:?}", handles_of(req)));
+        }
         let br = &mut self.open[i].branches[b];
         if br.has_slot && !hit {
             br.has_slot = false;
@@ -372,6 +400,7 @@ impl<'a> Engine<'a> {
         self.running += 1;
 
         let hit = self.do_match(i, b, &mut req, key_len)?;
+        let mut track = self.open[i].branches[b].track;
         if hit {
             self.m.hits += 1
         } else {
@@ -379,8 +408,9 @@ impl<'a> Engine<'a> {
         }
         if !hit {
             if !self.with_memory("skv_alloc_row", &mut req, |c, r| c.alloc_row(r))? {
-                return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
+                return self.preempt(i, Turn { branch: b, req, plan, track }).map(|_| false);
             }
+            track = self.mamba_first_turn(&mut req);
             if self.open[i].shared {
                 expect_ok("skv_map_prefix", self.cache.map_prefix(&mut req, &self.shared))?;
                 self.receipts += 1;
@@ -390,7 +420,7 @@ impl<'a> Engine<'a> {
             }
         }
         if !self.prefill(i, &mut req, origin)? {
-            return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
+            return self.preempt(i, Turn { branch: b, req, plan, track }).map(|_| false);
         }
         if plan.retry {
             // Rejected this cycle after its prefill was allocated; the next cycle's match
@@ -401,14 +431,14 @@ impl<'a> Engine<'a> {
                 return Err(format!("retried match of session {}: hit {} then {}", self.open[i].id, hit, again));
             }
             if !self.prefill(i, &mut req, origin)? {
-                return self.preempt(i, Turn { branch: b, req, plan }).map(|_| false);
+                return self.preempt(i, Turn { branch: b, req, plan, track }).map(|_| false);
             }
         }
         let n = origin - req.kv_committed_len;
         expect_ok("skv_commit(prefill)", self.cache.commit(&mut req, n))?;
         self.m.prefilled += n as u64;
         self.advance_swa(i, &mut req);
-        self.open[i].turn = Some(Turn { branch: b, req, plan });
+        self.open[i].turn = Some(Turn { branch: b, req, plan, track });
         Ok(true)
     }
 
@@ -484,6 +514,7 @@ impl<'a> Engine<'a> {
         self.m.accepted += accepted as u64;
         self.m.generated += accepted as u64 + 1;
         self.advance_swa(i, &mut t.req);
+        self.track_step(&mut t)?;
         // The client goes away with a verify round's slots still allocated ahead.
         if t.plan.abort_at.is_some_and(|at| t.req.output_len >= at) {
             return self.finish(i, t, true);
@@ -507,7 +538,9 @@ impl<'a> Engine<'a> {
         }
         let before = self.free_pages()?;
         let what = format!("skv_cache_finished_req(session {sid}, branch {bid}, aborted {})", aborted as u32);
+        let handles = handles_of(&t.req);
         expect_ok(&what, self.cache.finished_req(sid, bid, &mut t.req, aborted))?;
+        self.expect_handed_back(&what, real(handles).filter(|_| aborted))?;
         let freed = self.free_pages()? - before;
         let want_output = if aborted { output } else { output.min(t.plan.finish_at) };
         if t.req.req_pool_idx != -1 || t.req.kv_allocated_len != 0 || t.req.output_len != want_output {
@@ -525,7 +558,10 @@ impl<'a> Engine<'a> {
         } else {
             if !br.has_slot {
                 br.protected = protected; // a new slot keeps its first turn's tree prefix
+                self.slots_created += 1;
+                br.slot_seq = self.slots_created;
             }
+            (br.handles, br.track) = (handles, t.track);
             br.has_slot = true;
             br.history = target;
             br.kv_len = kv_len;
@@ -554,10 +590,10 @@ impl<'a> Engine<'a> {
             return Ok(()); // no row yet: nothing was allocated
         }
         let before = self.free_pages()?;
-        expect_ok(
-            &format!("skv_cache_finished_req(session {sid}, branch {bid}, preempted)"),
-            self.cache.finished_req(sid, bid, &mut t.req, true),
-        )?;
+        let what = format!("skv_cache_finished_req(session {sid}, branch {bid}, preempted)");
+        let handles = handles_of(&t.req);
+        expect_ok(&what, self.cache.finished_req(sid, bid, &mut t.req, true))?;
+        self.expect_handed_back(&what, real(handles))?;
         self.m.freed_abort += self.free_pages()? - before;
         self.open[i].branches[t.branch].has_slot = false;
         Ok(())
@@ -573,8 +609,13 @@ impl<'a> Engine<'a> {
                 continue;
             }
             let sid = s.id;
+            let mut slots: Vec<&Branch> = s.branches.iter().filter(|b| b.has_slot).collect();
+            slots.sort_by_key(|b| b.slot_seq);
+            let handles: Vec<i64> = slots.iter().flat_map(|b| real(b.handles)).collect();
             let before = self.free_pages()?;
-            expect_ok(&format!("skv_release_session({sid})"), self.cache.release_session(sid))?;
+            let what = format!("skv_release_session({sid})");
+            expect_ok(&what, self.cache.release_session(sid))?;
+            self.expect_handed_back(&what, handles)?;
             self.m.freed_release += self.free_pages()? - before;
             self.m.sessions_closed += 1;
             self.open.swap_remove(i);

@@ -1,7 +1,8 @@
 //! The simulator's one door into libskv: every call goes through the exported C ABI, as
 //! an engine's would, and the session operations are timed one by one.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashSet;
 use std::ffi::{c_int, c_void};
 use std::time::Instant;
 
@@ -45,12 +46,62 @@ pub struct Locks {
     pub wrong_node: Cell<u64>,
 }
 
+/// The engine's recurrent-state pool (`--mamba`; sglang's mamba pool): every handle it
+/// hands out must come back exactly once, from libskv's `free_aux` or from the engine itself
+/// (a ping-pong track entry it replaced), and never as the empty sentinel -1.
+#[derive(Default)]
+pub struct Handles {
+    next: Cell<i64>,
+    live: RefCell<HashSet<i64>>,
+    pub allocated: Cell<u64>,
+    pub freed_by_libskv: Cell<u64>,
+    pub freed_by_engine: Cell<u64>,
+    /// What `free_aux` received since the engine last looked, in order.
+    handed_back: RefCell<Vec<i64>>,
+    /// `free_aux` calls with -1 or with a handle not live (never handed out, or freed before).
+    pub bad: RefCell<Vec<i64>>,
+}
+
+impl Handles {
+    pub fn alloc(&self) -> i64 {
+        let h = self.next.get();
+        self.next.set(h + 1);
+        self.live.borrow_mut().insert(h);
+        self.allocated.set(self.allocated.get() + 1);
+        h
+    }
+
+    /// The engine lets a handle go itself; false when it was not live.
+    pub fn engine_free(&self, h: i64) -> bool {
+        let ok = self.live.borrow_mut().remove(&h);
+        if ok {
+            self.freed_by_engine.set(self.freed_by_engine.get() + 1);
+        }
+        ok
+    }
+
+    pub fn take_handed_back(&self) -> Vec<i64> {
+        std::mem::take(&mut *self.handed_back.borrow_mut())
+    }
+
+    pub fn live(&self) -> usize {
+        self.live.borrow().len()
+    }
+}
+
+/// The engine hooks' state, their `user_data`.
+#[derive(Default)]
+pub struct Hooks {
+    pub locks: Locks,
+    pub handles: Handles,
+}
+
 /// The prefix-tree node of the shared system prompt.
 pub const SHARED_NODE: u64 = 7;
 
 extern "C" fn dec_lock_ref(user_data: *mut c_void, node: u64, receipt: u64) -> c_int {
-    // SAFETY: user_data is the `Locks` that `Cache` owns and outlives the handle.
-    let locks = unsafe { &*(user_data as *const Locks) };
+    // SAFETY: user_data is the `Hooks` that `Cache` owns and outlives the handle.
+    let locks = unsafe { &(*(user_data as *const Hooks)).locks };
     locks.returned.set(locks.returned.get() + 1);
     locks.receipt_sum.set(locks.receipt_sum.get().wrapping_add(receipt));
     if node != SHARED_NODE {
@@ -59,10 +110,22 @@ extern "C" fn dec_lock_ref(user_data: *mut c_void, node: u64, receipt: u64) -> c
     0
 }
 
+extern "C" fn free_aux(user_data: *mut c_void, aux: i64) -> c_int {
+    // SAFETY: as in `dec_lock_ref`.
+    let h = unsafe { &(*(user_data as *const Hooks)).handles };
+    h.handed_back.borrow_mut().push(aux);
+    if aux != -1 && h.live.borrow_mut().remove(&aux) {
+        h.freed_by_libskv.set(h.freed_by_libskv.get() + 1);
+    } else {
+        h.bad.borrow_mut().push(aux);
+    }
+    0
+}
+
 /// An owned-mode cache handle plus the per-operation latency samples (nanoseconds).
 pub struct Cache {
     ptr: *mut skv_cache,
-    pub locks: Box<Locks>,
+    pub hooks: Box<Hooks>,
     pub samples: Vec<Vec<u32>>,
     /// Requests served by batch calls (each batch call is one sample).
     pub batched_requests: u64,
@@ -70,13 +133,13 @@ pub struct Cache {
 
 impl Drop for Cache {
     fn drop(&mut self) {
-        // SAFETY: ptr came from skv_cache_new and is freed once, before `locks` drops.
+        // SAFETY: ptr came from skv_cache_new and is freed once, before `hooks` drops.
         unsafe { skv::skv_cache_free(self.ptr) };
     }
 }
 
 impl Cache {
-    /// An owned-pool cache with the lock hook installed; the error carries libskv's message.
+    /// An owned-pool cache with both hooks installed; the error carries libskv's message.
     pub fn new(cfg: &skv_cache_config) -> Result<Cache, (skv_status, String)> {
         let mut ptr = std::ptr::null_mut();
         // SAFETY: cfg and the out-pointer are valid for the call.
@@ -84,14 +147,14 @@ impl Cache {
         if s != SKV_OK {
             return Err((s, skv::last_error_message()));
         }
-        let cache = Cache { ptr, locks: Box::default(), samples: vec![Vec::new(); OPS.len()], batched_requests: 0 };
+        let cache = Cache { ptr, hooks: Box::default(), samples: vec![Vec::new(); OPS.len()], batched_requests: 0 };
         let hooks = skv_engine_hooks {
             struct_size: size_of::<skv_engine_hooks>() as u32,
             dec_lock_ref: Some(dec_lock_ref),
-            free_aux: None,
+            free_aux: Some(free_aux),
         };
-        let user_data = &*cache.locks as *const Locks as *mut c_void;
-        // SAFETY: the handle is live; `locks` is boxed, so its address outlives the handle.
+        let user_data = &*cache.hooks as *const Hooks as *mut c_void;
+        // SAFETY: the handle is live; `hooks` is boxed, so its address outlives the handle.
         let s = unsafe { skv::skv_cache_set_hooks(cache.ptr, &hooks, user_data) };
         if s != SKV_OK {
             return Err((s, skv::last_error_message()));

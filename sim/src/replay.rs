@@ -187,6 +187,15 @@ fn int(v: &Value) -> Option<i128> {
     v.as_i64().map(i128::from).or_else(|| v.as_u64().map(i128::from))
 }
 
+/// A req's `aux_track` pair; a trace older than the field records none (both empty).
+fn track(v: &Value) -> Option<[i64; 2]> {
+    match v {
+        Value::Null => Some([-1, -1]),
+        Value::Array(a) if a.len() == 2 => Some([a[0].as_i64()?, a[1].as_i64()?]),
+        _ => None,
+    }
+}
+
 impl Call<'_> {
     fn f(&self) -> &str {
         self.v["fn"].as_str().unwrap_or("?")
@@ -237,6 +246,8 @@ impl Call<'_> {
         q.lock_node = field("lock_node")? as u64;
         q.lock_receipt = field("lock_receipt")? as u64;
         q.aux_state = field("aux_state")? as i64;
+        q.aux_track =
+            track(&r["aux_track"]).ok_or_else(|| cannot(self.line, format!("{k}.aux_track: not two numbers")))?;
         Ok(Some(q))
     }
 
@@ -272,6 +283,7 @@ impl Call<'_> {
 
     fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Fault> {
         let (Some(want), Some(got)) = (self.v.get(k), got) else { return Ok(()) };
+        let got_track = got.aux_track;
         let got = [
             got.req_pool_idx as i128,
             got.row_generation as i128,
@@ -290,6 +302,9 @@ impl Call<'_> {
             if int(&want[name]) != Some(g) {
                 return Err(self.differs(format!("{k}.{name} = {g}, recorded {}", want[name])));
             }
+        }
+        if track(&want["aux_track"]) != Some(got_track) {
+            return Err(self.differs(format!("{k}.aux_track = {got_track:?}, recorded {}", want["aux_track"])));
         }
         Ok(())
     }
@@ -410,9 +425,13 @@ impl Call<'_> {
                     let hp = if self.is_null("out") { null_mut() } else { &mut h as *mut skv_held };
                     if self.check_status(skv_session_held(c, p, n, hp))? {
                         let out = &self.v["out"];
-                        let got = [h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions];
-                        let names = ["full_tokens", "swa_tokens", "rows", "aux_states", "sessions"];
+                        let got = [h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions, h.aux_handles];
+                        let names = ["full_tokens", "swa_tokens", "rows", "aux_states", "sessions", "aux_handles"];
                         for (name, g) in names.iter().zip(got) {
+                            // A trace older than aux_handles does not record it.
+                            if out.get(name).is_none() && *name == "aux_handles" {
+                                continue;
+                            }
                             if int(&out[name]) != Some(g.into()) {
                                 return Err(self.differs(format!("out.{name} = {g}, recorded {}", out[name])));
                             }

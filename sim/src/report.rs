@@ -114,6 +114,19 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
             m.peak_held_tokens, m.peak_held_swa_tokens, m.peak_held_rows
         ),
     );
+    if a.mamba {
+        row(
+            "mamba handles",
+            format!(
+                "{:>10}   allocated; freed by libskv {}, by the engine {}; leaked {}; idle-held peak {}",
+                m.mamba_allocated,
+                m.mamba_freed_by_libskv,
+                m.mamba_freed_by_engine,
+                m.mamba_leaked,
+                m.peak_held_aux_handles
+            ),
+        );
+    }
     row("calls", format!("{:>10}   in {:.3} s = {:.0} calls/s", calls, m.elapsed.as_secs_f64(), rate));
     let ops = request_ops(m, lat);
     row(
@@ -175,6 +188,11 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
         ("locks_returned", m.locks_returned),
         ("leaked_pages", m.leaked_pages),
         ("leaked_rows", m.leaked_rows),
+        ("mamba_allocated", m.mamba_allocated),
+        ("mamba_freed_by_libskv", m.mamba_freed_by_libskv),
+        ("mamba_freed_by_engine", m.mamba_freed_by_engine),
+        ("mamba_leaked", m.mamba_leaked),
+        ("peak_held_aux_handles", m.peak_held_aux_handles),
         ("calls", calls as u64),
     ]
     .into_iter()

@@ -43,6 +43,7 @@ fn record(path: &Path) -> String {
         "10",
         "--pool-tokens",
         "8192",
+        "--mamba",
     ];
     let out = sim().args(args).env("SKV_TRACE", path).output().expect("skv-sim runs");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));

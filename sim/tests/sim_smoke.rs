@@ -123,6 +123,28 @@ fn aligned_reuse_releases_short_sessions() {
 }
 
 #[test]
+fn mamba_handles_come_back_exactly_once() {
+    // Every request holds a pool slot and ping-pong track entries; under memory pressure and
+    // aligned reuse every path that frees them runs (finish, abort, preempt, evict, release).
+    for extra in [
+        &[][..],
+        &["--pool-tokens", "1024", "--page-size", "8", "--branch-rate", "0.3"],
+        &["--aligned-reuse", "--prompt-min", "1", "--prompt-max", "8", "--shared-prefix-pages", "0"],
+    ] {
+        let args: Vec<&str> = ["--mamba"].iter().chain(extra).copied().collect();
+        let j = run_json(&args);
+        assert_eq!(field(&j, "ok"), "true", "{args:?}: {j}");
+        let (allocated, by_libskv, by_engine) =
+            (num(&j, "mamba_allocated"), num(&j, "mamba_freed_by_libskv"), num(&j, "mamba_freed_by_engine"));
+        assert!(by_libskv > 0 && by_engine > 0, "both libskv and the ping-pong step freed handles: {args:?} {j}");
+        assert_eq!(allocated, by_libskv + by_engine, "{args:?}: {j}");
+        assert_eq!(num(&j, "mamba_leaked") + num(&j, "audit_violations") + num(&j, "leaked_pages"), 0, "{j}");
+    }
+    let plain = run_json(&[]);
+    assert_eq!(num(&plain, "mamba_allocated") + num(&plain, "peak_held_aux_handles"), 0, "{plain}");
+}
+
+#[test]
 fn page_size_one_and_no_drafts() {
     let j = run_json(&["--page-size", "1", "--draft-len", "0", "--shared-prefix-pages", "0"]);
     assert_eq!(num(&j, "drafted"), 0);

@@ -71,10 +71,11 @@ pub type skv_free_row_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, r
 pub type skv_dec_lock_ref_fn =
     Option<unsafe extern "C" fn(user_data: *mut c_void, lock_node: u64, lock_receipt: u64) -> c_int>;
 
-/// skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees engine auxiliary state
-/// `aux_state` (a req's aux_state, never -1). `user_data` is the pointer given with the ops or
-/// hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call completes).
-pub type skv_free_aux_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, aux_state: i64) -> c_int>;
+/// skv_pool_ops.free_aux and skv_engine_hooks.free_aux: frees one engine auxiliary-state
+/// handle `aux` (a req's aux_state or one of its aux_track entries, never -1). `user_data` is
+/// the pointer given with the ops or hooks. Returns 0, or non-zero for SKV_ERR_CALLBACK (the
+/// call completes).
+pub type skv_free_aux_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, aux: i64) -> c_int>;
 
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
@@ -96,7 +97,9 @@ pub struct skv_pool_ops {
     pub free_row: skv_free_row_fn,
     /// Drop the prefix-tree lock a session inherited from its first request; may be NULL.
     pub dec_lock_ref: skv_dec_lock_ref_fn,
-    /// Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
+    /// Free one engine auxiliary-state handle (e.g. a mamba pool slot); may be NULL. A release
+    /// calls it once per handle that is not -1: `aux_state`, then `aux_track[0]`, then
+    /// `aux_track[1]` (docs/recurrent-state.md).
     pub free_aux: skv_free_aux_fn,
 }
 

@@ -526,7 +526,8 @@ pub struct skv_engine_hooks {
     pub struct_size: u32,
     /// Drop the prefix-tree lock a session inherited from its first request.
     pub dec_lock_ref: skv_dec_lock_ref_fn,
-    /// Free engine auxiliary state.
+    /// Free one engine auxiliary-state handle: once per handle that is not -1, in the order
+    /// `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
     pub free_aux: skv_free_aux_fn,
 }
 

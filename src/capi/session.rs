@@ -34,8 +34,14 @@ pub struct skv_req {
     pub lock_node: u64,
     /// Opaque value handed back to dec_lock_ref.
     pub lock_receipt: u64,
-    /// Engine auxiliary state handed back to free_aux, -1 = none.
+    /// Engine auxiliary state handed back to free_aux, -1 = none (sglang: the request's mamba
+    /// pool slot, mamba_pool_idx).
     pub aux_state: i64,
+    /// Two more recurrent-state handles (sglang: the ping-pong track buffer,
+    /// mamba_ping_pong_track_buffer), each -1 when empty. Kept, restored and freed like
+    /// aux_state, each on its own: a release calls free_aux for `aux_state`, then
+    /// `aux_track[0]`, then `aux_track[1]`, skipping -1 (docs/recurrent-state.md).
+    pub aux_track: [i64; 2],
 }
 
 impl From<&skv_req> for Req {
@@ -53,6 +59,7 @@ impl From<&skv_req> for Req {
             lock_node: r.lock_node,
             lock_receipt: r.lock_receipt,
             aux: r.aux_state,
+            track: r.aux_track,
         }
     }
 }
@@ -72,6 +79,7 @@ impl From<Req> for skv_req {
             lock_node: r.lock_node,
             lock_receipt: r.lock_receipt,
             aux_state: r.aux,
+            aux_track: r.track,
         }
     }
 }
@@ -106,6 +114,10 @@ pub struct skv_held {
     pub aux_states: u64,
     /// (session, branch) slots, idle or not.
     pub sessions: u64,
+    /// Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
+    /// not -1 (sglang's session_held_mamba_slots; docs/recurrent-state.md). The last field:
+    /// the ones before it keep their offsets.
+    pub aux_handles: u64,
 }
 
 impl From<Held> for skv_held {
@@ -116,6 +128,7 @@ impl From<Held> for skv_held {
             rows: h.rows,
             aux_states: h.aux_states,
             sessions: h.sessions,
+            aux_handles: h.aux_handles,
         }
     }
 }
@@ -136,6 +149,7 @@ pub(crate) fn store(req: &mut skv_req, r: Req) {
     req.lock_node = r.lock_node;
     req.lock_receipt = r.lock_receipt;
     req.aux_state = r.aux_state;
+    req.aux_track = r.aux_track;
 }
 
 /// Runs a core operation on a copy of `*req`, writing it back when the call completes
@@ -171,7 +185,7 @@ impl Default for skv_req {
 }
 
 /// Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
-/// aux -1.
+/// aux_state -1, both aux_track entries -1.
 ///
 /// The caller must pass req as NULL or valid.
 #[no_mangle]
@@ -233,7 +247,7 @@ pub unsafe extern "C" fn skv_match_prefix(
 /// (aborted != 0) releases everything the session held. The req ends holding nothing. A later
 /// turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
 /// is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
-/// req's aux_state; of an idle slot, the slot's own record.
+/// req's aux_state and aux_track; of an idle slot, the slot's own record.
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]

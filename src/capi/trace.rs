@@ -136,7 +136,7 @@ impl Line {
                     self.0,
                     ",\"{name}\":{{\"req_pool_idx\":{},\"row_generation\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
                      \"cache_protected_len\":{},\"swa_evicted_seqlen\":{},\"origin_input_len\":{},\
-                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{}}}",
+                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{},\"aux_track\":[{},{}]}}",
                     r.req_pool_idx,
                     r.row_generation,
                     r.kv_committed_len,
@@ -148,7 +148,9 @@ impl Line {
                     r.finished_len,
                     r.lock_node,
                     r.lock_receipt,
-                    r.aux_state
+                    r.aux_state,
+                    r.aux_track[0],
+                    r.aux_track[1]
                 );
             }
         }
@@ -190,8 +192,8 @@ impl Line {
         if let Some(h) = unsafe { h.as_ref() } {
             let _ = write!(
                 self.0,
-                ",\"{name}\":{{\"full_tokens\":{},\"swa_tokens\":{},\"rows\":{},\"aux_states\":{},\"sessions\":{}}}",
-                h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions
+                ",\"{name}\":{{\"full_tokens\":{},\"swa_tokens\":{},\"rows\":{},\"aux_states\":{},\"sessions\":{},\"aux_handles\":{}}}",
+                h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions, h.aux_handles
             );
         }
         self

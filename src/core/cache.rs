@@ -146,7 +146,8 @@ pub(crate) fn free_aligned_effect(ps: u32, row: u32, target: u32, end: u32) -> O
     Some(Effect::FreeKv { row, keep: target, start, end })
 }
 
-/// The effects of releasing a slot, in release order.
+/// The effects of releasing a slot, in release order: the recurrent-state handles go last,
+/// the pool slot before the track entries, as sglang's `_free_slot_mamba` frees them.
 pub(crate) fn push_release(effects: &mut Vec<Effect>, row: u32, s: &Slot) {
     if s.lock_node != 0 {
         effects.push(Effect::DecLockRef { node: s.lock_node, receipt: s.lock_receipt });
@@ -155,7 +156,5 @@ pub(crate) fn push_release(effects: &mut Vec<Effect>, row: u32, s: &Slot) {
         effects.push(Effect::FreeKv { row, keep: s.protected, start: s.protected, end: s.allocated });
     }
     effects.push(Effect::FreeRow { row });
-    if s.aux != -1 {
-        effects.push(Effect::FreeAux { aux: s.aux });
-    }
+    effects.extend(s.aux_handles().into_iter().filter(|&aux| aux != -1).map(|aux| Effect::FreeAux { aux }));
 }

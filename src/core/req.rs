@@ -66,7 +66,11 @@ pub struct Req {
     pub finished_len: i32,
     pub lock_node: u64,
     pub lock_receipt: u64,
+    /// The recurrent-state pool slot (sglang's `mamba_pool_idx`), -1 = none.
     pub aux: i64,
+    /// The ping-pong track entries (sglang's `mamba_ping_pong_track_buffer`), each -1 when
+    /// empty; freed independently of `aux` and of each other.
+    pub track: [i64; 2],
 }
 
 impl Default for Req {
@@ -84,11 +88,18 @@ impl Default for Req {
             lock_node: 0,
             lock_receipt: 0,
             aux: -1,
+            track: [-1; 2],
         }
     }
 }
 
 impl Req {
+    /// The recurrent-state handles in the order they are freed (`aux`, then the track
+    /// entries by position); `-1` marks an empty one.
+    pub fn aux_handles(&self) -> [i64; 3] {
+        [self.aux, self.track[0], self.track[1]]
+    }
+
     /// The row this request holds, if any.
     pub fn row(&self) -> Option<u32> {
         u32::try_from(self.row).ok()

@@ -24,6 +24,8 @@ pub struct Held {
     pub rows: u64,
     pub aux_states: u64,
     pub sessions: u64,
+    /// Recurrent-state handles (`aux` and each track entry) that are not -1.
+    pub aux_handles: u64,
 }
 
 const MISS: Match = Match { hit: false, prefix_len: 0 };
@@ -165,6 +167,7 @@ impl Cache {
             lock_node: slot.lock_node,
             lock_receipt: slot.lock_receipt,
             aux: slot.aux,
+            track: slot.track,
             ..*req
         }
     }
@@ -205,7 +208,8 @@ impl Cache {
             c.apply_trim(req, trim_target, finished_len);
             let saved = match c.slots.of_row_mut(row) {
                 Some(s) => {
-                    (s.committed, s.allocated, s.swa, s.aux) = (req.committed, req.allocated, req.swa, req.aux);
+                    (s.committed, s.allocated, s.swa, s.aux, s.track) =
+                        (req.committed, req.allocated, req.swa, req.aux, req.track);
                     s
                 }
                 None => {
@@ -237,10 +241,13 @@ impl Cache {
                         req.row
                     );
                 }
-                // The running request's state counts (its extension, its aux); an idle slot's
-                // req is a stale copy, and the slot's own record is what it holds.
+                // The running request's state counts (its extension, its recurrent-state
+                // handles); an idle slot's req is a stale copy, and the slot's own record is
+                // what it holds.
                 let doomed = match slot.in_flight {
-                    true => Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, ..slot },
+                    true => {
+                        Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, track: req.track, ..slot }
+                    }
                     false => slot,
                 };
                 (row, doomed)
@@ -326,6 +333,7 @@ impl Cache {
             h.swa_tokens += end - s.protected.max(s.swa) as u64;
             h.rows += 1;
             h.aux_states += (s.aux != -1) as u64;
+            h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
         }
         h
     }
@@ -421,6 +429,7 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         lock_node: r.lock_node,
         lock_receipt: r.lock_receipt,
         aux: r.aux,
+        track: r.track,
         in_flight: false,
     }
 }

@@ -25,6 +25,8 @@ pub struct Slot {
     pub lock_node: u64,
     pub lock_receipt: u64,
     pub aux: i64,
+    /// The ping-pong track entries, -1 when empty (see `Req::track`).
+    pub track: [i64; 2],
     /// Restored by a `match_prefix` hit and not yet finished: its KV is being read by a
     /// running request, so releasing it would free pages under that request.
     pub in_flight: bool,
@@ -35,6 +37,13 @@ pub struct Slots {
     by_row: Vec<Option<Slot>>,
     sessions: HashMap<u64, SmallVec<[u32; 2]>, RandomState>,
     len: usize,
+}
+
+impl Slot {
+    /// The recurrent-state handles in free order, as `Req::aux_handles`.
+    pub fn aux_handles(&self) -> [i64; 3] {
+        [self.aux, self.track[0], self.track[1]]
+    }
 }
 
 impl Slots {
@@ -132,6 +141,7 @@ mod tests {
             lock_node: 0,
             lock_receipt: 0,
             aux: -1,
+            track: [-1; 2],
             in_flight: false,
         }
     }

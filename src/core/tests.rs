@@ -272,13 +272,97 @@ fn protected_prefix_is_never_freed() {
 fn session_held_skips_active_rows() {
     let mut c = external(4, 128, false);
     let mut a = Req { origin_input_len: 9, protected: 4, swa: 8, aux: 1, ..req(0, 9, 9) };
-    let mut b = Req { origin_input_len: 4, ..req(1, 4, 4) };
+    let mut b = Req { origin_input_len: 4, track: [-1, 7], ..req(1, 4, 4) };
     c.cache_finished_req(1, 0, &mut a, false).unwrap();
     c.cache_finished_req(2, 0, &mut b, false).unwrap();
     let all = c.session_held(&[]);
-    assert_eq!(all, Held { full_tokens: 8 + 4, swa_tokens: 4 + 4, rows: 2, aux_states: 1, sessions: 2 });
+    let held = Held { full_tokens: 8 + 4, swa_tokens: 4 + 4, rows: 2, aux_states: 1, sessions: 2, aux_handles: 2 };
+    assert_eq!(all, held, "b's track entry counts; its empty entry and its -1 aux_state do not");
     let some = c.session_held(&[1, 1, 7]);
-    assert_eq!(some, Held { full_tokens: 8, swa_tokens: 4, rows: 1, aux_states: 1, sessions: 2 });
+    assert_eq!(some, Held { full_tokens: 8, swa_tokens: 4, rows: 1, aux_states: 1, sessions: 2, aux_handles: 1 });
+}
+
+// ---- recurrent-state handles ----
+
+/// A turn holding a pool slot and both track entries.
+fn mamba_turn(row: i32, aux: i64, track: [i64; 2]) -> Req {
+    Req { origin_input_len: 8, aux, track, ..req(row, 8, 8) }
+}
+
+#[test]
+fn recurrent_handles_are_kept_restored_and_freed_in_order() {
+    let mut c = external(4, 128, false);
+    let mut r = mamba_turn(0, 10, [11, 12]);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    assert_eq!((r.aux, r.track), (-1, [-1, -1]), "a finished req holds nothing");
+    assert_eq!(log(&mut c), Vec::<String>::new(), "a finish frees no handle");
+    let mut next = Req { origin_input_len: 12, ..Req::default() };
+    c.match_prefix(1, 0, &mut next, 8, false).unwrap();
+    assert_eq!((next.aux, next.track), (10, [11, 12]));
+    // The engine's ping-pong step frees entry 0 itself and leaves it empty.
+    next.track = [-1, 12];
+    c.cache_finished_req(1, 0, &mut next, false).unwrap();
+    assert_eq!(c.session_held(&[]).aux_handles, 2);
+    c.release_session(1).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 12"], "the sentinel is skipped");
+}
+
+#[test]
+fn recurrent_handles_without_a_pool_slot_are_still_freed() {
+    let mut c = external(1, 64, false);
+    let mut r = mamba_turn(3, -1, [-1, 21]);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    c.release_branch(1, 0).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 192..200", "free_row 3", "free_aux 21"]);
+}
+
+#[test]
+fn an_in_flight_abort_frees_the_reqs_handles() {
+    let mut c = external(4, 128, false);
+    let mut r = mamba_turn(0, 10, [11, -1]);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut next = Req { origin_input_len: 12, ..Req::default() };
+    c.match_prefix(1, 0, &mut next, 8, false).unwrap();
+    // Replaced mid-turn: 11 became the engine's to free, 13 and 14 are the running request's.
+    next.track = [13, 14];
+    c.cache_finished_req(1, 0, &mut next, true).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 13", "free_aux 14"]);
+    assert_eq!((next.aux, next.track), (-1, [-1, -1]));
+    assert!(c.slots().is_empty());
+}
+
+#[test]
+fn an_idle_abort_frees_the_slots_handles() {
+    let mut c = external(4, 128, false);
+    let mut r = mamba_turn(0, 10, [11, 12]);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut stale = Req { row: 0, track: [99, 98], ..Req::default() };
+    c.cache_finished_req(1, 0, &mut stale, true).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 11", "free_aux 12"]);
+}
+
+#[test]
+fn an_aligned_reuse_miss_frees_the_slots_handles() {
+    let mut c = external(4, 128, true);
+    let mut r = mamba_turn(0, 10, [-1, 12]);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut next = Req { track: [7, 7], ..Req::default() };
+    let m = c.match_prefix(1, 0, &mut next, 3, false).unwrap();
+    assert!(!m.hit, "3 tokens make no whole page");
+    assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 12"]);
+    assert_eq!(next.track, [7, 7], "a miss leaves the req's own handles alone");
+}
+
+#[test]
+fn a_retried_match_restores_the_slots_handles() {
+    let mut c = external(4, 128, false);
+    let mut r = mamba_turn(0, 10, [11, 12]);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut next = Req { origin_input_len: 12, ..Req::default() };
+    c.match_prefix(1, 0, &mut next, 8, false).unwrap();
+    next.track = [11, 15];
+    c.match_prefix(1, 0, &mut next, 8, false).unwrap();
+    assert_eq!(next.track, [11, 12], "the slot's value comes back over a replacement");
 }
 
 // ---- owned mode ----

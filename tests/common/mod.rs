@@ -40,18 +40,18 @@ pub fn last_error() -> String {
 
 /// A `skv_req` as `skv_req_init` leaves it, checked field by field.
 pub fn fresh_req() -> skv_req {
-    let mut r = req_from([7; 11]);
+    let mut r = req_from([7; 13]);
     // SAFETY: a valid, exclusive pointer.
     let st = unsafe { skv_req_init(&mut r) };
     assert_eq!(code(st), OK, "skv_req_init");
-    assert_eq!(fields(&r), [-1, 0, 0, 0, 0, 0, 0, -1, 0, 0, -1], "skv_req_init result");
+    assert_eq!(fields(&r), [-1, 0, 0, 0, 0, 0, 0, -1, 0, 0, -1, -1, -1], "skv_req_init result");
     r
 }
 
 /// Every field the reference models track, in declaration order, widened to i128 so one array
 /// holds them all. row_generation is left out: the models do not track row lifetimes (the
 /// stale-copy rule has its own tests); `req_from` leaves it 0 ("not stamped").
-pub fn fields(r: &skv_req) -> [i128; 11] {
+pub fn fields(r: &skv_req) -> [i128; 13] {
     [
         r.req_pool_idx as i128,
         r.kv_committed_len as i128,
@@ -64,10 +64,12 @@ pub fn fields(r: &skv_req) -> [i128; 11] {
         r.lock_node as i128,
         r.lock_receipt as i128,
         r.aux_state as i128,
+        r.aux_track[0] as i128,
+        r.aux_track[1] as i128,
     ]
 }
 
-pub fn req_from(f: [i128; 11]) -> skv_req {
+pub fn req_from(f: [i128; 13]) -> skv_req {
     skv_req {
         req_pool_idx: f[0] as i32,
         row_generation: 0,
@@ -81,12 +83,13 @@ pub fn req_from(f: [i128; 11]) -> skv_req {
         lock_node: f[8] as u64,
         lock_receipt: f[9] as u64,
         aux_state: f[10] as i64,
+        aux_track: [f[11] as i64, f[12] as i64],
     }
 }
 
 pub fn show(r: &skv_req) -> String {
     format!(
-        "{{row {} com {} alloc {} prot {} swa {} origin {} out {} fin {} lock {}/{} aux {}}}",
+        "{{row {} com {} alloc {} prot {} swa {} origin {} out {} fin {} lock {}/{} aux {} track {}/{}}}",
         r.req_pool_idx,
         r.kv_committed_len,
         r.kv_allocated_len,
@@ -97,7 +100,9 @@ pub fn show(r: &skv_req) -> String {
         r.finished_len,
         r.lock_node,
         r.lock_receipt,
-        r.aux_state
+        r.aux_state,
+        r.aux_track[0],
+        r.aux_track[1]
     )
 }
 
@@ -111,4 +116,9 @@ pub fn ceil_align(x: u32, ps: u32) -> u64 {
 
 pub fn floor_align(x: u32, ps: u32) -> u32 {
     x / ps * ps
+}
+
+/// The recurrent-state handles of a req in the order libskv frees them, sentinels included.
+pub fn aux_handles(r: &skv_req) -> [i64; 3] {
+    [r.aux_state, r.aux_track[0], r.aux_track[1]]
 }

@@ -22,6 +22,8 @@ pub struct Slot {
     pub swa: u32,
     pub lock: (u64, u64),
     pub aux: i64,
+    /// The ping-pong track entries, -1 when empty.
+    pub track: [i64; 2],
     pub in_flight: bool,
     pub order: u64,
 }
@@ -99,8 +101,11 @@ impl Model {
             fx.push(Eff::FreeKv(s.row, s.protected, s.allocated));
         }
         fx.push(Eff::FreeRow(s.row));
-        if s.aux != -1 {
-            fx.push(Eff::FreeAux(s.aux));
+        // The recurrent-state handles last: the pool slot, then each real track entry.
+        for h in [s.aux, s.track[0], s.track[1]] {
+            if h != -1 {
+                fx.push(Eff::FreeAux(h));
+            }
         }
     }
 
@@ -113,6 +118,7 @@ impl Model {
         r.lock_node = 0;
         r.lock_receipt = 0;
         r.aux_state = -1;
+        r.aux_track = [-1, -1];
     }
 
     // --- a session's row under the primitives ---------------------------------------------
@@ -299,6 +305,7 @@ impl Model {
         r.swa_evicted_seqlen = slot.swa;
         (r.lock_node, r.lock_receipt) = slot.lock;
         r.aux_state = slot.aux;
+        r.aux_track = slot.track;
         let mut prefix = slot.committed.min(key_len);
         if prefix < slot.protected {
             note("match: prefix below protected");
@@ -343,6 +350,7 @@ impl Model {
                         swa: req.swa_evicted_seqlen,
                         lock: (req.lock_node, req.lock_receipt),
                         aux: req.aux_state,
+                        track: req.aux_track,
                         in_flight: false,
                         order: 0,
                     };
@@ -362,9 +370,10 @@ impl Model {
                         if req.kv_allocated_len > s.allocated {
                             note("abort: req past the slot");
                         }
-                        // The running request's state: its extension and its aux.
+                        // The running request's state: its extension and its handles.
                         s.allocated = s.allocated.max(req.kv_allocated_len);
                         s.aux = req.aux_state;
+                        s.track = req.aux_track;
                     }
                     Self::release(&s, &mut fx);
                     self.slots.remove(&key);
@@ -399,6 +408,7 @@ impl Model {
                 s.allocated = req.kv_allocated_len;
                 s.swa = req.swa_evicted_seqlen;
                 s.aux = req.aux_state;
+                s.track = req.aux_track;
                 s
             }
             None => {
@@ -411,6 +421,7 @@ impl Model {
                     swa: req.swa_evicted_seqlen,
                     lock: (req.lock_node, req.lock_receipt),
                     aux: req.aux_state,
+                    track: req.aux_track,
                     in_flight: false,
                     order: self.next_order,
                 }
@@ -443,14 +454,16 @@ impl Model {
         Ok((fx, Out::None))
     }
 
-    pub fn held(&self, active: &[i32]) -> [u64; 5] {
-        let mut h = [0, 0, 0, 0, self.slots.len() as u64];
+    /// skv_held's fields in declaration order.
+    pub fn held(&self, active: &[i32]) -> [u64; 6] {
+        let mut h = [0, 0, 0, 0, self.slots.len() as u64, 0];
         for s in self.slots.values().filter(|s| !active.contains(&s.row)) {
             let end = ceil_align(s.allocated, self.ps);
             h[0] += end - s.protected as u64;
             h[1] += end - s.protected.max(s.swa) as u64;
             h[2] += 1;
             h[3] += (s.aux != -1) as u64;
+            h[5] += [s.aux, s.track[0], s.track[1]].iter().filter(|&&a| a != -1).count() as u64;
         }
         h
     }

@@ -81,7 +81,7 @@ impl Engine {
         if self.reenter_rate == 0 || self.rng.below(1000) >= self.reenter_rate {
             return;
         }
-        let mut h = skv_held { full_tokens: 0, swa_tokens: 0, rows: 0, aux_states: 0, sessions: 0 };
+        let mut h = skv_held { full_tokens: 0, swa_tokens: 0, rows: 0, aux_states: 0, sessions: 0, aux_handles: 0 };
         // SAFETY: both handles outlive every call made on them.
         unsafe {
             let st = skv_session_held(self.me, std::ptr::null(), 0, &mut h);
@@ -228,7 +228,9 @@ pub unsafe extern "C" fn dec_lock_ref(ud: *mut c_void, node: u64, receipt: u64) 
 pub unsafe extern "C" fn free_aux(ud: *mut c_void, aux: i64) -> c_int {
     let e = engine(ud);
     e.reenter();
-    if !e.aux_returned.insert(aux) {
+    if aux == -1 {
+        e.findings.push("free_aux(-1): an empty handle handed back".into());
+    } else if !e.aux_returned.insert(aux) {
         e.findings.push(format!("aux state {aux} handed back twice"));
     }
     e.events += 1;

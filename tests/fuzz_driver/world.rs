@@ -36,7 +36,7 @@ fn init_req() -> skv_req {
 }
 
 fn held0() -> skv_held {
-    skv_held { full_tokens: 0, swa_tokens: 0, rows: 0, aux_states: 0, sessions: 0 }
+    skv_held { full_tokens: 0, swa_tokens: 0, rows: 0, aux_states: 0, sessions: 0, aux_handles: 0 }
 }
 
 /// Everything a failed call must leave as it was.
@@ -492,6 +492,12 @@ impl World {
             r.aux_state = side.next_aux;
             side.next_aux += 1;
         }
+        for t in 0..2 {
+            if self.rng.chance(400) {
+                r.aux_track[t] = side.next_aux;
+                side.next_aux += 1;
+            }
+        }
     }
 
     /// Prompt and output lengths as a turn advances (engine fields libskv only reads).
@@ -621,7 +627,7 @@ impl World {
                 // Another row, as a second req on it: without this request's lock and aux
                 // state, which belong to one request only.
                 m.req_pool_idx = self.rng.below(rows as u64) as i32;
-                (m.lock_node, m.lock_receipt, m.aux_state) = (0, 0, -1);
+                (m.lock_node, m.lock_receipt, m.aux_state, m.aux_track) = (0, 0, -1, [-1, -1]);
             }
         }
         (m, true)
@@ -649,7 +655,7 @@ impl World {
             let row = r.req_pool_idx;
             if mutated && row != fr.r.req_pool_idx {
                 // Now a second req on another request's row: keep the locks exact.
-                (r.lock_node, r.lock_receipt, r.aux_state) = (0, 0, -1);
+                (r.lock_node, r.lock_receipt, r.aux_state, r.aux_track) = (0, 0, -1, [-1, -1]);
             }
             let epoch = if row >= 0 && (row as usize) < side.epoch.len() { side.epoch[row as usize] } else { 0 };
             let hit = if row >= 0 { fr.hit } else { None };
@@ -937,7 +943,7 @@ impl World {
             fr.hit = None;
             let mut r = fr.r;
             // A new request: no prefix-tree lock or aux state of an earlier one.
-            (r.lock_node, r.lock_receipt, r.aux_state) = (0, 0, -1);
+            (r.lock_node, r.lock_receipt, r.aux_state, r.aux_track) = (0, 0, -1, [-1, -1]);
             self.fresh_lock(s, &mut r);
             self.sides[s].reqs[i].r = r;
         }
@@ -1194,7 +1200,7 @@ impl World {
             // lifetime lasts); without the lock and aux state, the engine's lock accounting
             // stays exact whichever of the two finishes.
             let mut copy = fr;
-            (copy.r.lock_node, copy.r.lock_receipt, copy.r.aux_state) = (0, 0, -1);
+            (copy.r.lock_node, copy.r.lock_receipt, copy.r.aux_state, copy.r.aux_track) = (0, 0, -1, [-1, -1]);
             self.sides[s].stale.push(copy);
         }
         SKV_OK
@@ -1462,7 +1468,7 @@ fn log_len() -> usize {
 
 fn show(r: &skv_req) -> String {
     format!(
-        "{{row {} com {} alloc {} prot {} swa {} origin {} out {} fin {} lock {} aux {}}}",
+        "{{row {} com {} alloc {} prot {} swa {} origin {} out {} fin {} lock {} aux {} track {}/{}}}",
         r.req_pool_idx,
         r.kv_committed_len,
         r.kv_allocated_len,
@@ -1472,6 +1478,8 @@ fn show(r: &skv_req) -> String {
         r.output_len,
         r.finished_len,
         r.lock_node,
-        r.aux_state
+        r.aux_state,
+        r.aux_track[0],
+        r.aux_track[1]
     )
 }

@@ -1,6 +1,8 @@
 //! The engine's checks on libskv: the periodic audit, the slot counts against the engine's
-//! own mirror, and the end-of-run accounting of every page, row and prefix-tree lock.
+//! own mirror, and the end-of-run accounting of every page, row, prefix-tree lock and
+//! recurrent-state handle.
 
+use super::mamba::real;
 use super::{expect_ok, unexpected, Engine, Fault};
 use crate::ffi;
 
@@ -23,12 +25,20 @@ impl Engine<'_> {
             .iter()
             .map(|s| s.branches.iter().enumerate().filter(|&(b, br)| br.has_slot && s.busy != Some(b)).count() as u64)
             .sum::<u64>();
-        if held.sessions != slots || held.rows != idle {
+        // sglang's session_held_mamba_slots: every real handle of an idle slot.
+        let handles = self
+            .open
+            .iter()
+            .flat_map(|s| s.branches.iter().enumerate().filter(move |&(b, br)| br.has_slot && s.busy != Some(b)))
+            .map(|(_, br)| real(br.handles).count() as u64)
+            .sum::<u64>();
+        if held.sessions != slots || held.rows != idle || held.aux_handles != handles {
             return Err(format!(
-                "skv_session_held: {} slots / {} idle rows, the engine expects {slots} / {idle}",
-                held.sessions, held.rows
+                "skv_session_held: {} slots / {} idle rows / {} handles, the engine expects {slots} / {idle} / {handles}",
+                held.sessions, held.rows, held.aux_handles
             ));
         }
+        self.m.peak_held_aux_handles = self.m.peak_held_aux_handles.max(held.aux_handles);
         self.m.peak_held_tokens = self.m.peak_held_tokens.max(held.full_tokens);
         self.m.peak_held_swa_tokens = self.m.peak_held_swa_tokens.max(held.swa_tokens);
         self.m.peak_held_rows = self.m.peak_held_rows.max(held.rows);
@@ -59,7 +69,8 @@ impl Engine<'_> {
         self.m.leaked_pages = (st.total_pages - 1).saturating_sub(st.free_pages);
         self.m.leaked_rows = (st.total_rows - st.free_rows) as u64;
         self.audit()?;
-        let l = &self.cache.locks;
+        self.mamba_close_out()?;
+        let l = &self.cache.hooks.locks;
         self.m.locks_returned = l.returned.get();
         let want_sum = (1..=self.receipts).fold(0u64, |s, r| s.wrapping_add(r));
         if self.m.leaked_pages > 0 || self.m.leaked_rows > 0 {
