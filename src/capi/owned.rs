@@ -374,7 +374,9 @@ pub unsafe extern "C" fn skv_row_indices(
 
 /// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
 /// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
-/// used_pages == total_pages - 1 - free_pages.
+/// used_pages == total_pages - 1 - free_pages. External mode (the engine owns the pools):
+/// total_rows (num_rows), sessions, trimmed_tokens and tail_freed_tokens are filled;
+/// total_pages, free_pages, used_pages and free_rows are 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct skv_stats {
@@ -396,7 +398,8 @@ pub struct skv_stats {
     pub tail_freed_tokens: u64,
 }
 
-/// Reads the pool's occupancy and counters.
+/// Reads the pool's occupancy and counters. Both modes; in external mode only what libskv
+/// knows there (see skv_stats).
 ///
 /// # Safety
 /// Pointers must be NULL or valid.

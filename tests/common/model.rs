@@ -197,7 +197,7 @@ impl Model {
     }
 
     pub fn op_free_aligned(&mut self, row: i32, target: u32, end: u32) -> Res {
-        if row < 0 || row as u32 >= self.rows || end > self.max_ctx {
+        if row < 0 || row as u32 >= self.rows || end > self.max_ctx || target > end {
             return Err(INVALID);
         }
         self.guard_idle(row, "free_aligned")?;
