@@ -1713,7 +1713,7 @@ static void test_external_unsupported(void) {
     return;
   }
   /* every argument would be valid in owned mode: only the mode is wrong (UNSUPPORTED comes
-     after every other error in API.md's order) */
+     after every other error: docs/conventions.md, precedence) */
   r = req_make(0, 4, 8);
   fresh = req_make(0, 0, 0);
   for (i = 0; i < 8; i++) idx[i] = 4 + i;
@@ -1748,12 +1748,19 @@ static void test_external_unsupported(void) {
   OT_UNSUP(&fresh, skv_map_prefix(c, &fresh, idx, 4), "skv_map_prefix");
   OT_UNSUP(&r, skv_publish_prefix(c, &r, 4), "skv_publish_prefix");
   OT_UNSUP(&r, skv_row_indices(c, 0, 0, 4, out), "skv_row_indices");
-  OT_UNSUP(&r, skv_cache_stats(c, &s), "skv_cache_stats");
   OT_UNSUP(&r, skv_cache_check(c, &rep), "skv_cache_check");
   OT_UNSUP(&r, skv_cache_set_hooks(c, &hooks, &fe), "skv_cache_set_hooks");
   OT_UNSUP(&r, skv_build_flashinfer(c, rows, 1, indptr, indices, last, 4, &needed),
            "skv_build_flashinfer");
 #undef OT_UNSUP
+  /* the stats answer in external mode too, with the pool's fields 0 */
+  memset(&s, 0xff, sizeof s);
+  CHECK_OK(skv_cache_stats(c, &s));
+  CHECK_EQ_U64(s.total_pages, 0);
+  CHECK_EQ_U64(s.free_pages, 0);
+  CHECK_EQ_U64(s.used_pages, 0);
+  CHECK_EQ_U64(s.free_rows, 0);
+  CHECK(s.total_rows > 0);
   CHECK(ot_all_sentinel(out, 8));
   CHECK(ot_all_sentinel(indptr, 2) && ot_all_sentinel(indices, 4) && ot_all_sentinel(last, 1));
   CHECK_EQ_U64(cnt[0], OT_SENTINEL);
@@ -1825,7 +1832,7 @@ static void test_null_handle(void) {
 /* ------------------------------------------------ which error wins */
 
 /* Bad arguments are reported before a row that is not in use, a record mismatch before the
-   cache's state (API.md's order). */
+   cache's state (docs/conventions.md's precedence). */
 static void test_error_priority(void) {
   const uint32_t ps = 4;
   skv_cache *c = ot_new(ps, 16, 3, 64, 0);

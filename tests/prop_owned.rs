@@ -235,7 +235,7 @@ impl Sim {
         pages.iter().flat_map(|&p| (0..ps).map(move |i| (p * ps + i) as i32)).collect()
     }
 
-    /// The owned-mode checks of a req that holds a row, in API.md's order: NOT_FOUND, then
+    /// The owned-mode checks of a req that holds a row, in docs/conventions.md's order: NOT_FOUND, then
     /// INVALID (fields disagree with the row), then, for `skv_alloc_extend` and `skv_commit`,
     /// STATE on an idle session's row (the session model makes that check for the others).
     fn owned_req(&self, r: &skv_req, reshapes: bool) -> Option<u32> {
@@ -660,7 +660,7 @@ impl Sim {
             } else if let Some(st) = self.owned_req(req, false) {
                 st
             } else if new < req.cache_protected_len || self.slot_of_row(row).is_some() {
-                // API.md: a prefix shrinking below the protected length is a state error
+                // docs/operations.md: a prefix shrinking below the protected length is a state error
                 STATE
             } else {
                 OK

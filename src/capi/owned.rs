@@ -583,8 +583,9 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 
 /// FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
 /// counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
-/// *needed receives the number of page ids, also when it exceeds cap: then
-/// SKV_ERR_INVALID_ARG and nothing else is written.
+/// *needed receives the number of page ids, also when it exceeds cap (or INT32_MAX): then
+/// SKV_ERR_INVALID_ARG and nothing else is written. This is the one failure that writes an
+/// out-parameter; every other failure leaves *needed alone.
 ///
 /// # Safety
 /// kv_indptr must hold n+1 values, kv_last_page_len n, kv_indices cap.

@@ -66,8 +66,12 @@ impl Cache {
     /// The idle slots, least recently finished first, into `out` (up to its length); returns
     /// how many idle slots there are.
     pub fn idle_lru(&self, out: &mut [(u64, u64)]) -> usize {
-        let mut idle: Vec<(u64, u64, u64)> =
-            self.slots.iter().filter(|(_, s)| !s.in_flight).map(|(_, s)| (s.finished_at, s.session, s.branch)).collect();
+        let mut idle: Vec<(u64, u64, u64)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| !s.in_flight)
+            .map(|(_, s)| (s.finished_at, s.session, s.branch))
+            .collect();
         idle.sort_unstable();
         for (o, &(_, session, branch)) in out.iter_mut().zip(&idle) {
             *o = (session, branch);

@@ -842,6 +842,8 @@ fn free_aligned_refuses_a_backwards_range() {
     assert!(matches!(&e, Error::InvalidArg(m) if m.contains("target 9 > end 8")), "{e}");
     c.free_aligned(0, 8, 8).unwrap();
     assert!(log(&mut c).is_empty());
-    assert!(matches!(c.session_held(&[8]), Err(Error::InvalidArg(m)) if m.contains("active_rows[0] = 8 out of range [0, 8)")));
+    assert!(
+        matches!(c.session_held(&[8]), Err(Error::InvalidArg(m)) if m.contains("active_rows[0] = 8 out of range [0, 8)"))
+    );
     assert!(c.session_held(&[0, -7]).is_err());
 }
