@@ -1185,11 +1185,13 @@ static void test_streaming_session(void) {
   OT_INDICES(c, row, 0, 27, idx);
   CHECK(ot_paged(idx, 27, ps, 16));
 
-  /* a finish or match through a req that disagrees with the row is refused */
+  /* a finish through a req that disagrees with the idle slot's row is refused as a stale
+     copy (STATE, as in external mode), naming the disagreement */
   none = req_make(row, 20, 20);
   none.origin_input_len = 20;
-  OT_REFUSED(c, ps, &none, skv_cache_finished_req(c, sid, 0, &none, 0), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &none, skv_cache_finished_req(c, sid, 0, &none, 0), SKV_ERR_STATE,
              "skv_cache_finished_req");
+  CHECK_MSG_HAS("stale copy");
   CHECK_MSG_NUMBER(20);
   CHECK_MSG_NUMBER(27);
 
@@ -1244,11 +1246,12 @@ static void test_session_owns_row(void) {
   OT_REFUSED(c, ps, &idle, skv_trim_overshoot(c, &idle, 1), SKV_ERR_STATE, "skv_trim_overshoot");
   OT_REFUSED(c, ps, &idle, skv_free_tail(c, &idle, 5), SKV_ERR_STATE, "skv_free_tail");
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, row, 5, 10), SKV_ERR_STATE, "skv_free_aligned");
-  /* the record check comes first: a req that disagrees is a bad argument */
+  /* a req that disagrees with the idle slot's row is a stale copy, and says so */
   wrong = req_make(row, 8, 9);
-  OT_REFUSED(c, ps, &wrong, skv_alloc_extend(c, &wrong, 1, NULL), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &wrong, skv_alloc_extend(c, &wrong, 1, NULL), SKV_ERR_STATE,
              "skv_alloc_extend");
-  OT_REFUSED(c, ps, &wrong, skv_free_req(c, &wrong), SKV_ERR_INVALID_ARG, "skv_free_req");
+  CHECK_MSG_HAS("stale copy");
+  OT_REFUSED(c, ps, &wrong, skv_free_req(c, &wrong), SKV_ERR_STATE, "skv_free_req");
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, row, 5, 9), SKV_ERR_INVALID_ARG, "skv_free_aligned");
 
   /* in flight, the running req extends and commits the row as usual */
@@ -1753,14 +1756,17 @@ static void test_external_unsupported(void) {
   OT_UNSUP(&r, skv_build_flashinfer(c, rows, 1, indptr, indices, last, 4, &needed),
            "skv_build_flashinfer");
 #undef OT_UNSUP
-  /* the stats answer in external mode too, with the pool's fields 0 */
-  memset(&s, 0xff, sizeof s);
-  CHECK_OK(skv_cache_stats(c, &s));
-  CHECK_EQ_U64(s.total_pages, 0);
-  CHECK_EQ_U64(s.free_pages, 0);
-  CHECK_EQ_U64(s.used_pages, 0);
-  CHECK_EQ_U64(s.free_rows, 0);
-  CHECK(s.total_rows > 0);
+  {
+    /* the stats answer in external mode too, with the pool's fields 0 */
+    skv_stats es;
+    memset(&es, 0xff, sizeof es);
+    CHECK_OK(skv_cache_stats(c, &es));
+    CHECK_EQ_U64(es.total_pages, 0);
+    CHECK_EQ_U64(es.free_pages, 0);
+    CHECK_EQ_U64(es.used_pages, 0);
+    CHECK_EQ_U64(es.free_rows, 0);
+    CHECK(es.total_rows > 0);
+  }
   CHECK(ot_all_sentinel(out, 8));
   CHECK(ot_all_sentinel(indptr, 2) && ot_all_sentinel(indices, 4) && ot_all_sentinel(last, 1));
   CHECK_EQ_U64(cnt[0], OT_SENTINEL);
