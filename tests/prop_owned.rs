@@ -236,15 +236,16 @@ impl Sim {
     }
 
     /// The owned-mode checks of a req that holds a row, in docs/conventions.md's order: NOT_FOUND, then
-    /// INVALID (fields disagree with the row), then, for `skv_alloc_extend` and `skv_commit`,
-    /// STATE on an idle session's row (the session model makes that check for the others).
+    /// fields that disagree with the row (STATE on an idle session's row, where the req is a
+    /// stale copy; INVALID elsewhere), then, for `skv_alloc_extend` and `skv_commit`, STATE on
+    /// an idle session's row (the session model makes that check for the others).
     fn owned_req(&self, r: &skv_req, reshapes: bool) -> Option<u32> {
         if r.req_pool_idx == -1 {
             return None;
         }
         let Some(rec) = self.rows.get(&r.req_pool_idx) else { return Some(NOT_FOUND) };
         if rec.mapped != r.kv_allocated_len || rec.protected != r.cache_protected_len {
-            return Some(INVALID);
+            return Some(if self.idle_slot_row(r.req_pool_idx) { STATE } else { INVALID });
         }
         if reshapes && self.idle_slot_row(r.req_pool_idx) {
             return Some(STATE);
