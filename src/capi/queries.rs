@@ -127,7 +127,7 @@ pub unsafe extern "C" fn skv_branch_usage(
 /// The idle slots (those no running request holds), least recently used first: ordered by
 /// when each slot's last turn finished (skv_cache_finished_req, not aborted); a handed-back
 /// request (skv_hand_back) leaves its slot's place unchanged. The first min(cap, count) are
-/// written to session_ids[i] / branch_ids[i]; *count receives how many idle slots there are
+/// written to `session_ids[i]` / `branch_ids[i]`; *count receives how many idle slots there are
 /// (also when it exceeds cap: the call succeeds). (NULL, NULL, 0) only counts. Both modes.
 ///
 /// # Safety
