@@ -298,6 +298,10 @@ impl Pool for ExternalPool {
                         continue;
                     }
                     let idx = &self.staging[at..at + self.handed(start, end)];
+                    // Never an empty free_kv (a range of only a page's tail has no page start).
+                    if idx.is_empty() {
+                        continue;
+                    }
                     at += idx.len();
                     handed += idx.len();
                     let free_kv = self.ops.free_kv.expect("checked at creation");

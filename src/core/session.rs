@@ -123,7 +123,6 @@ impl Cache {
             return Ok(MISS);
         };
         let mut r = self.restore(row, &slot, req);
-        r.committed = r.committed.min(prefix_len);
         self.effects.clear();
         self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated));
         self.run_effects(|c| {
