@@ -91,7 +91,7 @@ static void pre_aborted(void) {
   done(c);
 }
 
-/* "Handing back a request that never ran": finish with aborted 0 and nothing produced. */
+/* "Handing back a request that never ran": skv_hand_back, no callback, the slot idle. */
 static void hand_back(void) {
   skv_cache *c = ext_with_slot(4, 1, 0, 20, 5);
   skv_req r;
@@ -102,8 +102,9 @@ static void hand_back(void) {
   CHECK_OK(skv_match_prefix(c, 1, 0, &r, 29, 0, &m));
   CHECK_OK(skv_checkpoint(c, 1, 0, &r, &handled));
   CHECK_EQ_INT(handled, 1); /* in flight: the session handles it */
-  CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
+  CHECK_OK(skv_hand_back(c, 1, 0, &r));
   CHECK_NO_CALLS(&fe);
+  CHECK(req_is_empty(&r));
   CHECK_HELD(held_of(c, NULL, 0), 20, 20, 1, 1, 1);
   CHECK_OK(skv_checkpoint(c, 1, 0, &r, &handled));
   CHECK_EQ_INT(handled, 1); /* idle: still the session's */
@@ -226,7 +227,8 @@ static void idle_abort(void) {
   done(c);
 }
 
-/* "a stale finish": owned mode checks the req against the row first. */
+/* "a stale finish": owned mode refuses a stale copy as such, whether or not it agrees
+ * with the row. */
 static void owned_stale_finish(void) {
   skv_cache_config cfg = {0};
   skv_cache *c;
@@ -247,8 +249,10 @@ static void owned_stale_finish(void) {
   r = stale; /* agrees with the row: the idle rule answers */
   CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 0), SKV_ERR_STATE);
   r = stale;
-  r.kv_allocated_len = r.kv_committed_len = 12; /* disagrees: the record check answers */
-  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 0), SKV_ERR_INVALID_ARG);
+  r.kv_allocated_len = r.kv_committed_len = 12; /* disagrees: still a stale copy */
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 0), SKV_ERR_STATE);
+  CHECK_MSG_HAS("is a stale copy");
+  CHECK_MSG_HAS("kv_allocated_len 12 != 10 tokens mapped by row 0");
   skv_cache_free(c);
 }
 

@@ -358,7 +358,8 @@ static void boundary_values(void) {
   CHECK_OK(skv_trim_overshoot(w.c, &r, 4));
   CHECK_REQ_SAME(&r, &before);
   CHECK_OK(skv_free_aligned(w.c, ROWS - 1, COLS, COLS));
-  CHECK_OK(skv_free_aligned(w.c, 3, 0xFFFFFFFFu, 8));
+  CHECK_STATUS(skv_free_aligned(w.c, 3, 0xFFFFFFFFu, 8), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("target 4294967295 > end 8");
   CHECK_OK(skv_free_aligned(w.c, 3, 0, 0));
   CHECK_WORLD_INTACT(&w);
   /* absurd numbers are refused, never a crash */
@@ -418,11 +419,12 @@ static void invalid_operation_args(void) {
 
   CHECK_ERR(skv_free_aligned(w.c, ROWS, 0, 8), SKV_ERR_INVALID_ARG, "free_aligned");
   CHECK_ERR(skv_free_aligned(w.c, -1, 0, 8), SKV_ERR_INVALID_ARG, "free_aligned");
+  CHECK_MSG_HAS("row -1 out of range [0, ");
   CHECK_ERR(skv_free_aligned(w.c, 3, 0, COLS + 1), SKV_ERR_INVALID_ARG, "free_aligned");
   CHECK_WORLD_INTACT(&w);
-  /* nothing to free is not an error */
+  /* nothing to free is not an error; a range that runs backwards is */
   CHECK_OK(skv_free_aligned(w.c, 3, 10, 10));
-  CHECK_OK(skv_free_aligned(w.c, 3, 12, 8));
+  CHECK_ERR(skv_free_aligned(w.c, 3, 12, 8), SKV_ERR_INVALID_ARG, "free_aligned");
   CHECK_WORLD_INTACT(&w);
 
 #define EXPECT_REQ_ERR(req_init_expr, call, status, name)                              \

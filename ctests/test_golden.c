@@ -1,4 +1,4 @@
-/* SEMANTICS.md's golden cases and a full streaming session through the C ABI, external
+/* The golden cases of docs/operations.md and a full streaming session through the C ABI, external
  * mode, comparing every callback the fake engine sees. */
 #include "common.h"
 

@@ -485,6 +485,36 @@ void owned_primitives() {
 
 }  // namespace
 
+// The scheduler's view (usage, idle order, admission) and a matched request handed back.
+void scheduler_queries() {
+  skv::Cache cache(skv::make_config(kPage, kPage * kPages, kRows, 256));
+  for (uint64_t session : {1u, 2u}) {
+    skv::Req req;
+    req.set_origin_input_len(30);
+    cache.match_prefix(session, 0, req, 29);
+    cache.alloc_row(req);
+    prefill(cache, req, 30);
+    cache.finished_req(session, 0, req);
+  }
+  const auto idle = cache.idle_sessions();
+  CHECK((idle == std::vector<std::pair<uint64_t, uint64_t>>{{1, 0}, {2, 0}}));
+  const skv_usage u = cache.session_usage(1);
+  CHECK(u.slots == 1 && u.in_flight == 0 && u.allocated_tokens == 30 && u.pages == (30 + kPage - 1) / kPage);
+  CHECK(cache.branch_usage(1, 5).slots == 0);
+  const skv_admission a = cache.admission_pages(1, 0, 39, 40);
+  CHECK(a.hit == 1 && a.prefix_len == 30);
+
+  skv::Req next;
+  next.set_origin_input_len(40);
+  CHECK(cache.match_prefix(1, 0, next, 39).hit == 1);
+  CHECK(cache.session_usage(1).in_flight == 1);
+  cache.hand_back(1, 0, next);
+  CHECK(!next.has_row() && cache.session_usage(1).in_flight == 0);
+  CHECK(cache.idle_sessions().front().first == 1);  // handed back: its place is unchanged
+  CHECK(throws<skv::Error>([&] { cache.hand_back(1, 0, next); }));
+  CHECK(cache.check().violations == 0);
+}
+
 int main() {
   read_row_throws();
   free_callbacks_throw();
@@ -496,6 +526,7 @@ int main() {
   device();
   free_functions();
   owned_primitives();
+  scheduler_queries();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -1185,11 +1185,13 @@ static void test_streaming_session(void) {
   OT_INDICES(c, row, 0, 27, idx);
   CHECK(ot_paged(idx, 27, ps, 16));
 
-  /* a finish or match through a req that disagrees with the row is refused */
+  /* a finish through a req that disagrees with the idle slot's row is refused as a stale
+     copy (STATE, as in external mode), naming the disagreement */
   none = req_make(row, 20, 20);
   none.origin_input_len = 20;
-  OT_REFUSED(c, ps, &none, skv_cache_finished_req(c, sid, 0, &none, 0), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &none, skv_cache_finished_req(c, sid, 0, &none, 0), SKV_ERR_STATE,
              "skv_cache_finished_req");
+  CHECK_MSG_HAS("stale copy");
   CHECK_MSG_NUMBER(20);
   CHECK_MSG_NUMBER(27);
 
@@ -1244,11 +1246,12 @@ static void test_session_owns_row(void) {
   OT_REFUSED(c, ps, &idle, skv_trim_overshoot(c, &idle, 1), SKV_ERR_STATE, "skv_trim_overshoot");
   OT_REFUSED(c, ps, &idle, skv_free_tail(c, &idle, 5), SKV_ERR_STATE, "skv_free_tail");
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, row, 5, 10), SKV_ERR_STATE, "skv_free_aligned");
-  /* the record check comes first: a req that disagrees is a bad argument */
+  /* a req that disagrees with the idle slot's row is a stale copy, and says so */
   wrong = req_make(row, 8, 9);
-  OT_REFUSED(c, ps, &wrong, skv_alloc_extend(c, &wrong, 1, NULL), SKV_ERR_INVALID_ARG,
+  OT_REFUSED(c, ps, &wrong, skv_alloc_extend(c, &wrong, 1, NULL), SKV_ERR_STATE,
              "skv_alloc_extend");
-  OT_REFUSED(c, ps, &wrong, skv_free_req(c, &wrong), SKV_ERR_INVALID_ARG, "skv_free_req");
+  CHECK_MSG_HAS("stale copy");
+  OT_REFUSED(c, ps, &wrong, skv_free_req(c, &wrong), SKV_ERR_STATE, "skv_free_req");
   OT_REFUSED(c, ps, NULL, skv_free_aligned(c, row, 5, 9), SKV_ERR_INVALID_ARG, "skv_free_aligned");
 
   /* in flight, the running req extends and commits the row as usual */
@@ -1713,7 +1716,7 @@ static void test_external_unsupported(void) {
     return;
   }
   /* every argument would be valid in owned mode: only the mode is wrong (UNSUPPORTED comes
-     after every other error in API.md's order) */
+     after every other error: docs/conventions.md, precedence) */
   r = req_make(0, 4, 8);
   fresh = req_make(0, 0, 0);
   for (i = 0; i < 8; i++) idx[i] = 4 + i;
@@ -1748,12 +1751,22 @@ static void test_external_unsupported(void) {
   OT_UNSUP(&fresh, skv_map_prefix(c, &fresh, idx, 4), "skv_map_prefix");
   OT_UNSUP(&r, skv_publish_prefix(c, &r, 4), "skv_publish_prefix");
   OT_UNSUP(&r, skv_row_indices(c, 0, 0, 4, out), "skv_row_indices");
-  OT_UNSUP(&r, skv_cache_stats(c, &s), "skv_cache_stats");
   OT_UNSUP(&r, skv_cache_check(c, &rep), "skv_cache_check");
   OT_UNSUP(&r, skv_cache_set_hooks(c, &hooks, &fe), "skv_cache_set_hooks");
   OT_UNSUP(&r, skv_build_flashinfer(c, rows, 1, indptr, indices, last, 4, &needed),
            "skv_build_flashinfer");
 #undef OT_UNSUP
+  {
+    /* the stats answer in external mode too, with the pool's fields 0 */
+    skv_stats es;
+    memset(&es, 0xff, sizeof es);
+    CHECK_OK(skv_cache_stats(c, &es));
+    CHECK_EQ_U64(es.total_pages, 0);
+    CHECK_EQ_U64(es.free_pages, 0);
+    CHECK_EQ_U64(es.used_pages, 0);
+    CHECK_EQ_U64(es.free_rows, 0);
+    CHECK(es.total_rows > 0);
+  }
   CHECK(ot_all_sentinel(out, 8));
   CHECK(ot_all_sentinel(indptr, 2) && ot_all_sentinel(indices, 4) && ot_all_sentinel(last, 1));
   CHECK_EQ_U64(cnt[0], OT_SENTINEL);
@@ -1825,7 +1838,7 @@ static void test_null_handle(void) {
 /* ------------------------------------------------ which error wins */
 
 /* Bad arguments are reported before a row that is not in use, a record mismatch before the
-   cache's state (API.md's order). */
+   cache's state (docs/conventions.md's precedence). */
 static void test_error_priority(void) {
   const uint32_t ps = 4;
   skv_cache *c = ot_new(ps, 16, 3, 64, 0);

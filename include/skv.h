@@ -3,15 +3,18 @@
  * Conventions:
  * - Every function returns skv_status unless shown otherwise. On any non-SKV_OK return
  *   nothing observable has changed (no page freed, no skv_req field written, no
- *   out-parameter written, no slot created or dropped); the one exception is an engine free
- *   callback failing part-way: the call then completes as if it had succeeded (outputs
- *   written, state advanced, nothing handed back twice) and returns SKV_ERR_CALLBACK.
+ *   out-parameter written, no slot created or dropped). Two exceptions: an engine free
+ *   callback failing part-way (the call then completes as if it had succeeded: outputs
+ *   written, state advanced, nothing handed back twice; it returns SKV_ERR_CALLBACK), and
+ *   skv_build_flashinfer's *needed, written when the page ids do not fit (*needed > cap or
+ *   more than INT32_MAX ids: SKV_ERR_INVALID_ARG, the arrays untouched).
  * - skv_last_error() on the calling thread names the function and the offending value after
  *   a failure, and is "" after a success.
  * - When several things are wrong, the first of these wins: SKV_ERR_NULL_ARG,
  *   SKV_ERR_INVALID_ARG (the arguments alone), SKV_ERR_NOT_FOUND, SKV_ERR_STATE (a stale req:
- *   its row_generation is not its row's), SKV_ERR_INVALID_ARG (owned mode: a req disagreeing
- *   with libskv's record of its row), SKV_ERR_STATE, then the rest;
+ *   its row_generation is not its row's, or, owned mode, it disagrees with the row an idle
+ *   session slot holds), SKV_ERR_INVALID_ARG (owned mode: a req disagreeing with libskv's
+ *   record of its row), SKV_ERR_STATE, then the rest;
  *   an owned-mode function on an external-mode handle is SKV_ERR_UNSUPPORTED whatever its
  *   arguments (after the NULL checks).
  * - Versioned structs (skv_cache_config, skv_pool_ops, skv_engine_hooks) start with
@@ -54,6 +57,15 @@
  * A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
  */
 #define SKV_FLAG_ALIGNED_REUSE 1
+
+/**
+ * External mode: free_kv receives one index per freed page instead of every freed token
+ * index: req_to_token[row, p] for each position p of the freed range that is a multiple of
+ * page_size (a freed range always starts on a page boundary), which in a page-structured
+ * table is page_id * page_size, the page's first token index. With page_size 1 it changes
+ * nothing; owned mode ignores it (no free_kv). docs/external-mode.md.
+ */
+#define SKV_FLAG_PAGE_FREES 2
 
 /**
  * The result of every libskv call. Numbers are never reused.
@@ -336,9 +348,72 @@ typedef struct skv_held {
 } skv_held;
 
 /**
+ * What a session's slots (all its branches, or one) hold.
+ */
+typedef struct skv_usage {
+  /**
+   * Slots counted (branches; 0 when the session has none).
+   */
+  uint64_t slots;
+  /**
+   * Of those, in flight (restored into a running request).
+   */
+  uint64_t in_flight;
+  /**
+   * Tokens the slots' rows map: owned mode, each row's mapped length (a running request's
+   * extension included); external mode, each slot's record (an in-flight slot's as its
+   * match left it: the running request's extension is in its own req).
+   */
+  uint64_t allocated_tokens;
+  /**
+   * Tokens whose KV is final, as the slots record them.
+   */
+  uint64_t committed_tokens;
+  /**
+   * Tokens of the engine's prefix tree (cache_protected_len): never freed by libskv.
+   */
+  uint64_t protected_tokens;
+  /**
+   * Pages the rows map: the sum of ceil(allocated / page_size).
+   */
+  uint64_t pages;
+  /**
+   * Pages releasing the slots would free: pages minus protected / page_size each.
+   */
+  uint64_t freeable_pages;
+} skv_usage;
+
+/**
+ * What admitting a request would take from owned mode's pool (skv_admission_pages).
+ */
+typedef struct skv_admission {
+  /**
+   * 1: skv_match_prefix would hit (and the request needs no new row).
+   */
+  uint32_t hit;
+  /**
+   * Tokens the hit would reuse (0 on a miss).
+   */
+  uint32_t prefix_len;
+  /**
+   * Pages skv_alloc_extend would take from the free list to grow the request from
+   * prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
+   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+   */
+  uint64_t pages_needed;
+  /**
+   * Pages the match itself would free first: a tail past the reused prefix, or the whole
+   * slot past its protected prefix when SKV_FLAG_ALIGNED_REUSE drops it.
+   */
+  uint64_t pages_freed;
+} skv_admission;
+
+/**
  * Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
  * free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
- * used_pages == total_pages - 1 - free_pages.
+ * used_pages == total_pages - 1 - free_pages. External mode (the engine owns the pools):
+ * total_rows (num_rows), sessions, trimmed_tokens and tail_freed_tokens are filled;
+ * total_pages, free_pages, used_pages and free_rows are 0.
  */
 typedef struct skv_stats {
   /**
@@ -644,6 +719,43 @@ typedef struct skv_api {
                                   struct skv_req *reqs,
                                   size_t n,
                                   const uint32_t *n_tokens);
+  /**
+   * Same as skv_session_usage.
+   */
+  enum skv_status (*session_usage)(const struct skv_cache *c,
+                                   uint64_t session_id,
+                                   struct skv_usage *out);
+  /**
+   * Same as skv_branch_usage.
+   */
+  enum skv_status (*branch_usage)(const struct skv_cache *c,
+                                  uint64_t session_id,
+                                  uint64_t branch_id,
+                                  struct skv_usage *out);
+  /**
+   * Same as skv_idle_sessions.
+   */
+  enum skv_status (*idle_sessions)(const struct skv_cache *c,
+                                   uint64_t *session_ids,
+                                   uint64_t *branch_ids,
+                                   size_t cap,
+                                   size_t *count);
+  /**
+   * Same as skv_admission_pages.
+   */
+  enum skv_status (*admission_pages)(const struct skv_cache *c,
+                                     uint64_t session_id,
+                                     uint64_t branch_id,
+                                     uint32_t key_len,
+                                     uint32_t total_len,
+                                     struct skv_admission *out);
+  /**
+   * Same as skv_hand_back.
+   */
+  enum skv_status (*hand_back)(struct skv_cache *c,
+                               uint64_t session_id,
+                               uint64_t branch_id,
+                               struct skv_req *req);
 } skv_api;
 
 #ifdef __cplusplus
@@ -682,7 +794,8 @@ enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cac
 
 /**
  * Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
- * `free_row` are required. `user_data` is passed to every callback.
+ * `free_row` are required (SKV_ERR_NULL_ARG naming each NULL one). `user_data` is passed to
+ * every callback.
  *
  * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
  * the handle lives.
@@ -743,7 +856,9 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
  * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
  * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
  * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
- * req's aux_state and aux_track; of an idle slot, the slot's own record.
+ * req's aux_state and aux_track; of an idle slot, the slot's own record (the req must still
+ * hold the slot's row). A request that matched but never ran goes back with skv_hand_back
+ * instead.
  *
  * The caller must pass every pointer as NULL or valid.
  */
@@ -752,6 +867,25 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
                                        uint64_t branch_id,
                                        struct skv_req *req,
                                        uint32_t aborted);
+
+/**
+ * Hands back a request a skv_match_prefix hit restored but that never ran (the engine
+ * dropped it from its waiting queue): the slot becomes idle exactly as the match left it,
+ * nothing is freed and no callback runs, and the req ends holding nothing (row -1,
+ * row_generation 0, lengths 0, lock 0, aux -1; origin_input_len, output_len, finished_len
+ * kept). The slot keeps its row and generation, and its place in skv_idle_sessions' order
+ * (the turn never ran). The req must hold the row the hit restored (SKV_ERR_INVALID_ARG when
+ * it holds none), and be as the hit left it; SKV_ERR_STATE, nothing changed, when the
+ * session has no slot (a first turn, a miss), the slot holds another row or is idle (a stale
+ * copy, a finished or handed-back req), the req is stale (row_generation), or any of its KV
+ * fields differs from what the match restored (the request ran: finish or abort it).
+ *
+ * The caller must pass every pointer as NULL or valid.
+ */
+enum skv_status skv_hand_back(struct skv_cache *c,
+                              uint64_t session_id,
+                              uint64_t branch_id,
+                              struct skv_req *req);
 
 /**
  * Between prefill chunks: *handled = 1 when the session slot handles this request (a later
@@ -782,7 +916,8 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
 
 /**
  * The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
- * page_size is 1); the page holding target-1 stays. Owned mode: end must reach the row's
+ * page_size is 1); the page holding target-1 stays. row in [0, num_rows), end <=
+ * max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing. Owned mode: end must reach the row's
  * mapped end and target must not reach below its protected prefix. On a session's row:
  * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
  * recorded end, target must keep its protected prefix, and the slot shortens with the row
@@ -790,7 +925,10 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
  *
  * The caller must pass c as NULL or a live handle.
  */
-enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
+enum skv_status skv_free_aligned(struct skv_cache *c,
+                                 int32_t row,
+                                 uint32_t target,
+                                 uint32_t end);
 
 /**
  * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
@@ -813,7 +951,8 @@ enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t
 
 /**
  * What idle session slots hold. Rows listed in active_rows belong to running requests and
- * are not counted; (NULL, 0) lists none.
+ * are not counted; (NULL, 0) lists none. A listed row outside [0, num_rows) is
+ * SKV_ERR_INVALID_ARG naming its position and value.
  *
  * The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
  */
@@ -821,6 +960,59 @@ enum skv_status skv_session_held(const struct skv_cache *c,
                                  const int32_t *active_rows,
                                  size_t n_active,
                                  struct skv_held *out);
+
+/**
+ * What every slot of session_id holds, in flight or idle (docs/operations.md). A session
+ * without slots gives all zeros. Both modes.
+ *
+ * The caller must pass every pointer as NULL or valid.
+ */
+enum skv_status skv_session_usage(const struct skv_cache *c,
+                                  uint64_t session_id,
+                                  struct skv_usage *out);
+
+/**
+ * skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
+ *
+ * The caller must pass every pointer as NULL or valid.
+ */
+enum skv_status skv_branch_usage(const struct skv_cache *c,
+                                 uint64_t session_id,
+                                 uint64_t branch_id,
+                                 struct skv_usage *out);
+
+/**
+ * The idle slots (those no running request holds), least recently used first: ordered by
+ * when each slot's last turn finished (skv_cache_finished_req, not aborted); a handed-back
+ * request (skv_hand_back) leaves its slot's place unchanged. The first min(cap, count) are
+ * written to `session_ids[i]` / `branch_ids[i]`; *count receives how many idle slots there are
+ * (also when it exceeds cap: the call succeeds). (NULL, NULL, 0) only counts. Both modes.
+ *
+ * The caller must pass every pointer as NULL or valid, session_ids and branch_ids holding
+ * cap values.
+ */
+enum skv_status skv_idle_sessions(const struct skv_cache *c,
+                                  uint64_t *session_ids,
+                                  uint64_t *branch_ids,
+                                  size_t cap,
+                                  size_t *count);
+
+/**
+ * Owned mode: what admitting a request of total_len tokens on (session_id, branch_id) would
+ * take, given the session's state now: skv_match_prefix with key_len, then growing the row
+ * to total_len (docs/operations.md). Changes nothing. total_len <= max_context_len and
+ * key_len <= total_len (SKV_ERR_INVALID_ARG); the slot in flight, or a match that would
+ * refuse (a reusable prefix below the protected one): SKV_ERR_STATE. External mode:
+ * SKV_ERR_UNSUPPORTED.
+ *
+ * The caller must pass every pointer as NULL or valid.
+ */
+enum skv_status skv_admission_pages(const struct skv_cache *c,
+                                    uint64_t session_id,
+                                    uint64_t branch_id,
+                                    uint32_t key_len,
+                                    uint32_t total_len,
+                                    struct skv_admission *out);
 
 /**
  * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -948,7 +1140,8 @@ enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t *out);
 
 /**
- * Reads the pool's occupancy and counters.
+ * Reads the pool's occupancy and counters. Both modes; in external mode only what libskv
+ * knows there (see skv_stats).
  *
  * The caller must pass every pointer as NULL or valid.
  */
@@ -979,8 +1172,9 @@ enum skv_status skv_cache_set_hooks(struct skv_cache *c,
 /**
  * FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
  * counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
- * *needed receives the number of page ids, also when it exceeds cap: then
- * SKV_ERR_INVALID_ARG and nothing else is written.
+ * *needed receives the number of page ids, also when it exceeds cap (or INT32_MAX): then
+ * SKV_ERR_INVALID_ARG and nothing else is written. This is the one failure that writes an
+ * out-parameter; every other failure leaves *needed alone.
  *
  * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
  */

@@ -352,6 +352,47 @@ class Cache {
   skv_held session_held(const std::vector<int32_t> &active_rows = {}) const {
     return session_held(active_rows.data(), active_rows.size());
   }
+  /// A matched request that never ran goes back to its idle slot (skv_hand_back).
+  void hand_back(uint64_t session_id, uint64_t branch_id, Req &req) {
+    detail::call([&] { return skv_hand_back(handle_, session_id, branch_id, req.get()); });
+  }
+
+  // Scheduler queries (both modes, except admission_pages: owned mode)
+
+  skv_usage session_usage(uint64_t session_id) const {
+    skv_usage out{};
+    detail::call([&] { return skv_session_usage(handle_, session_id, &out); });
+    return out;
+  }
+  skv_usage branch_usage(uint64_t session_id, uint64_t branch_id) const {
+    skv_usage out{};
+    detail::call([&] { return skv_branch_usage(handle_, session_id, branch_id, &out); });
+    return out;
+  }
+  /// The idle (session, branch) slots, least recently used first: all of them.
+  std::vector<std::pair<uint64_t, uint64_t>> idle_sessions() const {
+    std::size_t count = 0;
+    std::vector<uint64_t> sessions, branches;
+    do {
+      sessions.resize(count);
+      branches.resize(count);
+      detail::call([&] {
+        return skv_idle_sessions(handle_, sessions.data(), branches.data(), sessions.size(), &count);
+      });
+    } while (count > sessions.size());
+    std::vector<std::pair<uint64_t, uint64_t>> out;
+    out.reserve(count);
+    for (std::size_t i = 0; i < count; ++i) out.emplace_back(sessions[i], branches[i]);
+    return out;
+  }
+  skv_admission admission_pages(uint64_t session_id, uint64_t branch_id, uint32_t key_len,
+                                uint32_t total_len) const {
+    skv_admission out{};
+    detail::call([&] {
+      return skv_admission_pages(handle_, session_id, branch_id, key_len, total_len, &out);
+    });
+    return out;
+  }
 
   // Owned-pool operations (owned mode; SKV_ERR_UNSUPPORTED in external mode)
 

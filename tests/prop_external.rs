@@ -1,5 +1,5 @@
 //! Random multi-turn sessions over engine-owned pools (external mode), driven through the C ABI
-//! and checked after every call against a small reference model of SEMANTICS.md: the status, every
+//! and checked after every call against a small reference model of docs/operations.md: the status, every
 //! callback (each freed index in order, `free_row`, `dec_lock_ref`, `free_aux`), every `skv_req`
 //! field, every out-value, and the whole slot table (`skv_session_held`, `skv_checkpoint`).
 //!
@@ -1648,7 +1648,7 @@ fn the_generator_reaches_every_path() {
     assert!(missing.is_empty(), "never reached: {missing:?}\nreached: {cov:#?}");
 }
 
-/// SEMANTICS.md's golden case 2 through the same driver: pins the model to the spelled-out numbers.
+/// Golden case 2 of docs/operations.md through the same driver: pins the model to the spelled-out numbers.
 #[test]
 fn golden_case_2_through_the_driver() {
     // case 2: finish with an over-allocated tail, ps = 16: frees [32, 40), slot keeps 17

@@ -235,16 +235,17 @@ impl Sim {
         pages.iter().flat_map(|&p| (0..ps).map(move |i| (p * ps + i) as i32)).collect()
     }
 
-    /// The owned-mode checks of a req that holds a row, in API.md's order: NOT_FOUND, then
-    /// INVALID (fields disagree with the row), then, for `skv_alloc_extend` and `skv_commit`,
-    /// STATE on an idle session's row (the session model makes that check for the others).
+    /// The owned-mode checks of a req that holds a row, in docs/conventions.md's order: NOT_FOUND, then
+    /// fields that disagree with the row (STATE on an idle session's row, where the req is a
+    /// stale copy; INVALID elsewhere), then, for `skv_alloc_extend` and `skv_commit`, STATE on
+    /// an idle session's row (the session model makes that check for the others).
     fn owned_req(&self, r: &skv_req, reshapes: bool) -> Option<u32> {
         if r.req_pool_idx == -1 {
             return None;
         }
         let Some(rec) = self.rows.get(&r.req_pool_idx) else { return Some(NOT_FOUND) };
         if rec.mapped != r.kv_allocated_len || rec.protected != r.cache_protected_len {
-            return Some(INVALID);
+            return Some(if self.idle_slot_row(r.req_pool_idx) { STATE } else { INVALID });
         }
         if reshapes && self.idle_slot_row(r.req_pool_idx) {
             return Some(STATE);
@@ -662,7 +663,7 @@ impl Sim {
             } else if let Some(st) = self.owned_req(req, false) {
                 st
             } else if new < req.cache_protected_len || self.slot_of_row(row).is_some() {
-                // API.md: a prefix shrinking below the protected length is a state error
+                // docs/operations.md: a prefix shrinking below the protected length is a state error
                 STATE
             } else {
                 OK

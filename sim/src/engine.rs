@@ -339,7 +339,7 @@ impl<'a> Engine<'a> {
         self.rng.below(n)
     }
 
-    /// The slot's answer to a match, as libskv must give it (SEMANTICS.md match_prefix).
+    /// The slot's answer to a match, as libskv must give it (docs/operations.md, skv_match_prefix).
     fn expected_match(&self, br: &Branch, key_len: u32) -> (bool, u32) {
         if !br.has_slot {
             return (false, 0);
@@ -530,7 +530,7 @@ impl<'a> Engine<'a> {
         let (sid, bid) = (self.open[i].id, self.open[i].branches[t.branch].id);
         let ps = self.cfg.args.page_size;
         let target = t.req.origin_input_len + t.plan.finish_at;
-        // Trim floors the boundary to a page when the SWA cursor is past it (SEMANTICS.md).
+        // Trim floors the boundary to a page when the SWA cursor is past it (docs/operations.md).
         let kv_len = if ps > 1 && t.req.swa_evicted_seqlen > target { floor_to(target, ps) } else { target };
         let (protected, output) = (t.req.cache_protected_len, t.req.output_len);
         if !aborted {

@@ -399,6 +399,37 @@ impl Call<'_> {
                     let (s, b, a) = (u64_("session_id")?, u64_("branch_id")?, u32_("aborted")?);
                     self.with_req(|r| skv_cache_finished_req(c, s, b, r, a))?;
                 }
+                "skv_hand_back" => {
+                    let (s, b) = (u64_("session_id")?, u64_("branch_id")?);
+                    self.with_req(|r| skv_hand_back(c, s, b, r))?;
+                }
+                // The queries change nothing: their status is what replay can hold them to.
+                f @ ("skv_session_usage" | "skv_branch_usage") => {
+                    let s = u64_("session_id")?;
+                    let mut u = std::mem::zeroed::<skv_usage>();
+                    let st = match f {
+                        "skv_session_usage" => skv_session_usage(c, s, &mut u),
+                        _ => skv_branch_usage(c, s, u64_("branch_id")?, &mut u),
+                    };
+                    if self.check_status(st)? {
+                        self.check_num("slots", u.slots.into())?;
+                        self.check_num("pages", u.pages.into())?;
+                    }
+                }
+                "skv_idle_sessions" => {
+                    let cap = (self.num("cap")? as usize).min(1 << 20);
+                    let (mut sids, mut bids, mut n) = (vec![0u64; cap], vec![0u64; cap], 0usize);
+                    let st = skv_idle_sessions(c, sids.as_mut_ptr(), bids.as_mut_ptr(), cap, &mut n);
+                    self.check_status(st)?;
+                }
+                "skv_admission_pages" => {
+                    let (s, b) = (u64_("session_id")?, u64_("branch_id")?);
+                    let mut a = std::mem::zeroed::<skv_admission>();
+                    let st = skv_admission_pages(c, s, b, u32_("key_len")?, u32_("total_len")?, &mut a);
+                    if self.check_status(st)? {
+                        self.check_num("pages_needed", a.pages_needed.into())?;
+                    }
+                }
                 "skv_checkpoint" => {
                     let (s, b) = (u64_("session_id")?, u64_("branch_id")?);
                     let mut handled = 0u32;

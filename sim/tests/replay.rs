@@ -103,3 +103,52 @@ fn an_external_trace_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("line 1: mode \"external\": only owned-mode traces replay"), "{}", text(&out));
 }
+
+/// A hand-back and the scheduler queries, traced from the C ABI, replay exactly.
+#[test]
+fn a_hand_back_and_the_queries_replay() {
+    use skv::*;
+    let path = tmp("hand_back.jsonl");
+    let _ = std::fs::remove_file(&path);
+    let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 4,
+        num_token_slots: 256,
+        num_rows: 4,
+        max_context_len: 64,
+        flags: 0,
+    };
+    let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
+    // SAFETY: valid pointers throughout; the handle is freed last.
+    unsafe {
+        let mut c = std::ptr::null_mut();
+        ok(skv_cache_new(&cfg, &mut c));
+        ok(skv_cache_set_trace(c, cpath.as_ptr()));
+        let mut r = std::mem::zeroed::<skv_req>();
+        ok(skv_req_init(&mut r));
+        ok(skv_alloc_row(c, &mut r));
+        ok(skv_alloc_extend(c, &mut r, 10, std::ptr::null_mut()));
+        ok(skv_commit(c, &mut r, 10));
+        r.origin_input_len = 10;
+        ok(skv_cache_finished_req(c, 1, 0, &mut r, 0));
+        let mut t = std::mem::zeroed::<skv_req>();
+        ok(skv_req_init(&mut t));
+        t.origin_input_len = 14;
+        let mut m = skv_match { hit: 0, prefix_len: 0 };
+        ok(skv_match_prefix(c, 1, 0, &mut t, 13, 0, &mut m));
+        ok(skv_hand_back(c, 1, 0, &mut t));
+        assert_eq!(skv_hand_back(c, 1, 0, &mut t), skv_status::SKV_ERR_INVALID_ARG);
+        let mut u = std::mem::zeroed::<skv_usage>();
+        ok(skv_session_usage(c, 1, &mut u));
+        ok(skv_branch_usage(c, 1, 0, &mut u));
+        let (mut s, mut b, mut n) = ([0u64; 2], [0u64; 2], 0usize);
+        ok(skv_idle_sessions(c, s.as_mut_ptr(), b.as_mut_ptr(), 2, &mut n));
+        let mut a = std::mem::zeroed::<skv_admission>();
+        ok(skv_admission_pages(c, 1, 0, 9, 20, &mut a));
+        skv_cache_free(c);
+    }
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("11 calls"), "{}", text(&out));
+}

@@ -27,6 +27,16 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
 pub const SKV_FLAG_ALIGNED_REUSE: u32 = 0x1;
 
+/// External mode: free_kv receives one index per freed page instead of every freed token
+/// index: req_to_token[row, p] for each position p of the freed range that is a multiple of
+/// page_size (a freed range always starts on a page boundary), which in a page-structured
+/// table is page_id * page_size, the page's first token index. With page_size 1 it changes
+/// nothing; owned mode ignores it (no free_kv). docs/external-mode.md.
+pub const SKV_FLAG_PAGE_FREES: u32 = 0x2;
+
+/// Every SKV_FLAG_* bit this library knows.
+const KNOWN_FLAGS: u32 = SKV_FLAG_ALIGNED_REUSE | SKV_FLAG_PAGE_FREES;
+
 /// How a cache is laid out.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -119,7 +129,7 @@ unsafe fn read_config(cfg: *const skv_cache_config) -> Result<skv_cache_config> 
 }
 
 fn config(cfg: &skv_cache_config) -> Result<Config> {
-    if cfg.flags & !SKV_FLAG_ALIGNED_REUSE != 0 {
+    if cfg.flags & !KNOWN_FLAGS != 0 {
         return Err(Error::InvalidArg(format!("flags {:#x} has unknown bits", cfg.flags)));
     }
     Ok(Config {
@@ -154,7 +164,8 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
 }
 
 /// Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
-/// `free_row` are required. `user_data` is passed to every callback.
+/// `free_row` are required (SKV_ERR_NULL_ARG naming each NULL one). `user_data` is passed to
+/// every callback.
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
 /// the handle lives.
@@ -172,12 +183,28 @@ pub unsafe extern "C" fn skv_cache_new_external(
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
         let ops = super::read_versioned(ops, POOL_OPS_SIZE_V1, "ops")?;
-        let (Some(_), Some(_), Some(_)) = (ops.read_row, ops.free_kv, ops.free_row) else {
-            return Err(Error::NullArg("ops->read_row, free_kv and free_row are required".into()));
-        };
-        let cfg = config(&read_config(cfg)?)?;
+        let missing: Vec<&str> = [
+            ("ops->read_row", ops.read_row.is_none()),
+            ("ops->free_kv", ops.free_kv.is_none()),
+            ("ops->free_row", ops.free_row.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(name, null)| null.then_some(name))
+        .collect();
+        if !missing.is_empty() {
+            return Err(Error::NullArg(format!(
+                "{} {} NULL (read_row, free_kv and free_row are required)",
+                missing.join(", "),
+                if missing.len() == 1 { "is" } else { "are" }
+            )));
+        }
+        let raw = read_config(cfg)?;
+        let cfg = config(&raw)?;
         cfg.validate()?;
-        *slot = boxed(Cache::new(cfg, Box::new(ExternalPool { ops, user_data, staging: Vec::new() }))?)?;
+        // Page frees matter only where a page holds more than one token.
+        let page_frees = (raw.flags & SKV_FLAG_PAGE_FREES != 0 && cfg.page_size > 1).then_some(cfg.page_size);
+        let pool = ExternalPool { ops, user_data, staging: Vec::new(), page_frees };
+        *slot = boxed(Cache::new(cfg, Box::new(pool))?)?;
         Ok(())
     })
 }
@@ -222,8 +249,27 @@ pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_c
 struct ExternalPool {
     ops: skv_pool_ops,
     user_data: *mut c_void,
-    /// The indices read for the call in progress, in effect order.
+    /// The indices read for the call in progress, in effect order (with page frees, only
+    /// those at page starts).
     staging: Vec<i32>,
+    /// `SKV_FLAG_PAGE_FREES`: the page size, free_kv getting one index per page.
+    page_frees: Option<u32>,
+}
+
+impl ExternalPool {
+    /// How many indices free_kv gets for `row[start, end)`.
+    fn handed(&self, start: u32, end: u32) -> usize {
+        match self.page_frees {
+            Some(ps) => page_starts(start, end, ps).count(),
+            None => (end - start) as usize,
+        }
+    }
+}
+
+/// The positions of `[start, end)` that start a page.
+fn page_starts(start: u32, end: u32, ps: u32) -> impl Iterator<Item = u32> {
+    let first = crate::core::ceil_align(start, ps).min(end as u64) as u32;
+    (first..end).step_by(ps as usize)
 }
 
 // SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
@@ -251,8 +297,15 @@ impl Pool for ExternalPool {
                 let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
                 if rc != 0 {
                     return Err(Error::Callback(format!(
-                        "read_row(row {row}, {start}..{end}) returned {rc}; nothing was changed"
+                        "read_row(row {row}, [{start}, {end})) returned {rc}; nothing was changed"
                     )));
+                }
+                if let Some(ps) = self.page_frees {
+                    // Keep the index at each page's first position, in place.
+                    for (k, p) in page_starts(start, end, ps).enumerate() {
+                        self.staging[at + k] = self.staging[at + (p - start) as usize];
+                    }
+                    self.staging.truncate(at + self.handed(start, end));
                 }
             }
         }
@@ -275,7 +328,11 @@ impl Pool for ExternalPool {
                     if start >= end {
                         continue;
                     }
-                    let idx = &self.staging[at..at + (end - start) as usize];
+                    let idx = &self.staging[at..at + self.handed(start, end)];
+                    // Never an empty free_kv (a range of only a page's tail has no page start).
+                    if idx.is_empty() {
+                        continue;
+                    }
                     at += idx.len();
                     handed += idx.len();
                     let free_kv = self.ops.free_kv.expect("checked at creation");
@@ -295,7 +352,11 @@ impl Pool for ExternalPool {
                 },
             };
             if rc != 0 {
-                failures.push(format!("{} returned {rc}", describe(e)));
+                let freed = match *e {
+                    Effect::FreeKv { start, end, .. } => self.handed(start, end),
+                    _ => 0,
+                };
+                failures.push(format!("{} returned {rc}", describe(e, freed)));
             }
         }
         if failures.is_empty() {
@@ -309,11 +370,11 @@ impl Pool for ExternalPool {
     }
 }
 
-/// An effect as the callback it became, for error messages.
-fn describe(e: &Effect) -> String {
+/// An effect as the callback it became (`n` indices handed to free_kv), for error messages.
+fn describe(e: &Effect, n: usize) -> String {
     match *e {
         Effect::DecLockRef { node, receipt } => format!("dec_lock_ref({node}, {receipt})"),
-        Effect::FreeKv { row, start, end, .. } => format!("free_kv({} indices of row {row})", end - start),
+        Effect::FreeKv { row, .. } => format!("free_kv({n} indices of row {row})"),
         Effect::FreeRow { row } => format!("free_row({row})"),
         Effect::FreeAux { aux } => format!("free_aux({aux})"),
     }

@@ -19,12 +19,15 @@ macro_rules! this_export {
 
 // cbindgen writes the header in the order these modules are declared, so each stands in its
 // own group (rustfmt sorts a group alphabetically): status and errors first, then the handle
-// and its config, the session calls, owned pools, the device, the dlopen table, tracing.
+// and its config, the session calls, scheduler queries, owned pools, the device, the dlopen
+// table, tracing.
 mod status;
 
 mod cache;
 
 mod session;
+
+mod queries;
 
 mod owned;
 
@@ -43,6 +46,7 @@ pub use api::*;
 pub use cache::*;
 pub use device::*;
 pub use owned::*;
+pub use queries::*;
 pub use session::*;
 pub use status::*;
 pub(crate) use trace::traced;

@@ -390,7 +390,9 @@ pub unsafe extern "C" fn skv_row_indices(
 
 /// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
 /// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
-/// used_pages == total_pages - 1 - free_pages.
+/// used_pages == total_pages - 1 - free_pages. External mode (the engine owns the pools):
+/// total_rows (num_rows), sessions, trimmed_tokens and tail_freed_tokens are filled;
+/// total_pages, free_pages, used_pages and free_rows are 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct skv_stats {
@@ -437,7 +439,8 @@ impl From<Stats> for skv_stats {
     }
 }
 
-/// Reads the pool's occupancy and counters.
+/// Reads the pool's occupancy and counters. Both modes; in external mode only what libskv
+/// knows there (see skv_stats).
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
@@ -618,8 +621,9 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 
 /// FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
 /// counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
-/// *needed receives the number of page ids, also when it exceeds cap: then
-/// SKV_ERR_INVALID_ARG and nothing else is written.
+/// *needed receives the number of page ids, also when it exceeds cap (or INT32_MAX): then
+/// SKV_ERR_INVALID_ARG and nothing else is written. This is the one failure that writes an
+/// out-parameter; every other failure leaves *needed alone.
 ///
 /// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
 #[no_mangle]

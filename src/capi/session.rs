@@ -247,7 +247,9 @@ pub unsafe extern "C" fn skv_match_prefix(
 /// (aborted != 0) releases everything the session held. The req ends holding nothing. A later
 /// turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
 /// is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
-/// req's aux_state and aux_track; of an idle slot, the slot's own record.
+/// req's aux_state and aux_track; of an idle slot, the slot's own record (the req must still
+/// hold the slot's row). A request that matched but never ran goes back with skv_hand_back
+/// instead.
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
@@ -266,6 +268,39 @@ pub unsafe extern "C" fn skv_cache_finished_req(
         },
         // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
         || unsafe { on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}) },
+        |t| {
+            t.req("req_out", req);
+        },
+    )
+}
+
+/// Hands back a request a skv_match_prefix hit restored but that never ran (the engine
+/// dropped it from its waiting queue): the slot becomes idle exactly as the match left it,
+/// nothing is freed and no callback runs, and the req ends holding nothing (row -1,
+/// row_generation 0, lengths 0, lock 0, aux -1; origin_input_len, output_len, finished_len
+/// kept). The slot keeps its row and generation, and its place in skv_idle_sessions' order
+/// (the turn never ran). The req must hold the row the hit restored (SKV_ERR_INVALID_ARG when
+/// it holds none), and be as the hit left it; SKV_ERR_STATE, nothing changed, when the
+/// session has no slot (a first turn, a miss), the slot holds another row or is idle (a stale
+/// copy, a finished or handed-back req), the req is stale (row_generation), or any of its KV
+/// fields differs from what the match restored (the request ran: finish or abort it).
+///
+/// The caller must pass every pointer as NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_hand_back(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    req: *mut skv_req,
+) -> skv_status {
+    traced(
+        c,
+        this_export!(),
+        |t| {
+            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
+        },
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
+        || unsafe { on_req(c, req, |c, r| c.hand_back(session_id, branch_id, r), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -350,7 +385,8 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 }
 
 /// The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
-/// page_size is 1); the page holding target-1 stays. Owned mode: end must reach the row's
+/// page_size is 1); the page holding target-1 stays. row in [0, num_rows), end <=
+/// max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing. Owned mode: end must reach the row's
 /// mapped end and target must not reach below its protected prefix. On a session's row:
 /// SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
 /// recorded end, target must keep its protected prefix, and the slot shortens with the row
@@ -369,7 +405,10 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
             // SAFETY: c is NULL or a live handle (the contract above).
             let mut c = unsafe { lock(c) }?;
             let Ok(row) = u32::try_from(row) else {
-                return Err(crate::core::Error::InvalidArg(format!("row {row} out of range")));
+                return Err(crate::core::Error::InvalidArg(format!(
+                    "row {row} out of range [0, {})",
+                    c.config().num_rows
+                )));
             };
             c.free_aligned(row, target, end)?;
             c.take_deferred()
@@ -420,7 +459,8 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
 }
 
 /// What idle session slots hold. Rows listed in active_rows belong to running requests and
-/// are not counted; (NULL, 0) lists none.
+/// are not counted; (NULL, 0) lists none. A listed row outside [0, num_rows) is
+/// SKV_ERR_INVALID_ARG naming its position and value.
 ///
 /// The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
 #[no_mangle]
@@ -441,7 +481,7 @@ pub unsafe extern "C" fn skv_session_held(
         || unsafe {
             let active = slice(active_rows, n_active, "active_rows")?;
             let out = out_mut(out, "out")?;
-            *out = lock(c)?.session_held(active).into();
+            *out = lock(c)?.session_held(active)?.into();
             Ok(())
         },
         |t| {

@@ -25,6 +25,8 @@ pub struct Cache {
     pub trimmed_tokens: u64,
     /// Tokens released by `free_tail` since creation.
     pub tail_freed_tokens: u64,
+    /// Turns saved into slots since creation: each saved turn's `Slot::finished_at`.
+    pub(crate) turns_finished: u64,
 }
 
 impl Cache {
@@ -42,6 +44,7 @@ impl Cache {
             deferred: None,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,
+            turns_finished: 0,
         })
     }
 
@@ -105,7 +108,8 @@ impl Cache {
 
     /// Checks a valid req against libskv's record of its row, in the documented order: a row
     /// not in use (`NotFound`, owned mode), a stale copy (`State`: a stamped generation the
-    /// row has left), then fields disagreeing with the row (`InvalidArg`, owned mode).
+    /// row has left), then fields disagreeing with the row (owned mode: `State` on an idle
+    /// slot's row, where the req is a stale copy; `InvalidArg` elsewhere).
     pub(crate) fn check_record(&self, req: &Req) -> Result<()> {
         if let Some(row) = req.row() {
             if let Some(p) = self.pool.owned() {
@@ -121,7 +125,23 @@ impl Cache {
                 );
             }
         }
-        self.pool.check_req(req)
+        match self.pool.check_req(req) {
+            // A req on an idle slot's row that disagrees with the row is a copy kept from an
+            // earlier turn: say so, rather than only which field disagrees.
+            Err(Error::InvalidArg(m)) => match req.row().and_then(|r| self.slots.of_row(r)).filter(|s| !s.in_flight) {
+                Some(s) => bail!(
+                    State,
+                    "req_pool_idx {} is a stale copy: row {} belongs to the idle slot of session {} branch {} \
+                     and the req disagrees with it ({m})",
+                    req.row,
+                    req.row,
+                    s.session,
+                    s.branch
+                ),
+                None => Err(Error::InvalidArg(m)),
+            },
+            other => other,
+        }
     }
 
     /// The row changes lifetime: copies stamped with its old generation become stale.

@@ -1,8 +1,8 @@
 //! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
 //! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
 //! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
-//! (the operations), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`, and `mirror`
-//! (what a device copy of the rows must learn).
+//! (the operations), `queries` (what a scheduler asks), then owned mode: `alloc`, `owned`,
+//! `owned_ops`, `audit`, and `mirror` (what a device copy of the rows must learn).
 
 mod alloc;
 mod audit;
@@ -14,6 +14,7 @@ mod owned;
 mod owned_ops;
 mod page;
 mod pool;
+mod queries;
 mod req;
 mod session;
 mod slots;
@@ -27,6 +28,7 @@ pub use owned::{EngineHooks, OwnedPool};
 pub use owned_ops::Stats;
 pub use page::{ceil_align, floor_align, pages_for};
 pub use pool::{Effect, Pool};
+pub use queries::{Admission, Usage};
 pub use req::{Config, Req};
 pub use session::{Held, Match};
 pub use slots::Slot;

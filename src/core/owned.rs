@@ -83,7 +83,7 @@ impl OwnedPool {
         match self.rows.get(row as usize) {
             Some(Some(r)) => Ok(r),
             Some(None) => bail!(NotFound, "row {row} is not in use"),
-            None => bail!(InvalidArg, "row {row} out of range 0..{}", self.rows.len()),
+            None => bail!(InvalidArg, "row {row} out of range [0, {})", self.rows.len()),
         }
     }
 

@@ -212,11 +212,11 @@ impl Cache {
     pub fn row_indices(&self, row: u32, start: u32, end: u32, out: &mut [i32]) -> Result<()> {
         let pool = self.owned_pool()?;
         if start > end {
-            bail!(InvalidArg, "range {start}..{end} runs backwards");
+            bail!(InvalidArg, "range [{start}, {end}) runs backwards");
         }
         let r = pool.row(row)?;
         if end > r.len {
-            bail!(InvalidArg, "range {start}..{end} outside the {} tokens row {row} maps", r.len);
+            bail!(InvalidArg, "range [{start}, {end}) outside the {} tokens row {row} maps", r.len);
         }
         let ps = self.cfg.page_size;
         for (o, p) in out.iter_mut().zip(start..end) {
@@ -225,8 +225,18 @@ impl Cache {
         Ok(())
     }
 
+    /// Pool occupancy. External mode knows no pool: only the rows' count, the sessions and
+    /// the counters are filled, the pool's fields are 0.
     pub fn stats(&self) -> Result<Stats> {
-        let pool = self.owned_pool()?;
+        let Ok(pool) = self.owned_pool() else {
+            return Ok(Stats {
+                total_rows: self.cfg.num_rows,
+                sessions: self.slots.len() as u64,
+                trimmed_tokens: self.trimmed_tokens,
+                tail_freed_tokens: self.tail_freed_tokens,
+                ..Stats::default()
+            });
+        };
         let a = pool.allocator();
         let (total, free) = (a.total_pages() as u64, a.free_pages() as u64);
         Ok(Stats {
@@ -284,7 +294,7 @@ impl Cache {
     pub fn flashinfer_len(&self, rows: &[i32]) -> Result<usize> {
         let pool = self.owned_pool()?;
         if let Some(bad) = rows.iter().find(|&&r| r < 0 || r as u32 >= pool.total_rows()) {
-            bail!(InvalidArg, "row {bad} out of range 0..{}", pool.total_rows());
+            bail!(InvalidArg, "row {bad} out of range [0, {})", pool.total_rows());
         }
         let mut total = 0usize;
         for &row in rows {
@@ -366,6 +376,11 @@ fn page_of(pool: &OwnedPool, index: i32) -> Result<u32> {
     let total = pool.allocator().total_pages();
     match u32::try_from(index) {
         Ok(i) if i / ps >= 1 && i / ps < total => Ok(i / ps),
-        _ => bail!(InvalidArg, "index {index} outside the pool's pages 1..{total} (page 0 is padding)"),
+        _ => bail!(
+            InvalidArg,
+            "token index {index} is not in a usable page: valid indices are [{ps}, {}) (pages [1, {total}); \
+             page 0, indices [0, {ps}), is padding)",
+            total as u64 * ps as u64
+        ),
     }
 }

@@ -25,7 +25,7 @@ impl Config {
             bail!(InvalidArg, "page_size 0: must be >= 1");
         }
         if self.num_rows == 0 || self.num_rows > i32::MAX as u32 {
-            bail!(InvalidArg, "num_rows {} out of range 1..={}", self.num_rows, i32::MAX);
+            bail!(InvalidArg, "num_rows {} out of range [1, {}]", self.num_rows, i32::MAX);
         }
         if self.max_context_len == 0 {
             bail!(InvalidArg, "max_context_len 0: must be >= 1");
@@ -118,11 +118,12 @@ impl Req {
         u32::try_from(self.finished_len).unwrap_or(self.output_len)
     }
 
-    /// The field checks of API.md, run by every function that takes a req.
+    /// The field checks of docs/concepts.md's request record, run by every function that
+    /// takes a req.
     pub fn validate(&self, cfg: &Config) -> Result<()> {
         let r = self;
         if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
-            bail!(InvalidArg, "req_pool_idx {} out of range -1..{}", r.row, cfg.num_rows);
+            bail!(InvalidArg, "req_pool_idx {} out of range [-1, {})", r.row, cfg.num_rows);
         }
         if r.committed > r.allocated {
             bail!(InvalidArg, "kv_committed_len {} > kv_allocated_len {}", r.committed, r.allocated);
@@ -140,7 +141,7 @@ impl Req {
             bail!(InvalidArg, "swa_evicted_seqlen {} > kv_allocated_len {}", r.swa, r.allocated);
         }
         if r.finished_len < -1 || (r.finished_len >= 0 && r.finished_len as u32 > r.output_len) {
-            bail!(InvalidArg, "finished_len {} out of range -1..={} (output_len)", r.finished_len, r.output_len);
+            bail!(InvalidArg, "finished_len {} out of range [-1, {}] (output_len)", r.finished_len, r.output_len);
         }
         Ok(())
     }

@@ -1,5 +1,6 @@
-//! The streaming-session operations of SEMANTICS.md: restore a session's KV for its next
-//! turn, trim a finished turn's speculative overshoot, release what a session holds.
+//! The streaming-session operations (docs/operations.md): restore a session's KV for its
+//! next turn, hand back a restored request that never ran, trim a finished turn's
+//! speculative overshoot, release what a session holds.
 
 use super::cache::{free_aligned_effect, push_release, Cache};
 use super::error::{bail, Result};
@@ -34,10 +35,13 @@ impl Cache {
     /// `free_aligned(row, target, end)`: the page-safe tail free.
     pub fn free_aligned(&mut self, row: u32, target: u32, end: u32) -> Result<()> {
         if row >= self.cfg.num_rows {
-            bail!(InvalidArg, "row {row} out of range 0..{}", self.cfg.num_rows);
+            bail!(InvalidArg, "row {row} out of range [0, {})", self.cfg.num_rows);
         }
         if end > self.cfg.max_context_len {
             bail!(InvalidArg, "end {end} > max_context_len {}", self.cfg.max_context_len);
+        }
+        if target > end {
+            bail!(InvalidArg, "target {target} > end {end}: the range [target, end) runs backwards");
         }
         self.pool.check_free(row, target, end)?;
         self.shorten_row(row, target, end, |_| {})
@@ -107,15 +111,11 @@ impl Cache {
         }
         check_claim(session, branch, row, &slot, req)?;
         let ps = self.cfg.page_size;
-        if self.cfg.aligned_reuse && ps > 1 {
-            let a = floor_align(slot.committed.min(key_len), ps);
-            if a < slot.protected || a == 0 {
-                self.release_rows(&[row])?;
-                return Ok(MISS);
-            }
-        }
+        let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {
+            self.release_rows(&[row])?;
+            return Ok(MISS);
+        };
         let mut r = self.restore(row, &slot, req);
-        let prefix_len = self.hit_prefix(&mut r, key_len)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated));
         self.run_effects(|c| {
@@ -127,24 +127,29 @@ impl Cache {
         Ok(Match { hit: true, prefix_len })
     }
 
-    /// The prefix a hit keeps of the restored req: what it committed, up to the key, never
-    /// below the tree's prefix; page-aligned (and `committed` with it) under aligned reuse or
-    /// where the sliding-window cursor lies past it, so the cursor stays on a page boundary.
-    fn hit_prefix(&self, r: &mut Req, key_len: u32) -> Result<u32> {
+    /// The prefix a match of `slot` with `key_len` reuses; `None` when aligned reuse finds
+    /// nothing whole to reuse (the match releases the slot and misses).
+    pub(crate) fn reusable_prefix(&self, slot: &Slot, key_len: u32) -> Result<Option<u32>> {
         let ps = self.cfg.page_size;
-        let mut prefix_len = r.committed.min(key_len);
-        if prefix_len < r.protected {
+        if self.cfg.aligned_reuse && ps > 1 {
+            let a = floor_align(slot.committed.min(key_len), ps);
+            if a < slot.protected || a == 0 {
+                return Ok(None);
+            }
+        }
+        let prefix_len = slot.committed.min(key_len);
+        if prefix_len < slot.protected {
             bail!(
                 State,
                 "reusable prefix {prefix_len} < cache_protected_len {}: sessions are append-only",
-                r.protected
+                slot.protected
             );
         }
-        if ps > 1 && (self.cfg.aligned_reuse || r.swa > prefix_len) {
-            prefix_len = floor_align(prefix_len, ps);
-            r.committed = r.committed.min(prefix_len);
-        }
-        Ok(prefix_len)
+        // The SWA cursor must stay page-aligned, so a window past the prefix floors it.
+        Ok(Some(match ps > 1 && (self.cfg.aligned_reuse || slot.swa > prefix_len) {
+            true => floor_align(prefix_len, ps),
+            false => prefix_len,
+        }))
     }
 
     /// The req a slot restores into. libskv's own rows know their mapped length (a retried
@@ -220,6 +225,45 @@ impl Cache {
             };
             saved.committed = target.min(saved.allocated);
             saved.in_flight = false;
+            c.turns_finished += 1;
+            saved.finished_at = c.turns_finished;
+            req.clear_kv();
+        })
+    }
+
+    /// `hand_back`: a request a hit restored, dropped before it ran, gives its row back to
+    /// the slot. The slot becomes idle exactly as the match left it (its recency too: the turn
+    /// never ran) and nothing is freed; the req ends holding nothing.
+    pub fn hand_back(&mut self, session: u64, branch: u64, req: &mut Req) -> Result<()> {
+        self.check_req(req)?;
+        let Some(row) = req.row() else {
+            bail!(
+                InvalidArg,
+                "req_pool_idx -1: the req holds no row (a miss has nothing to hand back; only a \
+                 skv_match_prefix hit restores a row)"
+            );
+        };
+        let Some((slot_row, slot)) = self.slots.find_near(session, branch, Some(row)).map(|(r, s)| (r, *s)) else {
+            bail!(
+                State,
+                "session {session} branch {branch} has no slot: req_pool_idx {row} was not restored by a \
+                 skv_match_prefix hit (a first turn or a miss finishes, or frees, its row instead)"
+            );
+        };
+        if slot_row != row {
+            bail!(State, "req holds row {row} but session {session} branch {branch} is restored into row {slot_row}");
+        }
+        if !slot.in_flight {
+            bail!(
+                State,
+                "session {session} branch {branch} is idle: no request restored into row {row} is running \
+                 (the req is a stale copy, already finished or already handed back)"
+            );
+        }
+        check_unrun(req, &slot, row)?;
+        self.effects.clear();
+        self.run_effects(|c| {
+            c.slots.of_row_mut(row).expect("slot found above").in_flight = false;
             req.clear_kv();
         })
     }
@@ -319,7 +363,11 @@ impl Cache {
     }
 
     /// `session_held`: what idle slots hold; rows in `active` belong to running requests.
-    pub fn session_held(&self, active: &[i32]) -> Held {
+    pub fn session_held(&self, active: &[i32]) -> Result<Held> {
+        let n = self.cfg.num_rows;
+        if let Some((i, row)) = active.iter().enumerate().find(|(_, &r)| u32::try_from(r).map_or(true, |r| r >= n)) {
+            bail!(InvalidArg, "active_rows[{i}] = {row} out of range [0, {n})");
+        }
         let mut active = active.to_vec();
         active.sort_unstable();
         let ps = self.cfg.page_size;
@@ -335,7 +383,7 @@ impl Cache {
             h.aux_states += (s.aux != -1) as u64;
             h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
         }
-        h
+        Ok(h)
     }
 
     /// A primitive shortening a running session's row from `end` to `len` must start at or
@@ -364,7 +412,7 @@ impl Cache {
         Ok(())
     }
 
-    /// The trim boundary of SEMANTICS.md's trim_overshoot, steps 1-2, after its checks.
+    /// The trim boundary of skv_trim_overshoot (docs/operations.md), after its checks.
     fn trim_target(&self, req: &Req, finished_len: u32) -> Result<u32> {
         if finished_len > req.output_len {
             bail!(InvalidArg, "finished_len {finished_len} > output_len {}", req.output_len);
@@ -431,6 +479,7 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         aux: r.aux,
         track: r.track,
         in_flight: false,
+        finished_at: 0,
     }
 }
 
@@ -445,6 +494,40 @@ fn check_claim(session: u64, branch: u64, row: u32, slot: &Slot, req: &Req) -> R
             State,
             "session {session} branch {branch} is already restored into a running request (row {row}); \
              only that request's req may match it again"
+        );
+    }
+    Ok(())
+}
+
+/// A req handed back must be as the match left it: any length it grew (or lost) since means
+/// the request ran, and handing it back would forget KV it holds.
+fn check_unrun(req: &Req, slot: &Slot, row: u32) -> Result<()> {
+    let pairs = [
+        ("kv_allocated_len", req.allocated as i64, slot.allocated as i64),
+        ("kv_committed_len", req.committed as i64, slot.committed as i64),
+        ("cache_protected_len", req.protected as i64, slot.protected as i64),
+        ("swa_evicted_seqlen", req.swa as i64, slot.swa as i64),
+        ("aux_state", req.aux, slot.aux),
+        ("aux_track[0]", req.track[0], slot.track[0]),
+        ("aux_track[1]", req.track[1], slot.track[1]),
+    ];
+    for (name, got, restored) in pairs {
+        if got != restored {
+            bail!(
+                State,
+                "{name} {got} != the {restored} the match restored into row {row}: the request ran \
+                 (finish or abort it instead)"
+            );
+        }
+    }
+    if (req.lock_node, req.lock_receipt) != (slot.lock_node, slot.lock_receipt) {
+        bail!(
+            State,
+            "lock_node {} / lock_receipt {} != the {} / {} the match restored into row {row}",
+            req.lock_node,
+            req.lock_receipt,
+            slot.lock_node,
+            slot.lock_receipt
         );
     }
     Ok(())

@@ -30,6 +30,9 @@ pub struct Slot {
     /// Restored by a `match_prefix` hit and not yet finished: its KV is being read by a
     /// running request, so releasing it would free pages under that request.
     pub in_flight: bool,
+    /// When the slot's last turn finished (the cache's turn counter then): orders idle slots
+    /// from least to most recently used. A handed-back request leaves it as it was.
+    pub finished_at: u64,
 }
 
 /// Slots keyed by `(session_id, branch_id)`.
@@ -143,6 +146,7 @@ mod tests {
             aux: -1,
             track: [-1; 2],
             in_flight: false,
+            finished_at: 0,
         }
     }
 

@@ -1,5 +1,5 @@
 //! Unit tests of the session operations over a recording pool, the golden cases of
-//! SEMANTICS.md among them, and of owned mode's allocator.
+//! docs/operations.md among them, and of owned mode's allocator.
 
 use super::*;
 
@@ -275,10 +275,10 @@ fn session_held_skips_active_rows() {
     let mut b = Req { origin_input_len: 4, track: [-1, 7], ..req(1, 4, 4) };
     c.cache_finished_req(1, 0, &mut a, false).unwrap();
     c.cache_finished_req(2, 0, &mut b, false).unwrap();
-    let all = c.session_held(&[]);
+    let all = c.session_held(&[]).unwrap();
     let held = Held { full_tokens: 8 + 4, swa_tokens: 4 + 4, rows: 2, aux_states: 1, sessions: 2, aux_handles: 2 };
     assert_eq!(all, held, "b's track entry counts; its empty entry and its -1 aux_state do not");
-    let some = c.session_held(&[1, 1, 7]);
+    let some = c.session_held(&[1, 1, 7]).unwrap();
     assert_eq!(some, Held { full_tokens: 8, swa_tokens: 4, rows: 1, aux_states: 1, sessions: 2, aux_handles: 1 });
 }
 
@@ -302,7 +302,7 @@ fn recurrent_handles_are_kept_restored_and_freed_in_order() {
     // The engine's ping-pong step frees entry 0 itself and leaves it empty.
     next.track = [-1, 12];
     c.cache_finished_req(1, 0, &mut next, false).unwrap();
-    assert_eq!(c.session_held(&[]).aux_handles, 2);
+    assert_eq!(c.session_held(&[]).unwrap().aux_handles, 2);
     c.release_session(1).unwrap();
     assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 12"], "the sentinel is skipped");
 }
@@ -545,10 +545,11 @@ fn primitives_respect_the_session_that_holds_the_row() {
     assert_eq!(log(&mut c), Vec::<String>::new());
     c.free_aligned(0, 10, 12).unwrap();
     assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "the running slot mirrors the free");
-    c.free_aligned(0, 20, 10).unwrap();
-    assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "end <= target frees and changes nothing");
+    c.free_aligned(0, 10, 10).unwrap();
+    assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "end == target frees and changes nothing");
+    assert!(matches!(c.free_aligned(0, 20, 10), Err(Error::InvalidArg(_))), "target > end");
     c.cache_finished_req(1, 0, &mut Req { origin_input_len: 10, allocated: 10, committed: 10, ..next }, false).unwrap();
-    assert_eq!(c.session_held(&[]).full_tokens, 4);
+    assert_eq!(c.session_held(&[]).unwrap().full_tokens, 4);
 }
 
 #[test]
@@ -708,4 +709,216 @@ fn a_trim_below_finished_len_keeps_the_req_valid() {
     c.commit(&mut r, 0).unwrap();
     c.free_req(&mut r).unwrap();
     assert_eq!(c.check().unwrap().violations, 0);
+}
+
+// ---- handing back a matched request that never ran, and the scheduler queries ----
+
+/// Saves a first turn of `len` tokens on `row` (external mode, no callback).
+fn save(c: &mut Engine, session: u64, branch: u64, row: i32, len: u32) {
+    let mut r = Req { origin_input_len: len, ..req(row, len, len) };
+    c.cache_finished_req(session, branch, &mut r, false).unwrap();
+}
+
+#[test]
+fn hand_back_returns_the_slot_idle_as_the_match_left_it() {
+    let mut c = external(4, 128, false);
+    let mut first = Req { origin_input_len: 20, ..req(3, 20, 22) };
+    c.cache_finished_req(1, 0, &mut first, false).unwrap();
+    log(&mut c);
+    let mut turn = Req { origin_input_len: 30, ..Req::default() };
+    let m = c.match_prefix(1, 0, &mut turn, 29, false).unwrap();
+    assert_eq!(m, Match { hit: true, prefix_len: 20 });
+    log(&mut c);
+    let after_match = *c.slots().find(1, 0).unwrap().1;
+    c.hand_back(1, 0, &mut turn).unwrap();
+    assert!(log(&mut c).is_empty(), "nothing is freed");
+    assert_eq!(turn, Req { origin_input_len: 30, ..Req::default() }, "the req holds nothing");
+    let s = *c.slots().find(1, 0).unwrap().1;
+    assert_eq!(s, Slot { in_flight: false, ..after_match });
+    assert_eq!(c.session_held(&[]).unwrap().rows, 1, "idle: counted again");
+    // The slot matches again, and a released slot frees what the match left.
+    let mut again = Req { origin_input_len: 30, ..Req::default() };
+    assert_eq!(c.match_prefix(1, 0, &mut again, 29, false).unwrap().prefix_len, 20);
+    c.hand_back(1, 0, &mut again).unwrap();
+    c.release_session(1).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 384..404", "free_row 3"]);
+}
+
+#[test]
+fn hand_back_refuses_what_is_not_a_matched_unrun_request() {
+    let mut c = external(4, 128, false);
+    save(&mut c, 1, 0, 2, 16);
+    let state = |e: Error| matches!(e, Error::State(_));
+    // A miss: no row.
+    let mut miss = Req::default();
+    let e = c.hand_back(1, 0, &mut miss).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArg(m) if m.contains("req_pool_idx -1")), "{e}");
+    // A first turn: a row but no slot.
+    let mut first = req(5, 4, 4);
+    let e = c.hand_back(9, 0, &mut first).unwrap_err();
+    assert!(e.to_string().contains("session 9 branch 0 has no slot"), "{e}");
+    // The idle slot's row: a stale copy.
+    let mut stale = req(2, 16, 16);
+    assert!(state(c.hand_back(1, 0, &mut stale).unwrap_err()));
+    // A request that ran past what the match restored.
+    let mut turn = Req { origin_input_len: 20, ..Req::default() };
+    c.match_prefix(1, 0, &mut turn, 19, false).unwrap();
+    let before = (turn, *c.slots().find(1, 0).unwrap().1);
+    let mut ran = Req { allocated: 20, ..turn };
+    let e = c.hand_back(1, 0, &mut ran).unwrap_err();
+    assert!(e.to_string().contains("kv_allocated_len 20 != the 16 the match restored into row 2"), "{e}");
+    assert_eq!(ran, Req { allocated: 20, ..turn }, "a refused call changes nothing");
+    // Another session's key, a stale generation.
+    assert!(state(c.hand_back(1, 7, &mut turn.clone()).unwrap_err()));
+    let mut old = Req { generation: turn.generation + 1, ..turn };
+    assert!(c.hand_back(1, 0, &mut old).unwrap_err().to_string().contains("stale copy"));
+    assert_eq!((turn, *c.slots().find(1, 0).unwrap().1), before);
+    assert!(log(&mut c).is_empty());
+    c.hand_back(1, 0, &mut turn).unwrap();
+    assert!(state(c.hand_back(1, 0, &mut Req { ..before.0 }).unwrap_err()), "handed back twice");
+}
+
+#[test]
+fn owned_hand_back_keeps_the_pages_and_refuses_an_extended_row() {
+    let mut c = owned(4, 32);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 10, None).unwrap();
+    c.commit(&mut r, 10).unwrap();
+    r.origin_input_len = 10;
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let free = c.stats().unwrap().free_pages;
+    let mut turn = Req { origin_input_len: 14, ..Req::default() };
+    c.match_prefix(1, 0, &mut turn, 13, false).unwrap();
+    c.alloc_extend(&mut turn, 4, None).unwrap();
+    let e = c.hand_back(1, 0, &mut turn).unwrap_err();
+    assert!(matches!(e, Error::State(_)), "{e}");
+    c.free_tail(&mut turn, 10).unwrap();
+    c.hand_back(1, 0, &mut turn).unwrap();
+    assert_eq!(turn.row, -1);
+    assert_eq!(c.stats().unwrap().free_pages, free, "the row keeps its pages");
+    assert_eq!(c.pool().mapped_len(0), Some(10));
+    clean(&c);
+}
+
+#[test]
+fn idle_slots_in_least_recently_finished_order() {
+    let mut c = external(4, 128, false);
+    save(&mut c, 1, 0, 0, 8);
+    save(&mut c, 2, 0, 1, 8);
+    save(&mut c, 3, 5, 2, 8);
+    let mut out = [(0, 0); 4];
+    assert_eq!(c.idle_lru(&mut out), 3);
+    assert_eq!(out[..3], [(1, 0), (2, 0), (3, 5)]);
+    // Session 1's next turn runs and finishes: it becomes the most recent.
+    let mut t = Req { origin_input_len: 10, output_len: 2, ..Req::default() };
+    c.match_prefix(1, 0, &mut t, 9, false).unwrap();
+    assert_eq!(c.idle_lru(&mut out), 2, "an in-flight slot is not idle");
+    assert_eq!(out[..2], [(2, 0), (3, 5)]);
+    t.allocated = 12;
+    t.committed = 12;
+    c.cache_finished_req(1, 0, &mut t, false).unwrap();
+    // Session 2 matches and is handed back: its place is unchanged.
+    let mut h = Req { origin_input_len: 10, ..Req::default() };
+    c.match_prefix(2, 0, &mut h, 9, false).unwrap();
+    c.hand_back(2, 0, &mut h).unwrap();
+    let mut two = [(0, 0); 2];
+    assert_eq!(c.idle_lru(&mut two), 3, "the count is every idle slot");
+    assert_eq!(two, [(2, 0), (3, 5)]);
+}
+
+#[test]
+fn usage_per_session_and_branch() {
+    let mut c = external(4, 128, false);
+    let mut a = Req { origin_input_len: 10, protected: 4, ..req(0, 10, 10) };
+    c.cache_finished_req(1, 0, &mut a, false).unwrap();
+    save(&mut c, 1, 1, 1, 5);
+    save(&mut c, 2, 0, 2, 7);
+    let u = c.usage(1, None);
+    assert_eq!(
+        u,
+        Usage {
+            slots: 2,
+            in_flight: 0,
+            allocated_tokens: 15,
+            committed_tokens: 15,
+            protected_tokens: 4,
+            pages: 3 + 2,
+            freeable_pages: 2 + 2
+        }
+    );
+    assert_eq!(c.usage(1, Some(1)).pages, 2);
+    assert_eq!(c.usage(1, Some(9)), Usage::default());
+    assert_eq!(c.usage(3, None), Usage::default());
+    let mut t = Req { origin_input_len: 12, ..Req::default() };
+    c.match_prefix(2, 0, &mut t, 11, false).unwrap();
+    assert_eq!(c.usage(2, None).in_flight, 1);
+}
+
+#[test]
+fn admission_pages_mirror_match_and_extend() {
+    let mut c = owned(4, 64);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 14, None).unwrap();
+    c.commit(&mut r, 10).unwrap();
+    (r.origin_input_len, r.output_len) = (10, 0);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    // The slot: committed 10, allocated 10 (the trim freed page 3, kept the page of 8..11).
+    let a = c.admission(1, 0, 9, 30).unwrap();
+    assert_eq!(a, Admission { hit: true, prefix_len: 9, pages_needed: 8 - 3, pages_freed: 0 });
+    let miss = c.admission(2, 0, 9, 30).unwrap();
+    assert_eq!(miss, Admission { hit: false, prefix_len: 0, pages_needed: 8, pages_freed: 0 });
+    assert!(matches!(c.admission(1, 0, 31, 30), Err(Error::InvalidArg(_))));
+    assert!(matches!(c.admission(1, 0, 9, 2000), Err(Error::InvalidArg(_))));
+    // What the query said is what the calls take.
+    let free = c.stats().unwrap().free_pages;
+    let mut t = Req { origin_input_len: 30, ..Req::default() };
+    assert_eq!(c.match_prefix(1, 0, &mut t, 9, false).unwrap().prefix_len, 9);
+    c.alloc_extend(&mut t, 30 - 9, None).unwrap();
+    assert_eq!(free - c.stats().unwrap().free_pages, a.pages_needed - a.pages_freed);
+    assert!(matches!(c.admission(1, 0, 9, 30), Err(Error::State(_))), "in flight");
+    let e = external(4, 64, false);
+    assert!(matches!(e.admission(1, 0, 0, 4), Err(Error::Unsupported(_))));
+}
+
+#[test]
+fn admission_counts_what_a_match_frees() {
+    let mut c = owned(4, 64);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 20, None).unwrap();
+    c.commit(&mut r, 20).unwrap();
+    r.origin_input_len = 20;
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    // Reusing 6 of 20 tokens: the match keeps pages 0..2 (positions 0..7) and frees 3.
+    let a = c.admission(1, 0, 6, 12).unwrap();
+    assert_eq!(a, Admission { hit: true, prefix_len: 6, pages_needed: 1, pages_freed: 3 });
+    let free = c.stats().unwrap().free_pages;
+    let mut t = Req { origin_input_len: 12, ..Req::default() };
+    c.match_prefix(1, 0, &mut t, 6, false).unwrap();
+    assert_eq!(c.stats().unwrap().free_pages - free, 3);
+}
+
+#[test]
+fn external_stats_report_what_libskv_knows() {
+    let mut c = external(4, 128, false);
+    save(&mut c, 1, 0, 0, 8);
+    let mut r = Req { origin_input_len: 4, output_len: 4, ..req(1, 8, 12) };
+    c.trim_overshoot(&mut r, 2).unwrap();
+    let s = c.stats().unwrap();
+    assert_eq!(s, Stats { total_rows: 8, sessions: 1, trimmed_tokens: 6, ..Stats::default() });
+}
+
+#[test]
+fn free_aligned_refuses_a_backwards_range() {
+    let mut c = external(4, 128, false);
+    let e = c.free_aligned(0, 9, 8).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArg(m) if m.contains("target 9 > end 8")), "{e}");
+    c.free_aligned(0, 8, 8).unwrap();
+    assert!(log(&mut c).is_empty());
+    assert!(
+        matches!(c.session_held(&[8]), Err(Error::InvalidArg(m)) if m.contains("active_rows[0] = 8 out of range [0, 8)"))
+    );
+    assert!(c.session_held(&[0, -7]).is_err());
 }

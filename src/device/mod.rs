@@ -18,7 +18,9 @@ mod absent {
     pub(crate) enum Device {}
 
     impl Device {
-        pub(crate) fn attach(_: &mut Cache, _: i32, _: *mut c_void) -> Result<Device> {
+        pub(crate) fn attach(cache: &mut Cache, _: i32, _: *mut c_void) -> Result<Device> {
+            // The mode is the first reason: no build gives an external handle a device copy.
+            cache.require_owned()?;
             Err(Error::Unsupported("libskv was built without the cuda feature".into()))
         }
 

@@ -1,9 +1,9 @@
-//! The reference model of SEMANTICS.md's session operations and of the rules README.md's
+//! The reference model of docs/operations.md's session operations and of the rules README.md's
 //! "Rules the design left open" settles, shared by the property tests: slots keyed by
 //! (session, branch) with their creation order, and for each operation the status, the effects
 //! on the engine in order, the req afterwards and the out-values.
 //!
-//! Errors follow API.md's order: every SKV_ERR_INVALID_ARG the model raises (the arguments
+//! Errors follow docs/conventions.md's order: every SKV_ERR_INVALID_ARG the model raises (the arguments
 //! alone are bad) comes before any SKV_ERR_STATE, so a caller with checks of its own (owned
 //! mode's record of a row: NOT_FOUND, then INVALID_ARG) puts them in between.
 
@@ -203,7 +203,7 @@ impl Model {
     }
 
     pub fn op_free_aligned(&mut self, row: i32, target: u32, end: u32) -> Res {
-        if row < 0 || row as u32 >= self.rows || end > self.max_ctx {
+        if row < 0 || row as u32 >= self.rows || end > self.max_ctx || target > end {
             return Err(INVALID);
         }
         self.guard_idle(row, "free_aligned")?;

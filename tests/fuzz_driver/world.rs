@@ -790,11 +790,14 @@ impl World {
         let side = &self.sides[s];
         let c = side.c;
         let mut rows: Vec<i32> = side.reqs.iter().map(|f| f.r.req_pool_idx).filter(|&r| r >= 0).collect();
-        if self.rng.chance(300) {
+        // A row outside [0, num_rows) is refused, naming it.
+        let bad = self.rng.chance(300);
+        if bad {
             let extra = self.bad_row(s);
             rows.push(extra);
             rows.extend(rows.clone());
         }
+        let listed = if bad { Expect::Is(SKV_ERR_INVALID_ARG) } else { Expect::Is(SKV_OK) };
         let mut h = held0();
         let hp: *mut skv_held = &mut h;
         match self.rng.below(10) {
@@ -814,7 +817,7 @@ impl World {
                     || unsafe { skv_session_held(c, rows.as_ptr(), n, hp) },
                 )
             }
-            _ => self.call(s, format!("skv_session_held({rows:?})"), null(), Expect::Is(SKV_OK), || unsafe {
+            _ => self.call(s, format!("skv_session_held({rows:?})"), null(), listed, || unsafe {
                 skv_session_held(c, rows.as_ptr(), rows.len(), hp)
             }),
         }
@@ -899,7 +902,7 @@ impl World {
             0 => big.cfg.page_size = 0,
             1 => big.cfg.num_rows = 0,
             2 => big.cfg.max_context_len = 0,
-            3 => big.cfg.flags = self.rng.pick(&[2, 0x8000_0000, u32::MAX]),
+            3 => big.cfg.flags = self.rng.pick(&[4, 0x8000_0000, u32::MAX]),
             4 | 5 if !self.sides[s].owned => big.cfg.page_size = 0,
             4 if base.page_size > 1 => big.cfg.num_token_slots = base.num_token_slots + 1,
             4 => big.cfg.num_token_slots = 1,
@@ -1336,7 +1339,18 @@ impl World {
             }),
             2 => self.call(s, "skv_pool_alloc(external)".into(), null(), want, || unsafe { skv_pool_alloc(c, 4, bp) }),
             3 => self.call(s, "skv_pool_free(external)".into(), null(), want, || unsafe { skv_pool_free(c, bp, 4) }),
-            4 => self.call(s, "skv_cache_stats(external)".into(), null(), want, || unsafe { skv_cache_stats(c, sp) }),
+            // skv_cache_stats answers in external mode (what libskv knows there).
+            4 if self.rng.chance(500) => {
+                self.call(s, "skv_cache_stats(external)".into(), null(), Expect::Is(SKV_OK), || unsafe {
+                    skv_cache_stats(c, sp)
+                })
+            }
+            4 => {
+                let mut a = skv_admission { hit: 0, prefix_len: 0, pages_needed: 0, pages_freed: 0 };
+                self.call(s, "skv_admission_pages(external)".into(), null(), want, || unsafe {
+                    skv_admission_pages(c, 1, 0, 0, 4, &mut a)
+                })
+            }
             5 => self.call(s, format!("skv_row_indices(external, row {row})"), null(), want, || unsafe {
                 skv_row_indices(c, row, 0, 4, bp)
             }),

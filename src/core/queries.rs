@@ -1,0 +1,123 @@
+//! What a scheduler asks before it acts: what a session holds, which idle sessions to evict
+//! first under memory pressure, and what admitting a request would cost. Queries change
+//! nothing.
+
+use super::cache::Cache;
+use super::error::{bail, Result};
+use super::page::pages_for;
+use super::slots::Slot;
+
+/// What a set of session slots holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub slots: u64,
+    pub in_flight: u64,
+    pub allocated_tokens: u64,
+    pub committed_tokens: u64,
+    pub protected_tokens: u64,
+    /// Pages the slots' rows map.
+    pub pages: u64,
+    /// Pages releasing the slots would free (those past each protected prefix).
+    pub freeable_pages: u64,
+}
+
+/// What admitting a request of `total_len` tokens after a match would take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Admission {
+    /// The match would hit.
+    pub hit: bool,
+    /// Tokens it would reuse (0 on a miss).
+    pub prefix_len: u32,
+    /// Pages growing the row from `prefix_len` to `total_len` would take from the free list.
+    pub pages_needed: u64,
+    /// Pages the match itself would free first (a stale tail, or a slot dropped by aligned reuse).
+    pub pages_freed: u64,
+}
+
+impl Cache {
+    /// What `(session, branch)` holds (`branch` None: every branch of the session).
+    pub fn usage(&self, session: u64, branch: Option<u64>) -> Usage {
+        let ps = self.cfg.page_size;
+        let mut u = Usage::default();
+        for &row in self.slots.rows_of(session) {
+            let s = self.slots.of_row(row).expect("rows of live slots");
+            if branch.is_some_and(|b| b != s.branch) {
+                continue;
+            }
+            let allocated = self.held_len(row, s);
+            let pages = pages_for(allocated, ps) as u64;
+            u.slots += 1;
+            u.in_flight += s.in_flight as u64;
+            u.allocated_tokens += allocated as u64;
+            u.committed_tokens += s.committed as u64;
+            u.protected_tokens += s.protected as u64;
+            u.pages += pages;
+            u.freeable_pages += pages.saturating_sub((s.protected / ps) as u64);
+        }
+        u
+    }
+
+    /// The tokens a slot's row holds: owned mode, the row's mapped length (a running
+    /// request's extension included); external mode, the slot's record.
+    fn held_len(&self, row: u32, s: &Slot) -> u32 {
+        self.pool.mapped_len(row).unwrap_or(s.allocated)
+    }
+
+    /// The idle slots, least recently finished first, into `out` (up to its length); returns
+    /// how many idle slots there are.
+    pub fn idle_lru(&self, out: &mut [(u64, u64)]) -> usize {
+        let mut idle: Vec<(u64, u64, u64)> = self
+            .slots
+            .iter()
+            .filter(|(_, s)| !s.in_flight)
+            .map(|(_, s)| (s.finished_at, s.session, s.branch))
+            .collect();
+        idle.sort_unstable();
+        for (o, &(_, session, branch)) in out.iter_mut().zip(&idle) {
+            *o = (session, branch);
+        }
+        idle.len()
+    }
+
+    /// What `match_prefix(session, branch, key_len)` followed by growing the row to
+    /// `total_len` tokens would take from owned mode's pool.
+    pub fn admission(&self, session: u64, branch: u64, key_len: u32, total_len: u32) -> Result<Admission> {
+        self.require_owned()?;
+        let max = self.cfg.max_context_len;
+        if total_len > max {
+            bail!(InvalidArg, "total_len {total_len} > max_context_len {max}");
+        }
+        if key_len > total_len {
+            bail!(InvalidArg, "key_len {key_len} > total_len {total_len}: a request reuses at most its own length");
+        }
+        let ps = self.cfg.page_size;
+        let whole = pages_for(total_len, ps) as u64;
+        let Some((row, slot)) = self.slots.find(session, branch) else {
+            return Ok(Admission { pages_needed: whole, ..Admission::default() });
+        };
+        if slot.in_flight {
+            bail!(
+                State,
+                "session {session} branch {branch} is in flight (row {row}): its running request holds it; \
+                 no other request can be admitted on it"
+            );
+        }
+        let held = pages_for(self.held_len(row, slot), ps) as u64;
+        match self.reusable_prefix(slot, key_len)? {
+            None => Ok(Admission {
+                pages_needed: whole,
+                pages_freed: held.saturating_sub((slot.protected / ps) as u64),
+                ..Admission::default()
+            }),
+            Some(prefix_len) => {
+                let kept = pages_for(prefix_len, ps) as u64;
+                Ok(Admission {
+                    hit: true,
+                    prefix_len,
+                    pages_needed: whole - kept,
+                    pages_freed: held.saturating_sub(kept),
+                })
+            }
+        }
+    }
+}
