@@ -39,19 +39,19 @@
 #include <stdint.h>
 
 /** The version of the headers, from Cargo.toml. */
-#define SKV_VERSION "0.2.0"
+#define SKV_VERSION "0.3.0"
 #define SKV_VERSION_MAJOR 0
-#define SKV_VERSION_MINOR 2
+#define SKV_VERSION_MINOR 3
 #define SKV_VERSION_PATCH 0
 
 /**
  * The ABI this library implements; skv_get_api accepts it. A 0.y release implements ABI y,
  * an x.y release (x >= 1) ABI 1000 * x.
  */
-#define SKV_ABI_VERSION 2
+#define SKV_ABI_VERSION 3
 
 /** The shared library's SONAME: libskv.so.0.y for 0.y releases, libskv.so.x from 1.0. */
-#define SKV_SONAME "libskv.so.0.2"
+#define SKV_SONAME "libskv.so.0.3"
 
 /**
  * A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
