@@ -1,7 +1,7 @@
 //! Scheduler queries: what a session holds, the idle sessions in least-recently-used order,
 //! and (owned mode) what admitting a request would take. They change nothing.
 
-use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced};
+use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced, ExportName};
 use crate::core::{Admission, Usage};
 
 /// What a session's slots (all its branches, or one) hold.
@@ -74,24 +74,8 @@ impl From<Admission> for skv_admission {
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_usage(c: *const skv_cache, session_id: u64, out: *mut skv_usage) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            t.num("session_id", session_id);
-        },
-        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
-        || unsafe {
-            let out = out_mut(out, "out")?;
-            *out = lock(c)?.usage(session_id, None).into();
-            Ok(())
-        },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            let u = unsafe { &*out };
-            t.num("slots", u.slots).num("allocated_tokens", u.allocated_tokens).num("pages", u.pages);
-        },
-    )
+    // SAFETY: the caller's contract, passed on.
+    unsafe { usage(c, this_export!(), session_id, None, out) }
 }
 
 /// skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
@@ -104,16 +88,34 @@ pub unsafe extern "C" fn skv_branch_usage(
     branch_id: u64,
     out: *mut skv_usage,
 ) -> skv_status {
+    // SAFETY: the caller's contract, passed on.
+    unsafe { usage(c, this_export!(), session_id, Some(branch_id), out) }
+}
+
+/// The usage queries' one body: every branch of the session, or one.
+///
+/// # Safety
+/// `c` and `out` must be NULL or valid.
+unsafe fn usage(
+    c: *const skv_cache,
+    function: ExportName,
+    session_id: u64,
+    branch_id: Option<u64>,
+    out: *mut skv_usage,
+) -> skv_status {
     traced(
         c,
-        this_export!(),
+        function,
         |t| {
-            t.num("session_id", session_id).num("branch_id", branch_id);
+            t.num("session_id", session_id);
+            if let Some(b) = branch_id {
+                t.num("branch_id", b);
+            }
         },
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
             let out = out_mut(out, "out")?;
-            *out = lock(c)?.usage(session_id, Some(branch_id)).into();
+            *out = lock(c)?.usage(session_id, branch_id).into();
             Ok(())
         },
         |t| {
