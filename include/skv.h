@@ -56,6 +56,28 @@
 #define SKV_FLAG_ALIGNED_REUSE 1
 
 /**
+ * skv_pool_ops.free_kv_segment's `pools`: the full-attention pool only (the window already
+ * gave the SWA slots back).
+ */
+#define SKV_POOL_FULL 1
+
+/**
+ * The sliding-window pool only (a window step, skv_swa_evict).
+ */
+#define SKV_POOL_SWA 2
+
+/**
+ * Both pools (every position the window has not passed).
+ */
+#define SKV_POOL_BOTH (SKV_POOL_FULL | SKV_POOL_SWA)
+
+/**
+ * skv_swa_evict's flags: the engine shares no prefixes (no radix tree), so the window is
+ * evicted right up to pre_len - window instead of keeping whole pages of it.
+ */
+#define SKV_SWA_NO_PREFIX_SHARING 1
+
+/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -152,8 +174,9 @@ typedef struct skv_cache_config {
  */
 typedef struct skv_pool_ops {
   /**
-   * sizeof(skv_pool_ops) of the header the caller was built with: 48 so far (ABI 1 and 2).
-   * Accepted from 48 up; see "Versioned structs" at the top of this header.
+   * sizeof(skv_pool_ops) of the header the caller was built with: 48 in ABI 1 and 2, 56
+   * with free_kv_segment. Accepted from 48 up; see "Versioned structs" at the top of this
+   * header.
    */
   uint32_t struct_size;
   /**
@@ -162,7 +185,8 @@ typedef struct skv_pool_ops {
   int (*read_row)(void*, int32_t, uint32_t, uint32_t, int32_t*);
   /**
    * Return these KV slot indices to the engine's allocator (a paged allocator frees the
-   * pages they fall in). Required.
+   * pages they fall in). Required unless free_kv_segment is set, which then takes every
+   * KV free.
    */
   int (*free_kv)(void*, const int32_t*, size_t);
   /**
@@ -177,6 +201,19 @@ typedef struct skv_pool_ops {
    * Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
    */
   int (*free_aux)(void*, int64_t);
+  /**
+   * Positional free for hybrid (full + sliding-window) pools: return the slots `indices`
+   * (n of them) of row positions [first_pos, first_pos + n) of `row` to the pools named by
+   * `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
+   * split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
+   * in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
+   * skv_swa_evict's frees are SWA-only. first_pos is page-aligned for every piece but a
+   * full-only one. NULL (or a struct_size of 48): free_kv takes every free whole; then a
+   * free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
+   * this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
+   * skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+   */
+  int (*free_kv_segment)(void*, int32_t, uint32_t, const int32_t*, size_t, uint32_t);
 } skv_pool_ops;
 
 /**
@@ -236,6 +273,15 @@ typedef struct skv_req {
    * Engine auxiliary state handed back to free_aux, -1 = none.
    */
   int64_t aux_state;
+  /**
+   * Eviction floor of sliding-window layers (sglang's swa_evict_floor): [0, this) is
+   * never window-evicted; 0 = none. The engine sets it (at a prefill, to the prefill's
+   * end); a hit restores the slot's. It may lie past swa_evicted_seqlen and past
+   * kv_allocated_len, and no trim clamps it; at most max_context_len. SWA slots below
+   * swa_dead_lo = max(cache_protected_len, this), rounded up to a page when the floor is
+   * the larger, are never freed by the window (docs/hybrid.md).
+   */
+  uint32_t swa_evict_floor;
 } skv_req;
 
 /**
@@ -261,7 +307,9 @@ typedef struct skv_held {
    */
   uint64_t full_tokens;
   /**
-   * The same, minus max(protected, swa_evicted_seqlen) instead of protected.
+   * Sum over idle slots of ceil_align(allocated) - protected - max(0, swa_evicted_seqlen -
+   * swa_dead_lo): what the window freed lies in [swa_dead_lo, swa_evicted_seqlen) only
+   * (docs/hybrid.md).
    */
   uint64_t swa_tokens;
   /**
@@ -586,6 +634,17 @@ typedef struct skv_api {
                                   struct skv_req *reqs,
                                   size_t n,
                                   const uint32_t *n_tokens);
+  /**
+   * Same as skv_swa_evict.
+   */
+  enum skv_status (*swa_evict)(struct skv_cache *c,
+                               struct skv_req *req,
+                               uint32_t pre_len,
+                               uint32_t window,
+                               uint32_t eviction_interval,
+                               int64_t retain_floor,
+                               uint32_t flags,
+                               uint32_t *freed);
 } skv_api;
 
 #ifdef __cplusplus
@@ -776,6 +835,31 @@ enum skv_status skv_session_held(struct skv_cache *c,
                                  const int32_t *active_rows,
                                  size_t n_active,
                                  struct skv_held *out);
+
+/**
+ * One sliding-window step of a running request (sglang's free_swa_out_of_window_slots):
+ * once `swa_evicted_seqlen` lags `pre_len - window` by at least `eviction_interval`, the
+ * cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
+ * (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
+ * ignored without prefix sharing), never back, floored to a page; the positions it passed
+ * go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
+ * (NULL allowed) is the number of positions handed back. A req holding no row changes
+ * nothing. Errors: window 0, pre_len > kv_allocated_len, retain_floor < -1 or unknown
+ * flags are SKV_ERR_INVALID_ARG; owned mode, or external mode without free_kv_segment, is
+ * SKV_ERR_UNSUPPORTED; a row an idle session slot holds is SKV_ERR_STATE. On a running
+ * session's row the slot's cursor follows. docs/hybrid.md.
+ *
+ * # Safety
+ * Pointers must be NULL or valid.
+ */
+enum skv_status skv_swa_evict(struct skv_cache *c,
+                              struct skv_req *req,
+                              uint32_t pre_len,
+                              uint32_t window,
+                              uint32_t eviction_interval,
+                              int64_t retain_floor,
+                              uint32_t flags,
+                              uint32_t *freed);
 
 /**
  * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row

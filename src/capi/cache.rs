@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
 use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope};
-use crate::core::{Cache, Config, Effect, Error, Pool, Result};
+use crate::core::{split, Cache, Config, Effect, Error, Pool, Pools, Result, Segment};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -48,6 +48,14 @@ pub struct skv_cache_config {
     pub flags: u32,
 }
 
+/// skv_pool_ops.free_kv_segment's `pools`: the full-attention pool only (the window already
+/// gave the SWA slots back).
+pub const SKV_POOL_FULL: u32 = 0x1;
+/// The sliding-window pool only (a window step, skv_swa_evict).
+pub const SKV_POOL_SWA: u32 = 0x2;
+/// Both pools (every position the window has not passed).
+pub const SKV_POOL_BOTH: u32 = SKV_POOL_FULL | SKV_POOL_SWA;
+
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
 /// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -56,13 +64,15 @@ pub struct skv_cache_config {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
-    /// sizeof(skv_pool_ops) of the header the caller was built with: 48 so far (ABI 1 and 2).
-    /// Accepted from 48 up; see "Versioned structs" at the top of this header.
+    /// sizeof(skv_pool_ops) of the header the caller was built with: 48 in ABI 1 and 2, 56
+    /// with free_kv_segment. Accepted from 48 up; see "Versioned structs" at the top of this
+    /// header.
     pub struct_size: u32,
     /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
     pub read_row: Option<unsafe extern "C" fn(*mut c_void, i32, u32, u32, *mut i32) -> c_int>,
     /// Return these KV slot indices to the engine's allocator (a paged allocator frees the
-    /// pages they fall in). Required.
+    /// pages they fall in). Required unless free_kv_segment is set, which then takes every
+    /// KV free.
     pub free_kv: Option<unsafe extern "C" fn(*mut c_void, *const i32, usize) -> c_int>,
     /// Return a req_to_token row to the engine's row pool. Required.
     pub free_row: Option<unsafe extern "C" fn(*mut c_void, i32) -> c_int>,
@@ -70,11 +80,24 @@ pub struct skv_pool_ops {
     pub dec_lock_ref: Option<unsafe extern "C" fn(*mut c_void, u64, u64) -> c_int>,
     /// Free engine auxiliary state (e.g. a mamba pool slot); may be NULL.
     pub free_aux: Option<unsafe extern "C" fn(*mut c_void, i64) -> c_int>,
+    /// Positional free for hybrid (full + sliding-window) pools: return the slots `indices`
+    /// (n of them) of row positions [first_pos, first_pos + n) of `row` to the pools named by
+    /// `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
+    /// split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
+    /// in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
+    /// skv_swa_evict's frees are SWA-only. first_pos is page-aligned for every piece but a
+    /// full-only one. NULL (or a struct_size of 48): free_kv takes every free whole; then a
+    /// free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
+    /// this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
+    /// skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+    pub free_kv_segment: Option<unsafe extern "C" fn(*mut c_void, i32, u32, *const i32, usize, u32) -> c_int>,
 }
 
 /// The first published sizes of the versioned structs (ABI 1); every later size is accepted.
 pub(crate) const CONFIG_SIZE_V1: u32 = 32;
 pub(crate) const POOL_OPS_SIZE_V1: u32 = 48;
+/// The first size holding free_kv_segment: a caller built with it knows about hybrid frees.
+pub(crate) const POOL_OPS_SIZE_SEGMENTS: u32 = 56;
 const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 >= CONFIG_SIZE_V1);
 const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZE_V1);
 
@@ -135,12 +158,17 @@ pub unsafe extern "C" fn skv_cache_new_external(
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
         let ops = super::read_versioned(ops, POOL_OPS_SIZE_V1, "ops")?;
-        let (Some(_), Some(_), Some(_)) = (ops.read_row, ops.free_kv, ops.free_row) else {
-            return Err(Error::NullArg("ops->read_row, free_kv and free_row are required".into()));
+        let (Some(_), true, Some(_)) =
+            (ops.read_row, ops.free_kv.is_some() || ops.free_kv_segment.is_some(), ops.free_row)
+        else {
+            return Err(Error::NullArg(
+                "ops->read_row, free_row and one of free_kv, free_kv_segment are required".into(),
+            ));
         };
         let cfg = config(&read_config(cfg)?)?;
         cfg.validate()?;
-        *slot = boxed(Cache::new(cfg, Box::new(ExternalPool { ops, user_data, staging: Vec::new() }))?)?;
+        let pool = ExternalPool { ops, user_data, ps: cfg.page_size, staging: Vec::new() };
+        *slot = boxed(Cache::new(cfg, Box::new(pool))?)?;
         Ok(())
     })
 }
@@ -183,6 +211,7 @@ pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_c
 struct ExternalPool {
     ops: skv_pool_ops,
     user_data: *mut c_void,
+    ps: u32,
     /// The indices read for the call in progress, in effect order.
     staging: Vec<i32>,
 }
@@ -190,28 +219,102 @@ struct ExternalPool {
 // The engine promises its callbacks may run on whichever thread calls libskv.
 unsafe impl Send for ExternalPool {}
 
+impl ExternalPool {
+    /// Checks a row free against what the callbacks can express, before anything is read.
+    fn check_split(&self, row: u32, start: u32, end: u32, dead_lo: u32, dead_hi: u32) -> Result<()> {
+        let pieces = split(start, end, dead_lo, dead_hi);
+        let dead = pieces.iter().any(|p| p.pools == Pools::Full);
+        if !dead {
+            return Ok(());
+        }
+        if self.ops.free_kv_segment.is_none() {
+            // ABI 2 callers hand every free to free_kv whole, as they always did.
+            if self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS {
+                return Ok(());
+            }
+            return Err(Error::Unsupported(format!(
+                "row {row} positions {}..{} already gave their SWA slots back (swa_dead_lo {dead_lo}, \
+                 swa_evicted_seqlen {dead_hi}), but ops->free_kv_segment is NULL: free_kv cannot \
+                 free the full side alone; nothing was changed",
+                dead_lo.max(start),
+                dead_hi.min(end)
+            )));
+        }
+        if pieces.len() > 1 && dead_hi % self.ps != 0 {
+            return Err(Error::InvalidArg(format!(
+                "swa_evicted_seqlen {dead_hi} splits a page (page_size {}) of row {row}: the SWA cursor \
+                 must stay page-aligned",
+                self.ps
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads `row[start..end)` into the staging buffer.
+    fn stage(&mut self, row: u32, start: u32, end: u32) -> Result<()> {
+        let read_row = self.ops.read_row.expect("checked at creation");
+        let at = self.staging.len();
+        let n = (end - start) as usize;
+        if self.staging.try_reserve(n).is_err() {
+            return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
+        }
+        self.staging.resize(at + n, -1);
+        let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::Callback(format!(
+                "read_row(row {row}, {start}..{end}) returned {rc}; nothing was changed"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Hands one staged row range back, split by pools when free_kv_segment is set.
+    fn free_range(&self, row: u32, start: u32, idx: &[i32], dead: Option<(u32, u32)>, failures: &mut Vec<String>) {
+        let ud = self.user_data;
+        let end = start + idx.len() as u32;
+        let Some(seg) = self.ops.free_kv_segment else {
+            let free_kv = self.ops.free_kv.expect("checked at creation");
+            let rc = unsafe { free_kv(ud, idx.as_ptr(), idx.len()) };
+            if rc != 0 {
+                failures.push(format!("free_kv({} indices of row {row}) returned {rc}", idx.len()));
+            }
+            return;
+        };
+        let pieces = match dead {
+            Some((lo, hi)) => split(start, end, lo, hi),
+            None => smallvec::smallvec![Segment { start, end, pools: Pools::Swa }],
+        };
+        for p in pieces {
+            let piece = &idx[(p.start - start) as usize..(p.end - start) as usize];
+            let pools = match p.pools {
+                Pools::Full => SKV_POOL_FULL,
+                Pools::Swa => SKV_POOL_SWA,
+                Pools::Both => SKV_POOL_BOTH,
+            };
+            let rc = unsafe { seg(ud, row as i32, p.start, piece.as_ptr(), piece.len(), pools) };
+            if rc != 0 {
+                failures
+                    .push(format!("free_kv_segment(row {row}, {}..{}, pools {pools}) returned {rc}", p.start, p.end));
+            }
+        }
+    }
+}
+
 impl Pool for ExternalPool {
     fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
+        for e in effects {
+            if let Effect::FreeKv { row, start, end, dead_lo, dead_hi, .. } = *e {
+                self.check_split(row, start, end, dead_lo, dead_hi)?;
+            }
+        }
         self.staging.clear();
         let _scope = CallbackScope::enter();
-        let read_row = self.ops.read_row.expect("checked at creation");
         for e in effects {
-            if let Effect::FreeKv { row, start, end, .. } = *e {
-                if start >= end {
-                    continue;
+            match *e {
+                Effect::FreeKv { row, start, end, .. } | Effect::FreeSwa { row, start, end } if start < end => {
+                    self.stage(row, start, end)?
                 }
-                let at = self.staging.len();
-                let n = (end - start) as usize;
-                if self.staging.try_reserve(n).is_err() {
-                    return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
-                }
-                self.staging.resize(at + n, -1);
-                let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
-                if rc != 0 {
-                    return Err(Error::Callback(format!(
-                        "read_row(row {row}, {start}..{end}) returned {rc}; nothing was changed"
-                    )));
-                }
+                _ => {}
             }
         }
         Ok(())
@@ -228,15 +331,19 @@ impl Pool for ExternalPool {
                     Some(f) => unsafe { f(ud, node, receipt) },
                     None => continue,
                 },
-                Effect::FreeKv { start, end, .. } => {
+                Effect::FreeKv { row, start, end, .. } | Effect::FreeSwa { row, start, end } => {
                     if start >= end {
                         continue;
                     }
                     let idx = &self.staging[at..at + (end - start) as usize];
                     at += idx.len();
                     handed += idx.len();
-                    let free_kv = self.ops.free_kv.expect("checked at creation");
-                    unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }
+                    let dead = match *e {
+                        Effect::FreeKv { dead_lo, dead_hi, .. } => Some((dead_lo, dead_hi)),
+                        _ => None,
+                    };
+                    self.free_range(row, start, idx, dead, &mut failures);
+                    continue;
                 }
                 Effect::FreeRow { row } => {
                     let free_row = self.ops.free_row.expect("checked at creation");
@@ -260,13 +367,20 @@ impl Pool for ExternalPool {
             )))
         }
     }
+
+    fn frees_swa(&self) -> std::result::Result<(), String> {
+        match self.ops.free_kv_segment {
+            Some(_) => Ok(()),
+            None => Err("ops->free_kv_segment is NULL: free_kv cannot free the SWA side alone".into()),
+        }
+    }
 }
 
-/// An effect as the callback it became, for error messages.
+/// An effect as the callback it became, for error messages (KV frees name themselves).
 fn describe(e: &Effect) -> String {
     match *e {
         Effect::DecLockRef { node, receipt } => format!("dec_lock_ref({node}, {receipt})"),
-        Effect::FreeKv { row, start, end, .. } => format!("free_kv({} indices of row {row})", end - start),
+        Effect::FreeKv { row, .. } | Effect::FreeSwa { row, .. } => format!("a free of row {row}"),
         Effect::FreeRow { row } => format!("free_row({row})"),
         Effect::FreeAux { aux } => format!("free_aux({aux})"),
     }

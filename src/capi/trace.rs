@@ -138,7 +138,7 @@ impl Line {
                     self.0,
                     ",\"{name}\":{{\"req_pool_idx\":{},\"row_generation\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
                      \"cache_protected_len\":{},\"swa_evicted_seqlen\":{},\"origin_input_len\":{},\
-                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{}}}",
+                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{},\"swa_evict_floor\":{}}}",
                     r.req_pool_idx,
                     r.row_generation,
                     r.kv_committed_len,
@@ -150,7 +150,8 @@ impl Line {
                     r.finished_len,
                     r.lock_node,
                     r.lock_receipt,
-                    r.aux_state
+                    r.aux_state,
+                    r.swa_evict_floor
                 );
             }
         }

@@ -1,7 +1,7 @@
 //! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
 //! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
 //! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
-//! (the operations), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`, and `mirror`
+//! (the operations), `swa` (the sliding-window step), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`, and `mirror`
 //! (what a device copy of the rows must learn).
 
 mod alloc;
@@ -17,6 +17,7 @@ mod pool;
 mod req;
 mod session;
 mod slots;
+mod swa;
 
 pub use alloc::PageState;
 pub use audit::Report;
@@ -26,10 +27,11 @@ pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
 pub use owned_ops::Stats;
 pub use page::{ceil_align, floor_align, pages_for};
-pub use pool::{Effect, Pool};
-pub use req::{Config, Req};
+pub use pool::{split, Effect, Pool, Pools, Segment};
+pub use req::{swa_dead, swa_dead_lo, Config, Req};
 pub use session::{Held, Match};
 pub use slots::Slot;
+pub use swa::{window_step, Window};
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

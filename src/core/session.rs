@@ -4,7 +4,7 @@
 use super::cache::{free_aligned_effect, push_release, Cache};
 use super::error::{bail, Result};
 use super::page::{ceil_align, floor_align};
-use super::req::Req;
+use super::req::{swa_dead, swa_dead_lo, Req};
 use super::slots::Slot;
 
 /// The result of `match_prefix`.
@@ -38,7 +38,9 @@ impl Cache {
             bail!(InvalidArg, "end {end} > max_context_len {}", self.cfg.max_context_len);
         }
         self.pool.check_free(row, target, end)?;
-        self.shorten_row(row, target, end, |_| {})
+        // Only a session slot records the row's SWA cursor; any other row's is the engine's.
+        let dead = self.slots.of_row(row).map_or((0, 0), |s| slot_dead(s, self.cfg.page_size));
+        self.shorten_row(row, target, end, dead, |_| {})
     }
 
     /// `trim_overshoot(req, finished_len)`: cut every KV field back to
@@ -48,8 +50,8 @@ impl Cache {
         let row = req.require_row()?;
         let target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
-        let end = req.allocated;
-        self.shorten_row(row, target, end, |c| c.apply_trim(req, target, finished_len))
+        let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
+        self.shorten_row(row, target, end, dead, |c| c.apply_trim(req, target, finished_len))
     }
 
     /// `free_tail(req, prefix_len)`: free what lies past a reused prefix.
@@ -67,18 +69,25 @@ impl Cache {
                 req.protected
             );
         }
-        let end = req.allocated;
-        self.shorten_row(row, prefix_len, end, |c| c.apply_free_tail(req, prefix_len))
+        let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
+        self.shorten_row(row, prefix_len, end, dead, |c| c.apply_free_tail(req, prefix_len))
     }
 
     /// What the three primitives share: free `row[len..end)` page-safely, where a session
     /// holding the row must be running, keep its floor (`check_slot_floor`), and shortens its
     /// record with the row; `mutate` updates the caller's req.
-    fn shorten_row(&mut self, row: u32, len: u32, end: u32, mutate: impl FnOnce(&mut Self)) -> Result<()> {
+    fn shorten_row(
+        &mut self,
+        row: u32,
+        len: u32,
+        end: u32,
+        dead: (u32, u32),
+        mutate: impl FnOnce(&mut Self),
+    ) -> Result<()> {
         self.guard_idle_session_row(row)?;
         self.check_slot_floor(row, len, end)?;
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, len, end));
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, len, end, dead));
         self.run_effects(|c| {
             mutate(c);
             match c.slots.of_row_mut(row) {
@@ -115,7 +124,7 @@ impl Cache {
         let mut r = self.restore(row, &slot, req);
         let prefix_len = self.hit_prefix(&mut r, key_len)?;
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated));
+        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated, req_dead(&r, ps)));
         self.run_effects(|c| {
             c.apply_free_tail(&mut r, prefix_len);
             *req = r;
@@ -162,6 +171,7 @@ impl Cache {
             allocated,
             protected: slot.protected,
             swa: slot.swa,
+            swa_floor: slot.swa_floor,
             lock_node: slot.lock_node,
             lock_receipt: slot.lock_receipt,
             aux: slot.aux,
@@ -200,12 +210,14 @@ impl Cache {
         self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated));
+        let dead = req_dead(req, self.cfg.page_size);
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated, dead));
         self.run_effects(|c| {
             c.apply_trim(req, trim_target, finished_len);
             let saved = match c.slots.of_row_mut(row) {
                 Some(s) => {
                     (s.committed, s.allocated, s.swa, s.aux) = (req.committed, req.allocated, req.swa, req.aux);
+                    s.swa_floor = req.swa_floor;
                     s
                 }
                 None => {
@@ -240,14 +252,20 @@ impl Cache {
                 // The running request's state counts (its extension, its aux); an idle slot's
                 // req is a stale copy, and the slot's own record is what it holds.
                 let doomed = match slot.in_flight {
-                    true => Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, ..slot },
+                    true => Slot {
+                        allocated: slot.allocated.max(req.allocated),
+                        aux: req.aux,
+                        swa: req.swa,
+                        swa_floor: req.swa_floor,
+                        ..slot
+                    },
                     false => slot,
                 };
                 (row, doomed)
             }
         };
         self.effects.clear();
-        push_release(&mut self.effects, row, &doomed);
+        push_release(&mut self.effects, self.cfg.page_size, row, &doomed);
         self.run_effects(|c| {
             c.slots.remove(row);
             req.clear_kv();
@@ -302,7 +320,7 @@ impl Cache {
                     s.branch
                 );
             }
-            push_release(&mut self.effects, row, s);
+            push_release(&mut self.effects, self.cfg.page_size, row, s);
         }
         self.run_effects(|c| {
             for &row in rows {
@@ -323,7 +341,10 @@ impl Cache {
             }
             let end = ceil_align(s.allocated, ps);
             h.full_tokens += end - s.protected as u64;
-            h.swa_tokens += end - s.protected.max(s.swa) as u64;
+            // sglang's kv_private_swa_tokens: the window frees only [swa_dead_lo, swa);
+            // [protected, swa_dead_lo) stays held even after the cursor passes it.
+            let window_freed = s.swa.saturating_sub(swa_dead_lo(s.protected, s.swa_floor, ps));
+            h.swa_tokens += end - s.protected as u64 - window_freed as u64;
             h.rows += 1;
             h.aux_states += (s.aux != -1) as u64;
         }
@@ -401,6 +422,15 @@ impl Cache {
     }
 }
 
+/// The SWA-dead range of a req's row before a free.
+fn req_dead(r: &Req, ps: u32) -> (u32, u32) {
+    swa_dead(r.protected, r.swa_floor, r.swa, ps)
+}
+
+fn slot_dead(s: &Slot, ps: u32) -> (u32, u32) {
+    swa_dead(s.protected, s.swa_floor, s.swa, ps)
+}
+
 /// A running request's primitive shortened its row: the in-flight slot mirrors it, so a
 /// later abort never hands back the same tail twice.
 fn clamp_slot(s: &mut Slot, len: u32) {
@@ -418,6 +448,7 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         allocated: r.allocated,
         protected: r.protected,
         swa: r.swa,
+        swa_floor: r.swa_floor,
         lock_node: r.lock_node,
         lock_receipt: r.lock_receipt,
         aux: r.aux,

@@ -1,0 +1,84 @@
+//! Sliding-window eviction: as a request decodes past its window, the SWA slots behind the
+//! window go back to the SWA pool while the full-attention layers keep theirs. The rule is
+//! sglang's `free_swa_out_of_window_slots`, step for step.
+
+use super::cache::Cache;
+use super::error::{bail, Result};
+use super::page::ceil_align;
+use super::pool::Effect;
+use super::req::Req;
+
+/// How a window step is taken (the arguments of `free_swa_out_of_window_slots`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Tokens of sliding window the layers attend to, >= 1.
+    pub size: u32,
+    /// The cursor moves only once it lags `pre_len - size` by at least this many tokens.
+    pub eviction_interval: u32,
+    /// The engine shares prefixes (a radix tree): keep whole pages of window, at least one.
+    pub prefix_sharing: bool,
+    /// Never evict past this position (a checkpoint the engine still matches on); only
+    /// honoured with prefix sharing, as sglang does.
+    pub retain_floor: Option<u32>,
+}
+
+/// The cursor move of one window step: `Some((from, to))` frees the SWA side of
+/// `[from, to)` (empty when `from == to`, where only the cursor is raised to `swa_dead_lo`);
+/// `None` leaves the req as it is.
+pub fn window_step(req: &Req, pre_len: u32, w: &Window, ps: u32) -> Option<(u32, u32)> {
+    let (pre, size) = (pre_len as i64, w.size as i64);
+    if pre - size < req.swa as i64 + w.eviction_interval as i64 {
+        return None;
+    }
+    let evicted = req.swa.max(req.swa_dead_lo(ps));
+    let mut threshold = if w.prefix_sharing {
+        // A key ending at floor_align(pre_len) keeps a full window of live SWA, and the last
+        // leaf is never all tombstone.
+        pre - ceil_align(w.size.max(ps), ps) as i64
+    } else {
+        pre - size
+    };
+    if let (Some(f), true) = (w.retain_floor, w.prefix_sharing) {
+        threshold = threshold.min(f as i64);
+    }
+    let mut next = threshold.max(evicted as i64);
+    if ps > 1 {
+        next = next.div_euclid(ps as i64) * ps as i64;
+    }
+    // `next` lies in [0, pre_len]: a threshold past `evicted` is below `pre_len`.
+    let next = next as u32;
+    Some((evicted, next.max(evicted)))
+}
+
+impl Cache {
+    /// `swa_evict(req, pre_len, window)`: one window step of a running request; returns the
+    /// positions whose SWA slots went back.
+    pub fn swa_evict(&mut self, req: &mut Req, pre_len: u32, w: &Window) -> Result<u32> {
+        req.validate(&self.cfg)?;
+        if w.size == 0 {
+            bail!(InvalidArg, "window 0: a sliding window is at least 1 token");
+        }
+        if pre_len > req.allocated {
+            bail!(InvalidArg, "pre_len {pre_len} > kv_allocated_len {}", req.allocated);
+        }
+        if let Err(why) = self.pool.frees_swa() {
+            bail!(Unsupported, "{why}");
+        }
+        let Some(row) = req.row() else { return Ok(0) };
+        self.check_record(req)?;
+        self.guard_idle_session_row(row)?;
+        let Some((from, to)) = window_step(req, pre_len, w, self.cfg.page_size) else { return Ok(0) };
+        self.effects.clear();
+        if to > from {
+            self.effects.push(Effect::FreeSwa { row, start: from, end: to });
+        }
+        self.run_effects(|c| {
+            req.swa = to;
+            // The running request's slot mirrors the cursor, so an abort frees the rest right.
+            if let Some(s) = c.slots.of_row_mut(row) {
+                (s.swa, s.swa_floor) = (req.swa, req.swa_floor);
+            }
+        })?;
+        Ok(to - from)
+    }
+}
