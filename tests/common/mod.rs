@@ -81,6 +81,7 @@ pub fn req_from(f: [i128; 11]) -> skv_req {
         lock_node: f[8] as u64,
         lock_receipt: f[9] as u64,
         aux_state: f[10] as i64,
+        swa_evict_floor: 0,
     }
 }
 
