@@ -107,7 +107,8 @@ static inline void ctest_save_msg(void) {
 #define CHECK_OK(call) CHECK_STATUS(call, SKV_OK)
 
 /* Two skv_req compare field by field: "unchanged" means no field written. (Not memcmp: the
- * struct has 4 padding bytes after finished_len, which a struct copy need not carry.) */
+ * struct has padding bytes after finished_len and swa_evict_floor, which a struct copy need
+ * not carry.) */
 static inline int req_same(const skv_req *a, const skv_req *b) {
   return a->req_pool_idx == b->req_pool_idx && a->row_generation == b->row_generation &&
          a->kv_committed_len == b->kv_committed_len &&
@@ -116,7 +117,8 @@ static inline int req_same(const skv_req *a, const skv_req *b) {
          a->swa_evicted_seqlen == b->swa_evicted_seqlen &&
          a->origin_input_len == b->origin_input_len && a->output_len == b->output_len &&
          a->finished_len == b->finished_len && a->lock_node == b->lock_node &&
-         a->lock_receipt == b->lock_receipt && a->aux_state == b->aux_state;
+         a->lock_receipt == b->lock_receipt && a->aux_state == b->aux_state &&
+         a->swa_evict_floor == b->swa_evict_floor;
 }
 #define CHECK_REQ_SAME(a, b) CHECK(req_same((a), (b)))
 
@@ -136,7 +138,7 @@ static inline skv_req req_make(int32_t row, uint32_t committed, uint32_t allocat
 static inline int req_is_empty(const skv_req *r) {
   return r->req_pool_idx == -1 && r->kv_committed_len == 0 && r->kv_allocated_len == 0 &&
          r->cache_protected_len == 0 && r->swa_evicted_seqlen == 0 && r->lock_node == 0 &&
-         r->lock_receipt == 0 && r->aux_state == -1;
+         r->lock_receipt == 0 && r->aux_state == -1 && r->swa_evict_floor == 0;
 }
 
 /* ----------------------------------------------------------- fake engine */
