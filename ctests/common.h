@@ -328,16 +328,29 @@ static inline skv_cache_config fe_config(const fake_engine *fe, uint32_t page_si
   return cfg;
 }
 
-/* An external-mode cache over the fake engine (rows and max_context_len from its table);
- * NULL on failure, after counting a failed check. */
-static inline skv_cache *fe_cache(fake_engine *fe, uint32_t page_size, uint32_t flags) {
+/* An external-mode cache over the fake engine (rows and max_context_len from its table),
+ * its ops struct_size as given; NULL on failure, after counting a failed check. */
+static inline skv_cache *fe_cache_sized(fake_engine *fe, uint32_t page_size, uint32_t flags,
+                                        uint32_t ops_size) {
   skv_cache_config cfg = fe_config(fe, page_size, flags);
   skv_pool_ops ops = fe_ops();
   skv_cache *c = NULL;
+  ops.struct_size = ops_size;
   skv_status s = skv_cache_new_external(&cfg, &ops, fe, &c);
   ctest_record(s == SKV_OK && c != NULL, __FILE__, __LINE__, "fe_cache: skv_cache_new_external");
   if (s != SKV_OK) fprintf(stderr, "    status %d: %s\n", (int)s, skv_last_error());
   return s == SKV_OK ? c : NULL;
+}
+
+/* fe_cache_sized at this header's sizeof(skv_pool_ops). */
+static inline skv_cache *fe_cache(fake_engine *fe, uint32_t page_size, uint32_t flags) {
+  return fe_cache_sized(fe, page_size, flags, (uint32_t)sizeof(skv_pool_ops));
+}
+
+/* An ABI 2 caller's cache (ops struct_size 48, no free_kv_segment): free_kv takes every free
+ * whole, below the sliding-window cursor too. */
+static inline skv_cache *fe_cache_abi2(fake_engine *fe, uint32_t page_size, uint32_t flags) {
+  return fe_cache_sized(fe, page_size, flags, 48);
 }
 
 /* ------------------------------------------------- expected call sequences */
