@@ -85,7 +85,7 @@ impl Engine {
 
     fn segment(&mut self, row: i32, first_pos: u32, idx: &[i32], pools: u32) {
         let why = format!("free_kv_segment(row {row}, {first_pos}+{}, pools {pools})", idx.len());
-        if first_pos % self.ps != 0 {
+        if !first_pos.is_multiple_of(self.ps) {
             self.findings.push(format!("{why}: first_pos not page-aligned"));
         }
         for (k, &i) in idx.iter().enumerate() {
@@ -386,10 +386,15 @@ impl Sim {
         self.eng.tree.extend(tree);
         let floor = if self.rng.chance(60) { len } else { 0 };
         let rec = Rec { protected, floor, evicted: 0, allocated: len, committed: len };
-        let mut r = skv_req::default();
-        r.req_pool_idx = s as i32;
-        (r.kv_allocated_len, r.kv_committed_len, r.cache_protected_len) = (len, len, protected);
-        (r.origin_input_len, r.swa_evict_floor) = (len, floor);
+        let r = skv_req {
+            req_pool_idx: s as i32,
+            kv_allocated_len: len,
+            kv_committed_len: len,
+            cache_protected_len: protected,
+            origin_input_len: len,
+            swa_evict_floor: floor,
+            ..skv_req::default()
+        };
         self.sessions[s] = State::Running(rec, r);
     }
 

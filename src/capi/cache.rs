@@ -240,7 +240,7 @@ impl ExternalPool {
                 dead_hi.min(end)
             )));
         }
-        if pieces.len() > 1 && dead_hi % self.ps != 0 {
+        if pieces.len() > 1 && !dead_hi.is_multiple_of(self.ps) {
             return Err(Error::InvalidArg(format!(
                 "swa_evicted_seqlen {dead_hi} splits a page (page_size {}) of row {row}: the SWA cursor \
                  must stay page-aligned",
