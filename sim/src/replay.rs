@@ -237,6 +237,8 @@ impl Call<'_> {
         q.lock_node = field("lock_node")? as u64;
         q.lock_receipt = field("lock_receipt")? as u64;
         q.aux_state = field("aux_state")? as i64;
+        // Traces from before the field read as 0, the value every req had then.
+        q.swa_evict_floor = int(&r["swa_evict_floor"]).unwrap_or(0) as u32;
         Ok(Some(q))
     }
 
@@ -272,6 +274,7 @@ impl Call<'_> {
 
     fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Fault> {
         let (Some(want), Some(got)) = (self.v.get(k), got) else { return Ok(()) };
+        let got_floor = got.swa_evict_floor;
         let got = [
             got.req_pool_idx as i128,
             got.row_generation as i128,
@@ -291,7 +294,13 @@ impl Call<'_> {
                 return Err(self.differs(format!("{k}.{name} = {g}, recorded {}", want[name])));
             }
         }
-        Ok(())
+        let floor = got_floor as i128;
+        match int(&want["swa_evict_floor"]) {
+            Some(w) if w != floor => {
+                Err(self.differs(format!("{k}.swa_evict_floor = {floor}, recorded {}", want["swa_evict_floor"])))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check_num(&self, k: &str, got: i128) -> Result<(), Fault> {
@@ -350,6 +359,13 @@ impl Call<'_> {
                 "skv_trim_overshoot" => {
                     let n = u32_("finished_len")?;
                     self.with_req(|r| skv_trim_overshoot(c, r, n))?;
+                }
+                "skv_swa_evict" => {
+                    let (pre, w, iv, f) =
+                        (u32_("pre_len")?, u32_("window")?, u32_("eviction_interval")?, u32_("flags")?);
+                    let retain = self.num("retain_floor")? as i64;
+                    let mut freed = 0u32;
+                    self.with_req(|r| skv_swa_evict(c, r, pre, w, iv, retain, f, &mut freed))?;
                 }
                 "skv_free_tail" => {
                     let n = u32_("prefix_len")?;
