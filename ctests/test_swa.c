@@ -20,6 +20,7 @@ typedef struct {
   size_t n_pieces;
   size_t freed_whole; /* indices handed to free_kv */
   int bad;
+  int fail; /* free_kv_segment returns -1 */
 } engine;
 
 /* req_to_token[row][pos] = 1000 * row + pos */
@@ -58,7 +59,7 @@ static int cb_segment(void *ud, int32_t row, uint32_t first_pos, const int32_t *
     p.first_index = n ? indices[0] : -1;
     e->pieces[e->n_pieces++] = p;
   }
-  return 0;
+  return e->fail ? -1 : 0;
 }
 
 /* ops with free_kv_segment (segments != 0) or free_kv only, at a given struct_size */
@@ -300,6 +301,27 @@ static void an_unaligned_cursor_is_refused_at_a_split(void) {
   skv_cache_free(c);
 }
 
+/* A failing free_kv_segment cannot be undone: every piece still runs, the call reports
+ * SKV_ERR_CALLBACK naming the piece, and the req advanced as for a success. */
+static void a_failing_segment_callback(void) {
+  engine e;
+  skv_cache *c = hybrid_cache(&e, 1, sizeof(skv_pool_ops));
+  skv_req r = hybrid_req();
+  uint32_t freed = 0;
+  e.fail = 1;
+  CHECK_STATUS(skv_trim_overshoot(c, &r, 0), SKV_ERR_CALLBACK);
+  CHECK_MSG_HAS("free_kv_segment(row 0, 20..24, pools 1) returned -1");
+  CHECK_EQ_INT(e.n_pieces, 2);
+  CHECK_EQ_INT(r.kv_allocated_len, 20);
+  CHECK_EQ_INT(r.swa_evicted_seqlen, 20);
+  r = req_make(1, 40, 40);
+  CHECK_STATUS(skv_swa_evict(c, &r, 40, 8, 1, -1, 0, &freed), SKV_ERR_CALLBACK);
+  CHECK_MSG_HAS("pools 2");
+  CHECK_EQ_INT(r.swa_evicted_seqlen, 32);
+  CHECK_EQ_INT(freed, 32);
+  skv_cache_free(c);
+}
+
 int main(void) {
   layout();
   creation_needs_a_kv_free();
@@ -309,5 +331,6 @@ int main(void) {
   evict_errors();
   free_kv_alone_cannot_free_the_full_side();
   an_unaligned_cursor_is_refused_at_a_split();
+  a_failing_segment_callback();
   return ctest_summary();
 }
