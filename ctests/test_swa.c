@@ -243,6 +243,10 @@ static void evict_errors(void) {
   CHECK_OK(skv_cache_new(&cfg, &owned));
   CHECK_STATUS(skv_swa_evict(owned, &r, 40, 8, 1, -1, 0, &freed), SKV_ERR_UNSUPPORTED);
   CHECK_MSG_HAS("owned mode");
+  /* the handle's kind decides before the arguments */
+  CHECK_STATUS(skv_swa_evict(owned, &r, 40, 0, 1, -5, 0x8, &freed), SKV_ERR_UNSUPPORTED);
+  CHECK_STATUS(skv_swa_evict(plain, &r, 41, 0, 1, -1, 0, &freed), SKV_ERR_UNSUPPORTED);
+  CHECK_STATUS(skv_swa_evict(owned, NULL, 40, 8, 1, -1, 0, &freed), SKV_ERR_NULL_ARG);
   /* an idle session's row is the session's */
   r.origin_input_len = 40;
   {

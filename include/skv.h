@@ -844,9 +844,10 @@ enum skv_status skv_session_held(struct skv_cache *c,
  * ignored without prefix sharing), never back, floored to a page; the positions it passed
  * go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
  * (NULL allowed) is the number of positions handed back. A req holding no row changes
- * nothing. Errors: window 0, pre_len > kv_allocated_len, retain_floor < -1 or unknown
- * flags are SKV_ERR_INVALID_ARG; owned mode, or external mode without free_kv_segment, is
- * SKV_ERR_UNSUPPORTED; a row an idle session slot holds is SKV_ERR_STATE. On a running
+ * nothing. Errors: owned mode, or external mode without free_kv_segment, is
+ * SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
+ * kv_allocated_len, retain_floor < -1 or unknown flags are SKV_ERR_INVALID_ARG; a row an
+ * idle session slot holds is SKV_ERR_STATE. On a running
  * session's row the slot's cursor follows. docs/hybrid.md.
  *
  * # Safety

@@ -450,9 +450,10 @@ pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 /// ignored without prefix sharing), never back, floored to a page; the positions it passed
 /// go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
 /// (NULL allowed) is the number of positions handed back. A req holding no row changes
-/// nothing. Errors: window 0, pre_len > kv_allocated_len, retain_floor < -1 or unknown
-/// flags are SKV_ERR_INVALID_ARG; owned mode, or external mode without free_kv_segment, is
-/// SKV_ERR_UNSUPPORTED; a row an idle session slot holds is SKV_ERR_STATE. On a running
+/// nothing. Errors: owned mode, or external mode without free_kv_segment, is
+/// SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
+/// kv_allocated_len, retain_floor < -1 or unknown flags are SKV_ERR_INVALID_ARG; a row an
+/// idle session slot holds is SKV_ERR_STATE. On a running
 /// session's row the slot's cursor follows. docs/hybrid.md.
 ///
 /// # Safety
@@ -476,26 +477,13 @@ pub unsafe extern "C" fn skv_swa_evict(
             t.num("eviction_interval", eviction_interval).num("retain_floor", retain_floor).num("flags", flags);
         },
         || {
-            if flags & !SKV_SWA_NO_PREFIX_SHARING != 0 {
-                return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits")));
-            }
-            let retain_floor = match retain_floor {
-                -1 => None,
-                f => Some(
-                    u32::try_from(f)
-                        .map_err(|_| Error::InvalidArg(format!("retain_floor {f} out of range -1..={}", u32::MAX)))?,
-                ),
-            };
-            let w = Window {
-                size: window,
-                eviction_interval,
-                prefix_sharing: flags & SKV_SWA_NO_PREFIX_SHARING == 0,
-                retain_floor,
-            };
             on_req(
                 c,
                 req,
-                |c, r| c.swa_evict(r, pre_len, &w),
+                |c, r| {
+                    c.require_swa_free()?;
+                    c.swa_evict(r, pre_len, &window_args(window, eviction_interval, retain_floor, flags)?)
+                },
                 |n| {
                     if let Some(out) = freed.as_mut() {
                         *out = n;
@@ -507,4 +495,20 @@ pub unsafe extern "C" fn skv_swa_evict(
             t.req("req_out", req);
         },
     )
+}
+
+/// skv_swa_evict's window arguments, checked.
+fn window_args(size: u32, eviction_interval: u32, retain_floor: i64, flags: u32) -> crate::core::Result<Window> {
+    if flags & !SKV_SWA_NO_PREFIX_SHARING != 0 {
+        return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits")));
+    }
+    let retain_floor = match retain_floor {
+        -1 => None,
+        f => Some(
+            u32::try_from(f)
+                .map_err(|_| Error::InvalidArg(format!("retain_floor {f} out of range -1..={}", u32::MAX)))?,
+        ),
+    };
+    let prefix_sharing = flags & SKV_SWA_NO_PREFIX_SHARING == 0;
+    Ok(Window { size, eviction_interval, prefix_sharing, retain_floor })
 }

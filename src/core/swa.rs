@@ -51,18 +51,25 @@ pub fn window_step(req: &Req, pre_len: u32, w: &Window, ps: u32) -> Option<(u32,
 }
 
 impl Cache {
+    /// A window step needs a pool that frees the SWA side alone. Like an owned-mode call on an
+    /// external handle, the handle's kind decides before the arguments do.
+    pub fn require_swa_free(&self) -> Result<()> {
+        match self.pool.frees_swa() {
+            Ok(()) => Ok(()),
+            Err(why) => bail!(Unsupported, "{why}"),
+        }
+    }
+
     /// `swa_evict(req, pre_len, window)`: one window step of a running request; returns the
     /// positions whose SWA slots went back.
     pub fn swa_evict(&mut self, req: &mut Req, pre_len: u32, w: &Window) -> Result<u32> {
+        self.require_swa_free()?;
         req.validate(&self.cfg)?;
         if w.size == 0 {
             bail!(InvalidArg, "window 0: a sliding window is at least 1 token");
         }
         if pre_len > req.allocated {
             bail!(InvalidArg, "pre_len {pre_len} > kv_allocated_len {}", req.allocated);
-        }
-        if let Err(why) = self.pool.frees_swa() {
-            bail!(Unsupported, "{why}");
         }
         let Some(row) = req.row() else { return Ok(0) };
         self.check_record(req)?;
