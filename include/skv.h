@@ -796,7 +796,10 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
  * mapped end and target must not reach below its protected prefix. On a session's row:
  * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
  * recorded end, target must keep its protected prefix, and the slot shortens with the row
- * (the engine lowers its own req's kv_allocated_len).
+ * (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits
+ * at the SWA cursor and floor the in-flight slot records; a row no slot holds has no cursor
+ * here (every position goes back to both pools): free such a row with skv_free_tail, which
+ * reads its req's.
  *
  * # Safety
  * `c` must be NULL or a live handle.

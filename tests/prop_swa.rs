@@ -416,6 +416,15 @@ impl Sim {
             let want = rec.evict(row, pre, &w, self.ps);
             assert_eq!(freed, want.iter().map(|p| p.2 - p.1).sum::<u32>());
             self.check("swa_evict", st, want, Some((&r, &rec)));
+        } else if roll < 52 && r.kv_committed_len >= rec.protected {
+            // Rejected drafts dropped: sglang's `_free_tail` at the committed length.
+            let len = r.kv_committed_len;
+            let st = unsafe { skv_free_tail(self.cache, &mut r, len) };
+            let want = rec.free_aligned(row, len, rec.allocated, self.ps);
+            rec.allocated = len;
+            rec.committed = rec.committed.min(len);
+            rec.clamp(len);
+            self.check("free_tail", st, want, Some((&r, &rec)));
         } else if roll < 80 {
             // A decode round: lookahead slots, some of them accepted.
             let k = (1 + self.rng.upto(4)).min(COLS - r.kv_allocated_len);
