@@ -1,8 +1,8 @@
 //! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
 //! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
 //! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
-//! (the operations), `swa` (the sliding-window step), then owned mode: `alloc`, `owned`, `owned_ops`, `audit`, and `mirror`
-//! (what a device copy of the rows must learn).
+//! (the operations), `swa` (the sliding-window step), then owned mode: `alloc`, `owned`,
+//! `owned_ops`, `audit`, and `mirror` (what a device copy of the rows must learn).
 
 mod alloc;
 mod audit;
@@ -31,7 +31,7 @@ pub use pool::{split, Effect, Pool, Pools, Segment};
 pub use req::{swa_dead, swa_dead_lo, Config, Req};
 pub use session::{Held, Match};
 pub use slots::Slot;
-pub use swa::{window_step, Window};
+pub use swa::Window;
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

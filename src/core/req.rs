@@ -240,7 +240,7 @@ mod tests {
     #[test]
     fn a_cursor_raised_to_dead_lo_may_pass_allocated() {
         let r = Req { swa_floor: 13, swa: 16, ..held(13, 13) };
-        assert!(r.validate(&cfg()).is_ok(), "16 = swa_dead_lo at page 16? no: page 16 rounds 13 to 16");
+        assert!(r.validate(&cfg()).is_ok(), "swa_dead_lo is 16: the floor 13 rounded up to a page");
         assert!(Req { swa: 17, ..r }.validate(&cfg()).is_err());
     }
 

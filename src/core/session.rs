@@ -343,8 +343,10 @@ impl Cache {
             h.full_tokens += end - s.protected as u64;
             // sglang's kv_private_swa_tokens: the window frees only [swa_dead_lo, swa);
             // [protected, swa_dead_lo) stays held even after the cursor passes it.
+            // An in-flight slot's cursor is its running request's, which may lie past the
+            // length the slot recorded at the hit: such a slot holds no SWA tokens of its own.
             let window_freed = s.swa.saturating_sub(swa_dead_lo(s.protected, s.swa_floor, ps));
-            h.swa_tokens += end - s.protected as u64 - window_freed as u64;
+            h.swa_tokens += (end - s.protected as u64).saturating_sub(window_freed as u64);
             h.rows += 1;
             h.aux_states += (s.aux != -1) as u64;
         }
@@ -411,6 +413,14 @@ impl Cache {
         // never exceed output_len, or every later call would refuse the req.
         if u32::try_from(req.finished_len).is_ok_and(|f| f > req.output_len) {
             req.finished_len = req.output_len as i32;
+        }
+    }
+
+    /// A running session's slot takes the SWA cursor and floor of a window step, so a later
+    /// `free_aligned` (which sees no req) splits where the window left off.
+    pub(crate) fn mirror_cursor(&mut self, row: u32, req: &Req) {
+        if let Some(s) = self.slots.of_row_mut(row) {
+            (s.swa, s.swa_floor) = (req.swa, req.swa_floor);
         }
     }
 

@@ -25,7 +25,7 @@ pub struct Window {
 /// The cursor move of one window step: `Some((from, to))` frees the SWA side of
 /// `[from, to)` (empty when `from == to`, where only the cursor is raised to `swa_dead_lo`);
 /// `None` leaves the req as it is.
-pub fn window_step(req: &Req, pre_len: u32, w: &Window, ps: u32) -> Option<(u32, u32)> {
+fn window_step(req: &Req, pre_len: u32, w: &Window, ps: u32) -> Option<(u32, u32)> {
     let (pre, size) = (pre_len as i64, w.size as i64);
     if pre - size < req.swa as i64 + w.eviction_interval as i64 {
         return None;
@@ -81,10 +81,7 @@ impl Cache {
         }
         self.run_effects(|c| {
             req.swa = to;
-            // The running request's slot mirrors the cursor, so an abort frees the rest right.
-            if let Some(s) = c.slots.of_row_mut(row) {
-                (s.swa, s.swa_floor) = (req.swa, req.swa_floor);
-            }
+            c.mirror_cursor(row, req);
         })?;
         Ok(to - from)
     }

@@ -417,6 +417,10 @@ fn swa_evict_moves_a_running_slot_and_its_abort_splits_there() {
     r.committed = 40;
     assert_eq!(c.swa_evict(&mut r, 40, &window(8)).unwrap(), 16);
     assert_eq!(c.slots().find(1, 0).unwrap().1.swa, 32, "the running slot follows the cursor");
+    // Listed as idle by mistake, the running slot (20 tokens recorded at the hit) counts no
+    // SWA tokens past the window's cursor, and nothing underflows.
+    let held = c.session_held(&[]);
+    assert_eq!((held.full_tokens, held.swa_tokens), (16, 0));
     log(&mut c);
     c.cache_finished_req(1, 0, &mut r, true).unwrap();
     assert_eq!(log(&mut c), ["free_full 16..32", "free_kv 4..16", "free_kv 32..40", "free_row 0"]);
