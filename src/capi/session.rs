@@ -41,7 +41,9 @@ pub struct skv_req {
     /// end); a hit restores the slot's. It may lie past swa_evicted_seqlen and past
     /// kv_allocated_len, and no trim clamps it; at most max_context_len. SWA slots below
     /// swa_dead_lo = max(cache_protected_len, this), rounded up to a page when the floor is
-    /// the larger, are never freed by the window (docs/hybrid.md).
+    /// the larger, are never freed by the window. It may rise only while the window has freed
+    /// nothing: on a running session's row, a floor lifting swa_dead_lo over positions the
+    /// window freed is SKV_ERR_INVALID_ARG (docs/hybrid.md).
     pub swa_evict_floor: u32,
 }
 

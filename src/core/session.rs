@@ -50,6 +50,7 @@ impl Cache {
         let row = req.require_row()?;
         let target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
+        self.check_floor(req)?;
         let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
         self.shorten_row(row, target, end, dead, |c| c.apply_trim(req, target, finished_len))
     }
@@ -62,6 +63,7 @@ impl Cache {
             bail!(InvalidArg, "prefix_len {prefix_len} > kv_allocated_len {}", req.allocated);
         }
         self.check_record(req)?;
+        self.check_floor(req)?;
         if prefix_len < req.protected {
             bail!(
                 State,
@@ -190,6 +192,7 @@ impl Cache {
         let finished_len = req.finished();
         let trim_target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
+        self.check_floor(req)?;
         let found = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
         match found.map(|(_, s)| s) {
@@ -249,6 +252,7 @@ impl Cache {
                         req.row
                     );
                 }
+                self.check_floor(req)?;
                 // The running request's state counts (its extension, its aux); an idle slot's
                 // req is a stale copy, and the slot's own record is what it holds.
                 let doomed = match slot.in_flight {

@@ -6,7 +6,7 @@ use super::cache::Cache;
 use super::error::{bail, Result};
 use super::page::ceil_align;
 use super::pool::Effect;
-use super::req::Req;
+use super::req::{swa_dead, swa_dead_lo, Req};
 
 /// How a window step is taken (the arguments of `free_swa_out_of_window_slots`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,6 +60,27 @@ impl Cache {
         }
     }
 
+    /// A running session's slot records which positions the window freed (`[swa_dead_lo,
+    /// swa)`). A req whose floor lifts `swa_dead_lo` into them would make them read as live,
+    /// and a later free would hand their SWA slots back a second time.
+    pub(crate) fn check_floor(&self, req: &Req) -> Result<()> {
+        let Some(row) = req.row() else { return Ok(()) };
+        let Some(s) = self.slots.of_row(row).filter(|s| s.in_flight) else { return Ok(()) };
+        let ps = self.cfg.page_size;
+        let (lo, hi) = swa_dead(s.protected, s.swa_floor, s.swa, ps);
+        let lifted = swa_dead_lo(s.protected, req.swa_floor, ps);
+        if hi > lo && lifted > lo {
+            bail!(
+                InvalidArg,
+                "swa_evict_floor {} lifts swa_dead_lo from {lo} to {lifted}, over positions {lo}..{} whose \
+                 SWA slots the window already freed: a floor rises only before the window moves",
+                req.swa_floor,
+                hi.min(lifted)
+            );
+        }
+        Ok(())
+    }
+
     /// `swa_evict(req, pre_len, window)`: one window step of a running request; returns the
     /// positions whose SWA slots went back.
     pub fn swa_evict(&mut self, req: &mut Req, pre_len: u32, w: &Window) -> Result<u32> {
@@ -73,6 +94,7 @@ impl Cache {
         }
         let Some(row) = req.row() else { return Ok(0) };
         self.check_record(req)?;
+        self.check_floor(req)?;
         self.guard_idle_session_row(row)?;
         let Some((from, to)) = window_step(req, pre_len, w, self.cfg.page_size) else { return Ok(0) };
         self.effects.clear();

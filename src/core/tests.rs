@@ -422,6 +422,21 @@ fn swa_evict_moves_a_running_slot_and_its_abort_splits_there() {
     let held = c.session_held(&[]);
     assert_eq!((held.full_tokens, held.swa_tokens), (16, 0));
     log(&mut c);
+    // A floor lifted over what the window freed would free [16, 32)'s SWA slots again.
+    let lifted = Req { swa_floor: 40, ..r };
+    let lifts = |e: Result<()>| matches!(e, Err(Error::InvalidArg(m)) if m.contains("lifts swa_dead_lo from 16"));
+    for mut q in [lifted, Req { swa_floor: 17, ..r }] {
+        let before = q;
+        assert!(lifts(c.cache_finished_req(1, 0, &mut q, true)));
+        assert!(lifts(c.cache_finished_req(1, 0, &mut q, false)));
+        assert!(lifts(c.swa_evict(&mut q, 40, &window(8)).map(|_| ())));
+        assert!(lifts(c.free_tail(&mut q, 36)));
+        assert!(lifts(c.trim_overshoot(&mut q, 0)));
+        assert_eq!(q, before);
+    }
+    assert!(log(&mut c).is_empty());
+    // A floor within the same page leaves swa_dead_lo where it was.
+    assert!(c.free_tail(&mut Req { swa_floor: 16, ..r }, 40).is_ok());
     c.cache_finished_req(1, 0, &mut r, true).unwrap();
     assert_eq!(log(&mut c), ["free_full 16..32", "free_kv 4..16", "free_kv 32..40", "free_row 0"]);
 }
