@@ -305,6 +305,37 @@ static void an_unaligned_cursor_is_refused_at_a_split(void) {
   skv_cache_free(c);
 }
 
+/* On a running session's row, a floor lifted over what the window freed is refused. */
+static void a_lifted_floor_is_refused(void) {
+  engine e;
+  skv_cache *c = hybrid_cache(&e, 1, sizeof(skv_pool_ops));
+  skv_req r = req_make(2, 20, 20), before;
+  skv_match m;
+  uint32_t freed = 0;
+  r.cache_protected_len = 4;
+  r.swa_evict_floor = 13;
+  r.origin_input_len = 20;
+  CHECK_OK(skv_cache_finished_req(c, 5, 0, &r, 0));
+  r.origin_input_len = 40;
+  CHECK_OK(skv_match_prefix(c, 5, 0, &r, 39, 0, &m));
+  CHECK_EQ_INT(r.swa_evict_floor, 13);
+  r.kv_allocated_len = r.kv_committed_len = 40;
+  CHECK_OK(skv_swa_evict(c, &r, 40, 8, 1, -1, 0, &freed));
+  CHECK_EQ_INT(freed, 16);
+  r.swa_evict_floor = 40;
+  before = r;
+  e.n_pieces = 0;
+  CHECK_STATUS(skv_cache_finished_req(c, 5, 0, &r, 1), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("lifts swa_dead_lo from 16 to 40");
+  CHECK_REQ_SAME(&r, &before);
+  CHECK_EQ_INT(e.n_pieces, 0);
+  r.swa_evict_floor = 13;
+  CHECK_OK(skv_cache_finished_req(c, 5, 0, &r, 1));
+  CHECK_EQ_INT(e.n_pieces, 3);
+  CHECK_PIECE(e, 0, 16, 16, SKV_POOL_FULL);
+  skv_cache_free(c);
+}
+
 /* A failing free_kv_segment cannot be undone: every piece still runs, the call reports
  * SKV_ERR_CALLBACK naming the piece, and the req advanced as for a success. */
 static void a_failing_segment_callback(void) {
@@ -336,5 +367,6 @@ int main(void) {
   free_kv_alone_cannot_free_the_full_side();
   an_unaligned_cursor_is_refused_at_a_split();
   a_failing_segment_callback();
+  a_lifted_floor_is_refused();
   return ctest_summary();
 }
