@@ -229,6 +229,9 @@ static void evict_errors(void) {
   r.swa_evicted_seqlen = 41;
   CHECK_STATUS(skv_swa_evict(c, &r, 40, 8, 1, -1, 0, &freed), SKV_ERR_INVALID_ARG);
   CHECK_MSG_HAS("swa_evicted_seqlen 41");
+  r.swa_evicted_seqlen = 18;
+  CHECK_STATUS(skv_swa_evict(c, &r, 40, 8, 1, -1, 0, &freed), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("18 is not a multiple of page_size 4");
   r.swa_evicted_seqlen = 0;
   CHECK_STATUS(skv_swa_evict(c, NULL, 40, 8, 1, -1, 0, &freed), SKV_ERR_NULL_ARG);
   CHECK_STATUS(skv_swa_evict(NULL, &r, 40, 8, 1, -1, 0, &freed), SKV_ERR_NULL_ARG);

@@ -207,8 +207,8 @@ typedef struct skv_pool_ops {
    * `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
    * split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
    * in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
-   * skv_swa_evict's frees are SWA-only. first_pos is page-aligned for every piece but a
-   * full-only one. NULL (or a struct_size of 48): free_kv takes every free whole; then a
+   * skv_swa_evict's frees are SWA-only. first_pos is a page boundary for every piece (a
+   * split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). NULL (or a struct_size of 48): free_kv takes every free whole; then a
    * free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
    * this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
    * skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
@@ -851,8 +851,9 @@ enum skv_status skv_session_held(struct skv_cache *c,
  * (NULL allowed) is the number of positions handed back. A req holding no row changes
  * nothing. Errors: owned mode, or external mode without free_kv_segment, is
  * SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
- * kv_allocated_len, retain_floor < -1 or unknown flags are SKV_ERR_INVALID_ARG; a row an
- * idle session slot holds is SKV_ERR_STATE. On a running
+ * kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
+ * cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
+ * SKV_ERR_STATE. On a running
  * session's row the slot's cursor follows. docs/hybrid.md.
  *
  * # Safety

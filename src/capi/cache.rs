@@ -85,8 +85,8 @@ pub struct skv_pool_ops {
     /// `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
     /// split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
     /// in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
-    /// skv_swa_evict's frees are SWA-only. first_pos is page-aligned for every piece but a
-    /// full-only one. NULL (or a struct_size of 48): free_kv takes every free whole; then a
+    /// skv_swa_evict's frees are SWA-only. first_pos is a page boundary for every piece (a
+    /// split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). NULL (or a struct_size of 48): free_kv takes every free whole; then a
     /// free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
     /// this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
     /// skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.

@@ -97,6 +97,14 @@ impl Cache {
         self.check_floor(req)?;
         self.guard_idle_session_row(row)?;
         let Some((from, to)) = window_step(req, pre_len, w, self.cfg.page_size) else { return Ok(0) };
+        if to > from && !from.is_multiple_of(self.cfg.page_size) {
+            // sglang's free_swa_segment asserts the same: the SWA pool frees whole pages.
+            bail!(
+                InvalidArg,
+                "swa_evicted_seqlen {from} is not a multiple of page_size {}: the window frees whole pages",
+                self.cfg.page_size
+            );
+        }
         self.effects.clear();
         if to > from {
             self.effects.push(Effect::FreeSwa { row, start: from, end: to });

@@ -395,6 +395,12 @@ fn swa_evict_refusals_change_nothing() {
     assert!(matches!(c.swa_evict(&mut r, 41, &window(8)), Err(Error::InvalidArg(_))));
     assert!(matches!(c.swa_evict(&mut Req { swa: 41, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
     assert!(matches!(c.swa_evict(&mut Req { swa_floor: 129, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
+    let unaligned = Req { swa: 18, ..r0 };
+    let mut q = unaligned;
+    assert!(
+        matches!(c.swa_evict(&mut q, 40, &window(8)), Err(Error::InvalidArg(m)) if m.contains("18 is not a multiple"))
+    );
+    assert_eq!(q, unaligned);
     assert_eq!(r, r0);
     c.cache_finished_req(1, 0, &mut Req { origin_input_len: 40, ..r }, false).unwrap();
     assert!(matches!(c.swa_evict(&mut r, 40, &window(8)), Err(Error::State(_))), "an idle slot's row");
