@@ -107,7 +107,8 @@ static inline void ctest_save_msg(void) {
 #define CHECK_OK(call) CHECK_STATUS(call, SKV_OK)
 
 /* Two skv_req compare field by field: "unchanged" means no field written. (Not memcmp: the
- * struct has 4 padding bytes after finished_len, which a struct copy need not carry.) */
+ * struct has padding bytes after finished_len and swa_evict_floor, which a struct copy need
+ * not carry.) */
 static inline int req_same(const skv_req *a, const skv_req *b) {
   return a->req_pool_idx == b->req_pool_idx && a->row_generation == b->row_generation &&
          a->kv_committed_len == b->kv_committed_len &&
@@ -117,7 +118,8 @@ static inline int req_same(const skv_req *a, const skv_req *b) {
          a->origin_input_len == b->origin_input_len && a->output_len == b->output_len &&
          a->finished_len == b->finished_len && a->lock_node == b->lock_node &&
          a->lock_receipt == b->lock_receipt && a->aux_state == b->aux_state &&
-         a->aux_track[0] == b->aux_track[0] && a->aux_track[1] == b->aux_track[1];
+         a->aux_track[0] == b->aux_track[0] && a->aux_track[1] == b->aux_track[1] &&
+         a->swa_evict_floor == b->swa_evict_floor;
 }
 #define CHECK_REQ_SAME(a, b) CHECK(req_same((a), (b)))
 
@@ -139,7 +141,7 @@ static inline int req_is_empty(const skv_req *r) {
   return r->req_pool_idx == -1 && r->kv_committed_len == 0 && r->kv_allocated_len == 0 &&
          r->cache_protected_len == 0 && r->swa_evicted_seqlen == 0 && r->lock_node == 0 &&
          r->lock_receipt == 0 && r->aux_state == -1 && r->aux_track[0] == -1 &&
-         r->aux_track[1] == -1;
+         r->aux_track[1] == -1 && r->swa_evict_floor == 0;
 }
 
 /* ----------------------------------------------------------- fake engine */
@@ -329,16 +331,29 @@ static inline skv_cache_config fe_config(const fake_engine *fe, uint32_t page_si
   return cfg;
 }
 
-/* An external-mode cache over the fake engine (rows and max_context_len from its table);
- * NULL on failure, after counting a failed check. */
-static inline skv_cache *fe_cache(fake_engine *fe, uint32_t page_size, uint32_t flags) {
+/* An external-mode cache over the fake engine (rows and max_context_len from its table),
+ * its ops struct_size as given; NULL on failure, after counting a failed check. */
+static inline skv_cache *fe_cache_sized(fake_engine *fe, uint32_t page_size, uint32_t flags,
+                                        uint32_t ops_size) {
   skv_cache_config cfg = fe_config(fe, page_size, flags);
   skv_pool_ops ops = fe_ops();
   skv_cache *c = NULL;
+  ops.struct_size = ops_size;
   skv_status s = skv_cache_new_external(&cfg, &ops, fe, &c);
   ctest_record(s == SKV_OK && c != NULL, __FILE__, __LINE__, "fe_cache: skv_cache_new_external");
   if (s != SKV_OK) fprintf(stderr, "    status %d: %s\n", (int)s, skv_last_error());
   return s == SKV_OK ? c : NULL;
+}
+
+/* fe_cache_sized at this header's sizeof(skv_pool_ops). */
+static inline skv_cache *fe_cache(fake_engine *fe, uint32_t page_size, uint32_t flags) {
+  return fe_cache_sized(fe, page_size, flags, (uint32_t)sizeof(skv_pool_ops));
+}
+
+/* An ABI 2 caller's cache (ops struct_size 48, no free_kv_segment): free_kv takes every free
+ * whole, below the sliding-window cursor too. */
+static inline skv_cache *fe_cache_abi2(fake_engine *fe, uint32_t page_size, uint32_t flags) {
+  return fe_cache_sized(fe, page_size, flags, 48);
 }
 
 /* ------------------------------------------------- expected call sequences */

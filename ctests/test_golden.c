@@ -2,14 +2,15 @@
  * mode, comparing every callback the fake engine sees. */
 #include "common.h"
 
-/* 1. Trim postcondition, ps=1. */
+/* 1. Trim postcondition, ps=1. The SWA cursor cases here are ABI 2 callers (fe_cache_abi2):
+ * free_kv takes each free whole; test_swa.c has the free_kv_segment split. */
 static void golden_trim_postcondition(void) {
   fake_engine fe;
   skv_cache *c;
   skv_req r = req_make(0, 40, 44);
   const fe_expect exp[] = {FE_KV(38, 44)};
   fe_init(&fe, 4, 128);
-  c = fe_cache(&fe, 1, 0);
+  c = fe_cache_abi2(&fe, 1, 0);
   r.origin_input_len = 26;
   r.output_len = 14;
   r.swa_evicted_seqlen = 42;
@@ -309,7 +310,7 @@ static void swa_floor_aligned_trim(void) {
   skv_req r = req_make(0, 24, 25);
   const fe_expect exp[] = {FE_KV(20, 25)};
   fe_init(&fe, 2, 64);
-  c = fe_cache(&fe, 4, 0);
+  c = fe_cache_abi2(&fe, 4, 0);
   r.origin_input_len = 20;
   r.output_len = 5;
   r.swa_evicted_seqlen = 23;
@@ -333,7 +334,7 @@ static void held_and_release_order(void) {
   const int32_t a013[] = {0, 1, 3};
   const fe_expect exp[] = {FE_LOCK(70, 71), FE_KV(8, 21), FE_ROW(0), FE_AUX(5)};
   fe_init(&fe, 4, 64);
-  c = fe_cache(&fe, 4, 0);
+  c = fe_cache_abi2(&fe, 4, 0);
   r.cache_protected_len = 8;
   r.swa_evicted_seqlen = 12;
   r.origin_input_len = 21;

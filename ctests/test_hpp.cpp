@@ -515,6 +515,47 @@ void scheduler_queries() {
   CHECK(cache.check().violations == 0);
 }
 
+// Hybrid pools: a window step frees the SWA side only; the release then splits at the cursor.
+struct HybridPools : skv::HybridPoolOps {
+  struct Piece {
+    int32_t row;
+    uint32_t first_pos, n, pools;
+    int32_t first_index;
+    bool operator==(const Piece &o) const {
+      return row == o.row && first_pos == o.first_pos && n == o.n && pools == o.pools &&
+             first_index == o.first_index;
+    }
+  };
+  std::vector<Piece> pieces;
+  std::vector<int32_t> freed_rows;
+  void read_row(int32_t row, uint32_t start, uint32_t end, int32_t *out) override {
+    for (uint32_t p = start; p < end; ++p) out[p - start] = row * 1000 + static_cast<int32_t>(p);
+  }
+  void free_row(int32_t row) override { freed_rows.push_back(row); }
+  void free_kv_segment(int32_t row, uint32_t first_pos, const int32_t *indices, std::size_t n,
+                       uint32_t pools) override {
+    pieces.push_back({row, first_pos, static_cast<uint32_t>(n), pools, indices[0]});
+  }
+};
+
+void hybrid_pools() {
+  HybridPools pools;
+  skv::Cache cache(skv::make_config(kPage, 0, kRows, 128), pools);
+  skv::Req req;
+  req.set_req_pool_idx(1).set_origin_input_len(64).set_output_len(0);
+  req.set_kv_allocated_len(64).set_kv_committed_len(64);
+  // window 16 at page 16: the cursor rises to 64 - 16 = 48
+  CHECK(cache.swa_evict(req, 64, 16, 1) == 48);
+  CHECK(req.swa_evicted_seqlen() == 48 && req.swa_evict_floor() == 0);
+  CHECK((pools.pieces == std::vector<HybridPools::Piece>{{1, 0, 48, SKV_POOL_SWA, 1000}}));
+  cache.finished_req(7, 0, req);
+  pools.pieces.clear();
+  cache.release_session(7);
+  CHECK((pools.pieces == std::vector<HybridPools::Piece>{{1, 0, 48, SKV_POOL_FULL, 1000},
+                                                         {1, 48, 16, SKV_POOL_BOTH, 1048}}));
+  CHECK(pools.freed_rows == std::vector<int32_t>{1});
+}
+
 int main() {
   read_row_throws();
   free_callbacks_throw();
@@ -527,6 +568,7 @@ int main() {
   free_functions();
   owned_primitives();
   scheduler_queries();
+  hybrid_pools();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -68,6 +68,28 @@
 #define SKV_FLAG_PAGE_FREES 2
 
 /**
+ * skv_pool_ops.free_kv_segment's `pools`: the full-attention pool only (the window already
+ * gave the SWA slots back).
+ */
+#define SKV_POOL_FULL 1
+
+/**
+ * The sliding-window pool only (a window step, skv_swa_evict).
+ */
+#define SKV_POOL_SWA 2
+
+/**
+ * Both pools (every position the window has not passed).
+ */
+#define SKV_POOL_BOTH (SKV_POOL_FULL | SKV_POOL_SWA)
+
+/**
+ * skv_swa_evict's flags: the engine shares no prefixes (no radix tree), so the window is
+ * evicted right up to pre_len - window instead of keeping whole pages of it.
+ */
+#define SKV_SWA_NO_PREFIX_SHARING 1
+
+/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -197,6 +219,20 @@ typedef int (*skv_dec_lock_ref_fn)(void *user_data, uint64_t lock_node, uint64_t
 typedef int (*skv_free_aux_fn)(void *user_data, int64_t aux);
 
 /**
+ * skv_pool_ops.free_kv_segment: returns the `n` KV slot indices at `indices` (readable only
+ * during the call), those of positions [first_pos, first_pos + n) of row `row`, to the pools
+ * `pools` names (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). `user_data` is the pointer
+ * given to skv_cache_new_external. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call
+ * completes).
+ */
+typedef int (*skv_free_kv_segment_fn)(void *user_data,
+                                      int32_t row,
+                                      uint32_t first_pos,
+                                      const int32_t *indices,
+                                      size_t n,
+                                      uint32_t pools);
+
+/**
  * The engine's pools (external mode). A callback returning non-zero fails the call with
  * SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
  * locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -205,8 +241,9 @@ typedef int (*skv_free_aux_fn)(void *user_data, int64_t aux);
  */
 typedef struct skv_pool_ops {
   /**
-   * sizeof(skv_pool_ops) of the header the caller was built with: 48 so far (ABI 1 and 2).
-   * Accepted from 48 up; see "Versioned structs" at the top of this header.
+   * sizeof(skv_pool_ops) of the header the caller was built with: 48 in ABI 1 and 2, 56
+   * with free_kv_segment. Accepted from 48 up; see "Versioned structs" at the top of this
+   * header.
    */
   uint32_t struct_size;
   /**
@@ -215,7 +252,8 @@ typedef struct skv_pool_ops {
   skv_read_row_fn read_row;
   /**
    * Return these KV slot indices to the engine's allocator (a paged allocator frees the
-   * pages they fall in). Required.
+   * pages they fall in). Required unless free_kv_segment is set, which then takes every
+   * KV free.
    */
   skv_free_kv_fn free_kv;
   /**
@@ -232,6 +270,21 @@ typedef struct skv_pool_ops {
    * `aux_track[1]` (docs/recurrent-state.md).
    */
   skv_free_aux_fn free_aux;
+  /**
+   * Positional free for hybrid (full + sliding-window) pools: return the slots `indices`
+   * (n of them) of row positions [first_pos, first_pos + n) of `row` to the pools named by
+   * `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
+   * split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
+   * in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
+   * skv_swa_evict's frees are SWA-only. first_pos is a page boundary for every piece (a
+   * split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). With
+   * SKV_FLAG_PAGE_FREES each piece is handed as one index per page, as free_kv's are. NULL
+   * (or a struct_size of 48): free_kv takes every free whole; then a
+   * free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
+   * this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
+   * skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+   */
+  skv_free_kv_segment_fn free_kv_segment;
 } skv_pool_ops;
 
 /**
@@ -267,6 +320,17 @@ typedef struct skv_req {
    * Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none.
    */
   uint32_t swa_evicted_seqlen;
+  /**
+   * Eviction floor of sliding-window layers (sglang's swa_evict_floor): [0, this) is
+   * never window-evicted; 0 = none. The engine sets it (at a prefill, to the prefill's
+   * end); a hit restores the slot's. It may lie past swa_evicted_seqlen and past
+   * kv_allocated_len, and no trim clamps it; at most max_context_len. SWA slots below
+   * swa_dead_lo = max(cache_protected_len, this), rounded up to a page when the floor is
+   * the larger, are never freed by the window. It may rise only while the window has freed
+   * nothing: on a running session's row, a floor lifting swa_dead_lo over positions the
+   * window freed is SKV_ERR_INVALID_ARG (docs/hybrid.md).
+   */
+  uint32_t swa_evict_floor;
   /**
    * Prompt tokens of this turn (the full session history).
    */
@@ -324,7 +388,9 @@ typedef struct skv_held {
    */
   uint64_t full_tokens;
   /**
-   * The same, minus max(protected, swa_evicted_seqlen) instead of protected.
+   * Sum over idle slots of ceil_align(allocated) - protected - max(0, swa_evicted_seqlen -
+   * swa_dead_lo): what the window freed lies in [swa_dead_lo, swa_evicted_seqlen) only
+   * (docs/hybrid.md).
    */
   uint64_t swa_tokens;
   /**
@@ -756,6 +822,17 @@ typedef struct skv_api {
                                uint64_t session_id,
                                uint64_t branch_id,
                                struct skv_req *req);
+  /**
+   * Same as skv_swa_evict.
+   */
+  enum skv_status (*swa_evict)(struct skv_cache *c,
+                               struct skv_req *req,
+                               uint32_t pre_len,
+                               uint32_t window,
+                               uint32_t eviction_interval,
+                               int64_t retain_floor,
+                               uint32_t flags,
+                               uint32_t *freed);
 } skv_api;
 
 #ifdef __cplusplus
@@ -793,8 +870,9 @@ const char *skv_version(void);
 enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cache **out);
 
 /**
- * Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
- * `free_row` are required (SKV_ERR_NULL_ARG naming each NULL one). `user_data` is passed to
+ * Creates a cache over the engine's pools (external mode); `read_row`, `free_row` and
+ * `free_kv` (or, for hybrid pools, `free_kv_segment` instead) are required (SKV_ERR_NULL_ARG
+ * naming each NULL one). `user_data` is passed to
  * every callback.
  *
  * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
@@ -921,7 +999,10 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
  * mapped end and target must not reach below its protected prefix. On a session's row:
  * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
  * recorded end, target must keep its protected prefix, and the slot shortens with the row
- * (the engine lowers its own req's kv_allocated_len).
+ * (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits
+ * at the SWA cursor and floor the in-flight slot records; a row no slot holds has no cursor
+ * here (every position goes back to both pools): free such a row with skv_free_tail, which
+ * reads its req's.
  *
  * The caller must pass c as NULL or a live handle.
  */
@@ -960,6 +1041,31 @@ enum skv_status skv_session_held(const struct skv_cache *c,
                                  const int32_t *active_rows,
                                  size_t n_active,
                                  struct skv_held *out);
+
+/**
+ * One sliding-window step of a running request (sglang's free_swa_out_of_window_slots):
+ * once `swa_evicted_seqlen` lags `pre_len - window` by at least `eviction_interval`, the
+ * cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
+ * (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
+ * ignored without prefix sharing), never back, floored to a page; the positions it passed
+ * go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
+ * (NULL allowed) is the number of positions handed back. A req holding no row changes
+ * nothing. Errors: owned mode, or external mode without free_kv_segment, is
+ * SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
+ * kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
+ * cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
+ * SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
+ *
+ * The caller must pass every pointer as NULL or valid.
+ */
+enum skv_status skv_swa_evict(struct skv_cache *c,
+                              struct skv_req *req,
+                              uint32_t pre_len,
+                              uint32_t window,
+                              uint32_t eviction_interval,
+                              int64_t retain_floor,
+                              uint32_t flags,
+                              uint32_t *freed);
 
 /**
  * What every slot of session_id holds, in flight or idle (docs/operations.md). A session

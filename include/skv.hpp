@@ -152,6 +152,19 @@ class PoolOps : public EngineHooks {
   virtual void free_row(int32_t row) = 0;
 };
 
+/// A PoolOps for hybrid (full + sliding-window) pools: every KV free arrives split by pools
+/// through free_kv_segment (skv_pool_ops.free_kv_segment, docs/hybrid.md), never through
+/// free_kv.
+class HybridPoolOps : public PoolOps {
+ public:
+  /// Return the KV slots of row positions [first_pos, first_pos + n) to the pools `pools`
+  /// names (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH).
+  virtual void free_kv_segment(int32_t row, uint32_t first_pos, const int32_t *indices,
+                               std::size_t n, uint32_t pools) = 0;
+  /// Never called: free_kv_segment takes every free.
+  void free_kv(const int32_t * /*indices*/, std::size_t /*n*/) final {}
+};
+
 namespace detail {
 // C entry points for an object of type T reached through user_data, which holds a T *
 // converted to void * (so the cast back is to the same type).
@@ -170,8 +183,13 @@ struct Trampolines {
   static int dec_lock_ref(void *self, uint64_t lock_node, uint64_t lock_receipt) noexcept {
     return guarded([&] { static_cast<T *>(self)->dec_lock_ref(lock_node, lock_receipt); });
   }
-  static int free_aux(void *self, int64_t aux_state) noexcept {
-    return guarded([&] { static_cast<T *>(self)->free_aux(aux_state); });
+  static int free_aux(void *self, int64_t aux) noexcept {
+    return guarded([&] { static_cast<T *>(self)->free_aux(aux); });
+  }
+  static int free_kv_segment(void *self, int32_t row, uint32_t first_pos, const int32_t *indices,
+                             std::size_t n, uint32_t pools) noexcept {
+    return guarded(
+        [&] { static_cast<T *>(self)->free_kv_segment(row, first_pos, indices, n, pools); });
   }
 };
 }  // namespace detail
@@ -186,6 +204,20 @@ inline skv_pool_ops pool_ops_for(PoolOps & /*ops*/) noexcept {
   c.free_row = &T::free_row;
   c.dec_lock_ref = &T::dec_lock_ref;
   c.free_aux = &T::free_aux;
+  return c;
+}
+
+/// The skv_pool_ops whose callbacks call a HybridPoolOps `ops` (free_kv_segment set, free_kv
+/// NULL); pass &ops as user_data.
+inline skv_pool_ops pool_ops_for(HybridPoolOps & /*ops*/) noexcept {
+  using T = detail::Trampolines<HybridPoolOps>;
+  skv_pool_ops c{};
+  c.struct_size = sizeof(skv_pool_ops);
+  c.read_row = &T::read_row;
+  c.free_row = &T::free_row;
+  c.dec_lock_ref = &T::dec_lock_ref;
+  c.free_aux = &T::free_aux;
+  c.free_kv_segment = &T::free_kv_segment;
   return c;
 }
 
@@ -224,6 +256,7 @@ class Req {
   uint32_t kv_allocated_len() const noexcept { return req_.kv_allocated_len; }
   uint32_t cache_protected_len() const noexcept { return req_.cache_protected_len; }
   uint32_t swa_evicted_seqlen() const noexcept { return req_.swa_evicted_seqlen; }
+  uint32_t swa_evict_floor() const noexcept { return req_.swa_evict_floor; }
   uint32_t origin_input_len() const noexcept { return req_.origin_input_len; }
   uint32_t output_len() const noexcept { return req_.output_len; }
   int32_t finished_len() const noexcept { return req_.finished_len; }
@@ -240,6 +273,7 @@ class Req {
   Req &set_kv_allocated_len(uint32_t v) noexcept { req_.kv_allocated_len = v; return *this; }
   Req &set_cache_protected_len(uint32_t v) noexcept { req_.cache_protected_len = v; return *this; }
   Req &set_swa_evicted_seqlen(uint32_t v) noexcept { req_.swa_evicted_seqlen = v; return *this; }
+  Req &set_swa_evict_floor(uint32_t v) noexcept { req_.swa_evict_floor = v; return *this; }
   Req &set_origin_input_len(uint32_t v) noexcept { req_.origin_input_len = v; return *this; }
   Req &set_output_len(uint32_t v) noexcept { req_.output_len = v; return *this; }
   Req &set_finished_len(int32_t v) noexcept { req_.finished_len = v; return *this; }
@@ -284,6 +318,8 @@ class Cache {
   }
   /// External mode over a C++ PoolOps, which must outlive the handle (libskv keeps &ops).
   Cache(const skv_cache_config &cfg, PoolOps &ops) : Cache(cfg, pool_ops_for(ops), &ops) {}
+  /// External mode over hybrid pools: every free goes to ops.free_kv_segment.
+  Cache(const skv_cache_config &cfg, HybridPoolOps &ops) : Cache(cfg, pool_ops_for(ops), &ops) {}
   /// Takes ownership of a handle from skv_cache_new / skv_cache_new_external.
   explicit Cache(skv_cache *handle) noexcept : handle_(handle) {}
 
@@ -351,6 +387,17 @@ class Cache {
   }
   skv_held session_held(const std::vector<int32_t> &active_rows = {}) const {
     return session_held(active_rows.data(), active_rows.size());
+  }
+  /// One sliding-window step of a running request (skv_swa_evict); returns the positions
+  /// whose SWA slots went back. retain_floor -1 = none.
+  uint32_t swa_evict(Req &req, uint32_t pre_len, uint32_t window, uint32_t eviction_interval,
+                     int64_t retain_floor = -1, uint32_t flags = 0) {
+    uint32_t freed = 0;
+    detail::call([&] {
+      return skv_swa_evict(handle_, req.get(), pre_len, window, eviction_interval, retain_floor,
+                           flags, &freed);
+    });
+    return freed;
   }
   /// A matched request that never ran goes back to its idle slot (skv_hand_back).
   void hand_back(uint64_t session_id, uint64_t branch_id, Req &req) {

@@ -60,6 +60,7 @@ fn cache(engine: &mut Engine, flags: u32) -> *mut skv_cache {
         free_row: Some(free_row),
         dec_lock_ref: None,
         free_aux: None,
+        free_kv_segment: None,
     };
     let mut c = ptr::null_mut();
     // SAFETY: valid pointers; the engine outlives the handle in every test.
@@ -137,6 +138,7 @@ fn page_frees_change_nothing_with_one_token_pages() {
         free_row: Some(free_row),
         dec_lock_ref: None,
         free_aux: None,
+        free_kv_segment: None,
     };
     let mut c = ptr::null_mut();
     unsafe {

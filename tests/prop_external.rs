@@ -477,12 +477,15 @@ impl Sim {
             flags: if cfg.aligned { SKV_FLAG_ALIGNED_REUSE } else { 0 },
         };
         let ops = skv_pool_ops {
-            struct_size: std::mem::size_of::<skv_pool_ops>() as u32,
+            // An ABI 2 caller (no free_kv_segment): free_kv takes every free whole, the SWA cursor
+            // included (tests/prop_swa.rs drives the split).
+            struct_size: 48,
             read_row: Some(cb_read_row),
             free_kv: Some(cb_free_kv),
             free_row: Some(cb_free_row),
             dec_lock_ref: Some(cb_dec_lock_ref),
             free_aux: Some(cb_free_aux),
+            free_kv_segment: None,
         };
         let mut cache = std::ptr::null_mut();
         // SAFETY: valid pointers; the engine outlives the cache (Drop frees the cache first).

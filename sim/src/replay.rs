@@ -248,6 +248,8 @@ impl Call<'_> {
         q.aux_state = field("aux_state")? as i64;
         q.aux_track =
             track(&r["aux_track"]).ok_or_else(|| cannot(self.line, format!("{k}.aux_track: not two numbers")))?;
+        // Traces from before the field read as 0, the value every req had then.
+        q.swa_evict_floor = int(&r["swa_evict_floor"]).unwrap_or(0) as u32;
         Ok(Some(q))
     }
 
@@ -284,6 +286,7 @@ impl Call<'_> {
     fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Fault> {
         let (Some(want), Some(got)) = (self.v.get(k), got) else { return Ok(()) };
         let got_track = got.aux_track;
+        let got_floor = got.swa_evict_floor;
         let got = [
             got.req_pool_idx as i128,
             got.row_generation as i128,
@@ -306,7 +309,13 @@ impl Call<'_> {
         if track(&want["aux_track"]) != Some(got_track) {
             return Err(self.differs(format!("{k}.aux_track = {got_track:?}, recorded {}", want["aux_track"])));
         }
-        Ok(())
+        let floor = got_floor as i128;
+        match int(&want["swa_evict_floor"]) {
+            Some(w) if w != floor => {
+                Err(self.differs(format!("{k}.swa_evict_floor = {floor}, recorded {}", want["swa_evict_floor"])))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check_num(&self, k: &str, got: i128) -> Result<(), Fault> {
@@ -365,6 +374,13 @@ impl Call<'_> {
                 "skv_trim_overshoot" => {
                     let n = u32_("finished_len")?;
                     self.with_req(|r| skv_trim_overshoot(c, r, n))?;
+                }
+                "skv_swa_evict" => {
+                    let (pre, w, iv, f) =
+                        (u32_("pre_len")?, u32_("window")?, u32_("eviction_interval")?, u32_("flags")?);
+                    let retain = self.num("retain_floor")? as i64;
+                    let mut freed = 0u32;
+                    self.with_req(|r| skv_swa_evict(c, r, pre, w, iv, retain, f, &mut freed))?;
                 }
                 "skv_free_tail" => {
                     let n = u32_("prefix_len")?;

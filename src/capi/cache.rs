@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
 use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope};
-use crate::core::{Cache, Config, Effect, Error, Pool, Result};
+use crate::core::{split, Cache, Config, Effect, Error, Pool, Pools, Result, Segment};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -87,6 +87,30 @@ pub type skv_dec_lock_ref_fn =
 /// call completes).
 pub type skv_free_aux_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, aux: i64) -> c_int>;
 
+/// skv_pool_ops.free_kv_segment: returns the `n` KV slot indices at `indices` (readable only
+/// during the call), those of positions [first_pos, first_pos + n) of row `row`, to the pools
+/// `pools` names (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). `user_data` is the pointer
+/// given to skv_cache_new_external. Returns 0, or non-zero for SKV_ERR_CALLBACK (the call
+/// completes).
+pub type skv_free_kv_segment_fn = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        row: i32,
+        first_pos: u32,
+        indices: *const i32,
+        n: usize,
+        pools: u32,
+    ) -> c_int,
+>;
+
+/// skv_pool_ops.free_kv_segment's `pools`: the full-attention pool only (the window already
+/// gave the SWA slots back).
+pub const SKV_POOL_FULL: u32 = 0x1;
+/// The sliding-window pool only (a window step, skv_swa_evict).
+pub const SKV_POOL_SWA: u32 = 0x2;
+/// Both pools (every position the window has not passed).
+pub const SKV_POOL_BOTH: u32 = SKV_POOL_FULL | SKV_POOL_SWA;
+
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
 /// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
@@ -95,13 +119,15 @@ pub type skv_free_aux_fn = Option<unsafe extern "C" fn(user_data: *mut c_void, a
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
-    /// sizeof(skv_pool_ops) of the header the caller was built with: 48 so far (ABI 1 and 2).
-    /// Accepted from 48 up; see "Versioned structs" at the top of this header.
+    /// sizeof(skv_pool_ops) of the header the caller was built with: 48 in ABI 1 and 2, 56
+    /// with free_kv_segment. Accepted from 48 up; see "Versioned structs" at the top of this
+    /// header.
     pub struct_size: u32,
     /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
     pub read_row: skv_read_row_fn,
     /// Return these KV slot indices to the engine's allocator (a paged allocator frees the
-    /// pages they fall in). Required.
+    /// pages they fall in). Required unless free_kv_segment is set, which then takes every
+    /// KV free.
     pub free_kv: skv_free_kv_fn,
     /// Return a req_to_token row to the engine's row pool. Required.
     pub free_row: skv_free_row_fn,
@@ -111,11 +137,26 @@ pub struct skv_pool_ops {
     /// calls it once per handle that is not -1: `aux_state`, then `aux_track[0]`, then
     /// `aux_track[1]` (docs/recurrent-state.md).
     pub free_aux: skv_free_aux_fn,
+    /// Positional free for hybrid (full + sliding-window) pools: return the slots `indices`
+    /// (n of them) of row positions [first_pos, first_pos + n) of `row` to the pools named by
+    /// `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
+    /// split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
+    /// in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
+    /// skv_swa_evict's frees are SWA-only. first_pos is a page boundary for every piece (a
+    /// split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). With
+    /// SKV_FLAG_PAGE_FREES each piece is handed as one index per page, as free_kv's are. NULL
+    /// (or a struct_size of 48): free_kv takes every free whole; then a
+    /// free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
+    /// this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
+    /// skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+    pub free_kv_segment: skv_free_kv_segment_fn,
 }
 
 /// The first published sizes of the versioned structs (ABI 1); every later size is accepted.
 pub(crate) const CONFIG_SIZE_V1: u32 = 32;
 pub(crate) const POOL_OPS_SIZE_V1: u32 = 48;
+/// The first size holding free_kv_segment: a caller built with it knows about hybrid frees.
+pub(crate) const POOL_OPS_SIZE_SEGMENTS: u32 = 56;
 const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 >= CONFIG_SIZE_V1);
 const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZE_V1);
 
@@ -163,8 +204,9 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
     })
 }
 
-/// Creates a cache over the engine's pools (external mode); `read_row`, `free_kv` and
-/// `free_row` are required (SKV_ERR_NULL_ARG naming each NULL one). `user_data` is passed to
+/// Creates a cache over the engine's pools (external mode); `read_row`, `free_row` and
+/// `free_kv` (or, for hybrid pools, `free_kv_segment` instead) are required (SKV_ERR_NULL_ARG
+/// naming each NULL one). `user_data` is passed to
 /// every callback.
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
@@ -185,7 +227,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
         let ops = super::read_versioned(ops, POOL_OPS_SIZE_V1, "ops")?;
         let missing: Vec<&str> = [
             ("ops->read_row", ops.read_row.is_none()),
-            ("ops->free_kv", ops.free_kv.is_none()),
+            ("ops->free_kv", ops.free_kv.is_none() && ops.free_kv_segment.is_none()),
             ("ops->free_row", ops.free_row.is_none()),
         ]
         .into_iter()
@@ -193,7 +235,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
         .collect();
         if !missing.is_empty() {
             return Err(Error::NullArg(format!(
-                "{} {} NULL (read_row, free_kv and free_row are required)",
+                "{} {} NULL (read_row, free_row and one of free_kv, free_kv_segment are required)",
                 missing.join(", "),
                 if missing.len() == 1 { "is" } else { "are" }
             )));
@@ -202,8 +244,8 @@ pub unsafe extern "C" fn skv_cache_new_external(
         let cfg = config(&raw)?;
         cfg.validate()?;
         // Page frees matter only where a page holds more than one token.
-        let page_frees = (raw.flags & SKV_FLAG_PAGE_FREES != 0 && cfg.page_size > 1).then_some(cfg.page_size);
-        let pool = ExternalPool { ops, user_data, staging: Vec::new(), page_frees };
+        let page_frees = raw.flags & SKV_FLAG_PAGE_FREES != 0 && cfg.page_size > 1;
+        let pool = ExternalPool { ops, user_data, ps: cfg.page_size, staging: Vec::new(), page_frees };
         *slot = boxed(Cache::new(cfg, Box::new(pool))?)?;
         Ok(())
     })
@@ -249,64 +291,152 @@ pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_c
 struct ExternalPool {
     ops: skv_pool_ops,
     user_data: *mut c_void,
-    /// The indices read for the call in progress, in effect order (with page frees, only
-    /// those at page starts).
+    ps: u32,
+    /// The indices read for the call in progress, every position of every range, in effect
+    /// order.
     staging: Vec<i32>,
-    /// `SKV_FLAG_PAGE_FREES`: the page size, free_kv getting one index per page.
-    page_frees: Option<u32>,
-}
-
-impl ExternalPool {
-    /// How many indices free_kv gets for `row[start, end)`.
-    fn handed(&self, start: u32, end: u32) -> usize {
-        match self.page_frees {
-            Some(ps) => page_starts(start, end, ps).count(),
-            None => (end - start) as usize,
-        }
-    }
-}
-
-/// The positions of `[start, end)` that start a page.
-fn page_starts(start: u32, end: u32, ps: u32) -> impl Iterator<Item = u32> {
-    let first = crate::core::ceil_align(start, ps).min(end as u64) as u32;
-    (first..end).step_by(ps as usize)
+    /// `SKV_FLAG_PAGE_FREES`: each free hands one index per page (the page's first position).
+    page_frees: bool,
 }
 
 // SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
 // whichever thread calls libskv; the handle's lock keeps the calls one at a time.
 unsafe impl Send for ExternalPool {}
 
+impl ExternalPool {
+    /// Checks a row free against what the callbacks can express, before anything is read.
+    fn check_split(&self, row: u32, start: u32, end: u32, dead_lo: u32, dead_hi: u32) -> Result<()> {
+        let pieces = split(start, end, dead_lo, dead_hi);
+        let dead = pieces.iter().any(|p| p.pools == Pools::Full);
+        if !dead {
+            return Ok(());
+        }
+        if self.ops.free_kv_segment.is_none() {
+            // ABI 2 callers hand every free to free_kv whole, as they always did.
+            if self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS {
+                return Ok(());
+            }
+            return Err(Error::Unsupported(format!(
+                "row {row} positions [{}, {}) already gave their SWA slots back (swa_dead_lo {dead_lo}, \
+                 swa_evicted_seqlen {dead_hi}), but ops->free_kv_segment is NULL: free_kv cannot \
+                 free the full side alone; nothing was changed",
+                dead_lo.max(start),
+                dead_hi.min(end)
+            )));
+        }
+        if pieces.len() > 1 && !dead_hi.is_multiple_of(self.ps) {
+            return Err(Error::InvalidArg(format!(
+                "swa_evicted_seqlen {dead_hi} splits a page (page_size {}) of row {row}: the SWA cursor \
+                 must stay page-aligned",
+                self.ps
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reads `row[start, end)` into the staging buffer.
+    fn stage(&mut self, row: u32, start: u32, end: u32) -> Result<()> {
+        let read_row = self.ops.read_row.expect("checked at creation");
+        let at = self.staging.len();
+        let n = (end - start) as usize;
+        if self.staging.try_reserve(n).is_err() {
+            return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
+        }
+        self.staging.resize(at + n, -1);
+        // SAFETY: the engine's read_row (checked non-NULL at creation) writes end - start values,
+        // for which the staging space has just been resized.
+        let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::Callback(format!(
+                "read_row(row {row}, [{start}, {end})) returned {rc}; nothing was changed"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Hands one staged row range back (positions `start..` of `row`), split by pools when
+    /// free_kv_segment is set; returns how many indices the engine received.
+    fn free_range(
+        &self,
+        row: u32,
+        start: u32,
+        idx: &[i32],
+        dead: Option<(u32, u32)>,
+        failures: &mut Vec<String>,
+    ) -> usize {
+        let ud = self.user_data;
+        let end = start + idx.len() as u32;
+        let Some(seg) = self.ops.free_kv_segment else {
+            let free_kv = self.ops.free_kv.expect("checked at creation");
+            return self.hand(start, idx, |piece| {
+                // SAFETY: the engine's free_kv reads piece.len() values at piece, which lives
+                // until the call returns.
+                let rc = unsafe { free_kv(ud, piece.as_ptr(), piece.len()) };
+                if rc != 0 {
+                    failures.push(format!("free_kv({} indices of row {row}) returned {rc}", piece.len()));
+                }
+            });
+        };
+        let pieces = match dead {
+            Some((lo, hi)) => split(start, end, lo, hi),
+            None => smallvec::smallvec![Segment { start, end, pools: Pools::Swa }],
+        };
+        let mut handed = 0;
+        for p in pieces {
+            let piece = &idx[(p.start - start) as usize..(p.end - start) as usize];
+            let pools = match p.pools {
+                Pools::Full => SKV_POOL_FULL,
+                Pools::Swa => SKV_POOL_SWA,
+                Pools::Both => SKV_POOL_BOTH,
+            };
+            handed += self.hand(p.start, piece, |piece| {
+                // SAFETY: the engine's free_kv_segment reads piece.len() values at piece, which
+                // lives until the call returns.
+                let rc = unsafe { seg(ud, row as i32, p.start, piece.as_ptr(), piece.len(), pools) };
+                if rc != 0 {
+                    failures.push(format!(
+                        "free_kv_segment(row {row}, [{}, {}), pools {pools}) returned {rc}",
+                        p.start, p.end
+                    ));
+                }
+            });
+        }
+        handed
+    }
+
+    /// Calls `free` with the indices of positions `start..` (every one, or with page frees the
+    /// one at each page's first position); never with an empty list. Returns how many it got.
+    fn hand(&self, start: u32, idx: &[i32], free: impl FnOnce(&[i32])) -> usize {
+        if !self.page_frees {
+            free(idx);
+            return idx.len();
+        }
+        let end = start + idx.len() as u32;
+        let first = crate::core::ceil_align(start, self.ps).min(end as u64) as u32;
+        let pages: Vec<i32> = (first..end).step_by(self.ps as usize).map(|p| idx[(p - start) as usize]).collect();
+        // A range of only a page's tail has no page start: its page is not freed.
+        if !pages.is_empty() {
+            free(&pages);
+        }
+        pages.len()
+    }
+}
+
 impl Pool for ExternalPool {
     fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
+        for e in effects {
+            if let Effect::FreeKv { row, start, end, dead_lo, dead_hi, .. } = *e {
+                self.check_split(row, start, end, dead_lo, dead_hi)?;
+            }
+        }
         self.staging.clear();
         let _scope = CallbackScope::enter();
-        let read_row = self.ops.read_row.expect("checked at creation");
         for e in effects {
-            if let Effect::FreeKv { row, start, end, .. } = *e {
-                if start >= end {
-                    continue;
+            match *e {
+                Effect::FreeKv { row, start, end, .. } | Effect::FreeSwa { row, start, end } if start < end => {
+                    self.stage(row, start, end)?
                 }
-                let at = self.staging.len();
-                let n = (end - start) as usize;
-                if self.staging.try_reserve(n).is_err() {
-                    return Err(Error::OutOfMemory(format!("cannot stage {n} indices of row {row}")));
-                }
-                self.staging.resize(at + n, -1);
-                // SAFETY: the engine's read_row (checked non-NULL at creation) writes end-start
-                // values, for which the staging space has just been resized.
-                let rc = unsafe { read_row(self.user_data, row as i32, start, end, self.staging[at..].as_mut_ptr()) };
-                if rc != 0 {
-                    return Err(Error::Callback(format!(
-                        "read_row(row {row}, [{start}, {end})) returned {rc}; nothing was changed"
-                    )));
-                }
-                if let Some(ps) = self.page_frees {
-                    // Keep the index at each page's first position, in place.
-                    for (k, p) in page_starts(start, end, ps).enumerate() {
-                        self.staging[at + k] = self.staging[at + (p - start) as usize];
-                    }
-                    self.staging.truncate(at + self.handed(start, end));
-                }
+                _ => {}
             }
         }
         Ok(())
@@ -324,21 +454,18 @@ impl Pool for ExternalPool {
                     Some(f) => unsafe { f(ud, node, receipt) },
                     None => continue,
                 },
-                Effect::FreeKv { start, end, .. } => {
+                Effect::FreeKv { row, start, end, .. } | Effect::FreeSwa { row, start, end } => {
                     if start >= end {
                         continue;
                     }
-                    let idx = &self.staging[at..at + self.handed(start, end)];
-                    // Never an empty free_kv (a range of only a page's tail has no page start).
-                    if idx.is_empty() {
-                        continue;
-                    }
+                    let idx = &self.staging[at..at + (end - start) as usize];
                     at += idx.len();
-                    handed += idx.len();
-                    let free_kv = self.ops.free_kv.expect("checked at creation");
-                    // SAFETY: the engine's free_kv reads idx.len() values at idx, which lives
-                    // until the call returns.
-                    unsafe { free_kv(ud, idx.as_ptr(), idx.len()) }
+                    let dead = match *e {
+                        Effect::FreeKv { dead_lo, dead_hi, .. } => Some((dead_lo, dead_hi)),
+                        _ => None,
+                    };
+                    handed += self.free_range(row, start, idx, dead, &mut failures);
+                    continue;
                 }
                 Effect::FreeRow { row } => {
                     let free_row = self.ops.free_row.expect("checked at creation");
@@ -352,11 +479,7 @@ impl Pool for ExternalPool {
                 },
             };
             if rc != 0 {
-                let freed = match *e {
-                    Effect::FreeKv { start, end, .. } => self.handed(start, end),
-                    _ => 0,
-                };
-                failures.push(format!("{} returned {rc}", describe(e, freed)));
+                failures.push(format!("{} returned {rc}", describe(e)));
             }
         }
         if failures.is_empty() {
@@ -368,13 +491,20 @@ impl Pool for ExternalPool {
             )))
         }
     }
+
+    fn frees_swa(&self) -> std::result::Result<(), String> {
+        match self.ops.free_kv_segment {
+            Some(_) => Ok(()),
+            None => Err("ops->free_kv_segment is NULL: free_kv cannot free the SWA side alone".into()),
+        }
+    }
 }
 
-/// An effect as the callback it became (`n` indices handed to free_kv), for error messages.
-fn describe(e: &Effect, n: usize) -> String {
+/// An effect as the callback it became, for error messages (KV frees name themselves).
+fn describe(e: &Effect) -> String {
     match *e {
         Effect::DecLockRef { node, receipt } => format!("dec_lock_ref({node}, {receipt})"),
-        Effect::FreeKv { row, .. } => format!("free_kv({n} indices of row {row})"),
+        Effect::FreeKv { row, .. } | Effect::FreeSwa { row, .. } => format!("a free of row {row}"),
         Effect::FreeRow { row } => format!("free_row({row})"),
         Effect::FreeAux { aux } => format!("free_aux({aux})"),
     }

@@ -1,7 +1,7 @@
 //! The request record and the session operations (both modes).
 
 use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice, traced};
-use crate::core::{Held, Match, Req};
+use crate::core::{Error, Held, Match, Req, Window};
 
 /// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
 #[repr(C)]
@@ -24,6 +24,15 @@ pub struct skv_req {
     pub cache_protected_len: u32,
     /// Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none.
     pub swa_evicted_seqlen: u32,
+    /// Eviction floor of sliding-window layers (sglang's swa_evict_floor): [0, this) is
+    /// never window-evicted; 0 = none. The engine sets it (at a prefill, to the prefill's
+    /// end); a hit restores the slot's. It may lie past swa_evicted_seqlen and past
+    /// kv_allocated_len, and no trim clamps it; at most max_context_len. SWA slots below
+    /// swa_dead_lo = max(cache_protected_len, this), rounded up to a page when the floor is
+    /// the larger, are never freed by the window. It may rise only while the window has freed
+    /// nothing: on a running session's row, a floor lifting swa_dead_lo over positions the
+    /// window freed is SKV_ERR_INVALID_ARG (docs/hybrid.md).
+    pub swa_evict_floor: u32,
     /// Prompt tokens of this turn (the full session history).
     pub origin_input_len: u32,
     /// Tokens in output_ids, speculative overshoot included.
@@ -60,6 +69,7 @@ impl From<&skv_req> for Req {
             lock_receipt: r.lock_receipt,
             aux: r.aux_state,
             track: r.aux_track,
+            swa_floor: r.swa_evict_floor,
         }
     }
 }
@@ -80,6 +90,7 @@ impl From<Req> for skv_req {
             lock_receipt: r.lock_receipt,
             aux_state: r.aux,
             aux_track: r.track,
+            swa_evict_floor: r.swa_floor,
         }
     }
 }
@@ -106,7 +117,9 @@ impl From<Match> for skv_match {
 pub struct skv_held {
     /// Sum over idle slots of ceil_align(allocated) - protected.
     pub full_tokens: u64,
-    /// The same, minus max(protected, swa_evicted_seqlen) instead of protected.
+    /// Sum over idle slots of ceil_align(allocated) - protected - max(0, swa_evicted_seqlen -
+    /// swa_dead_lo): what the window freed lies in [swa_dead_lo, swa_evicted_seqlen) only
+    /// (docs/hybrid.md).
     pub swa_tokens: u64,
     /// Idle slots holding a row.
     pub rows: u64,
@@ -133,8 +146,8 @@ impl From<Held> for skv_held {
     }
 }
 
-/// Writes `r` into the caller's req field by field: the padding bytes of skv_req (after
-/// finished_len) stay as the caller left them, so byte comparisons of reqs are meaningful.
+/// Writes `r` into the caller's req field by field (skv_req has no padding today; writing
+/// fields, never the whole struct, keeps it so should a later field leave some).
 pub(crate) fn store(req: &mut skv_req, r: Req) {
     let r = skv_req::from(r);
     req.req_pool_idx = r.req_pool_idx;
@@ -150,6 +163,7 @@ pub(crate) fn store(req: &mut skv_req, r: Req) {
     req.lock_receipt = r.lock_receipt;
     req.aux_state = r.aux_state;
     req.aux_track = r.aux_track;
+    req.swa_evict_floor = r.swa_evict_floor;
 }
 
 /// Runs a core operation on a copy of `*req`, writing it back when the call completes
@@ -390,7 +404,10 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// mapped end and target must not reach below its protected prefix. On a session's row:
 /// SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
 /// recorded end, target must keep its protected prefix, and the slot shortens with the row
-/// (the engine lowers its own req's kv_allocated_len).
+/// (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits
+/// at the SWA cursor and floor the in-flight slot records; a row no slot holds has no cursor
+/// here (every position goes back to both pools): free such a row with skv_free_tail, which
+/// reads its req's.
 ///
 /// The caller must pass c as NULL or a live handle.
 #[no_mangle]
@@ -488,4 +505,79 @@ pub unsafe extern "C" fn skv_session_held(
             t.held("out", out);
         },
     )
+}
+
+/// skv_swa_evict's flags: the engine shares no prefixes (no radix tree), so the window is
+/// evicted right up to pre_len - window instead of keeping whole pages of it.
+pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
+
+/// One sliding-window step of a running request (sglang's free_swa_out_of_window_slots):
+/// once `swa_evicted_seqlen` lags `pre_len - window` by at least `eviction_interval`, the
+/// cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
+/// (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
+/// ignored without prefix sharing), never back, floored to a page; the positions it passed
+/// go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
+/// (NULL allowed) is the number of positions handed back. A req holding no row changes
+/// nothing. Errors: owned mode, or external mode without free_kv_segment, is
+/// SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
+/// kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
+/// cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
+/// SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
+///
+/// The caller must pass every pointer as NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn skv_swa_evict(
+    c: *mut skv_cache,
+    req: *mut skv_req,
+    pre_len: u32,
+    window: u32,
+    eviction_interval: u32,
+    retain_floor: i64,
+    flags: u32,
+    freed: *mut u32,
+) -> skv_status {
+    traced(
+        c,
+        this_export!(),
+        |t| {
+            t.req("req", req).num("pre_len", pre_len).num("window", window);
+            t.num("eviction_interval", eviction_interval).num("retain_floor", retain_floor).num("flags", flags);
+        },
+        // SAFETY: c and req are NULL or valid and freed NULL or valid (the contract above);
+        // on_req refuses NULL, freed is written only when not NULL.
+        || unsafe {
+            on_req(
+                c,
+                req,
+                |c, r| {
+                    c.require_swa_free()?;
+                    c.swa_evict(r, pre_len, &window_args(window, eviction_interval, retain_floor, flags)?)
+                },
+                |n| {
+                    if let Some(out) = freed.as_mut() {
+                        *out = n;
+                    }
+                },
+            )
+        },
+        |t| {
+            t.req("req_out", req);
+        },
+    )
+}
+
+/// skv_swa_evict's window arguments, checked.
+fn window_args(size: u32, eviction_interval: u32, retain_floor: i64, flags: u32) -> crate::core::Result<Window> {
+    if flags & !SKV_SWA_NO_PREFIX_SHARING != 0 {
+        return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits")));
+    }
+    let retain_floor = match retain_floor {
+        -1 => None,
+        f => Some(
+            u32::try_from(f)
+                .map_err(|_| Error::InvalidArg(format!("retain_floor {f} out of range -1..={}", u32::MAX)))?,
+        ),
+    };
+    let prefix_sharing = flags & SKV_SWA_NO_PREFIX_SHARING == 0;
+    Ok(Window { size, eviction_interval, prefix_sharing, retain_floor })
 }

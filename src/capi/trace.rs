@@ -136,7 +136,8 @@ impl Line {
                     self.0,
                     ",\"{name}\":{{\"req_pool_idx\":{},\"row_generation\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
                      \"cache_protected_len\":{},\"swa_evicted_seqlen\":{},\"origin_input_len\":{},\
-                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{},\"aux_track\":[{},{}]}}",
+                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{},\"aux_track\":[{},{}],\
+                     \"swa_evict_floor\":{}}}",
                     r.req_pool_idx,
                     r.row_generation,
                     r.kv_committed_len,
@@ -150,7 +151,8 @@ impl Line {
                     r.lock_receipt,
                     r.aux_state,
                     r.aux_track[0],
-                    r.aux_track[1]
+                    r.aux_track[1],
+                    r.swa_evict_floor
                 );
             }
         }

@@ -4,7 +4,7 @@
 use super::error::{bail, Error, Result};
 use super::page::ceil_align;
 use super::pool::{Effect, Pool};
-use super::req::{Config, Req};
+use super::req::{swa_dead, Config, Req};
 use super::slots::{Slot, Slots};
 
 pub struct Cache {
@@ -157,23 +157,25 @@ fn next_generation(g: &mut u32) -> u32 {
 }
 
 /// The effect of `free_aligned(row, target, end)`: whole pages from `ceil_align(target)` go
-/// back; the page holding `target - 1` stays, since it also holds committed tokens.
-pub(crate) fn free_aligned_effect(ps: u32, row: u32, target: u32, end: u32) -> Option<Effect> {
+/// back; the page holding `target - 1` stays, since it also holds committed tokens. `dead`
+/// is the row's SWA-dead range before the free (`swa_dead`).
+pub(crate) fn free_aligned_effect(ps: u32, row: u32, target: u32, end: u32, dead: (u32, u32)) -> Option<Effect> {
     if end <= target {
         return None;
     }
     let start = if ps > 1 { ceil_align(target, ps).min(end as u64) as u32 } else { target };
-    Some(Effect::FreeKv { row, keep: target, start, end })
+    Some(Effect::FreeKv { row, keep: target, start, end, dead_lo: dead.0, dead_hi: dead.1 })
 }
 
 /// The effects of releasing a slot, in release order: the recurrent-state handles go last,
 /// the pool slot before the track entries, as sglang's `_free_slot_mamba` frees them.
-pub(crate) fn push_release(effects: &mut Vec<Effect>, row: u32, s: &Slot) {
+pub(crate) fn push_release(effects: &mut Vec<Effect>, ps: u32, row: u32, s: &Slot) {
     if s.lock_node != 0 {
         effects.push(Effect::DecLockRef { node: s.lock_node, receipt: s.lock_receipt });
     }
     if s.protected < s.allocated {
-        effects.push(Effect::FreeKv { row, keep: s.protected, start: s.protected, end: s.allocated });
+        let (dead_lo, dead_hi) = swa_dead(s.protected, s.swa_floor, s.swa, ps);
+        effects.push(Effect::FreeKv { row, keep: s.protected, start: s.protected, end: s.allocated, dead_lo, dead_hi });
     }
     effects.push(Effect::FreeRow { row });
     effects.extend(s.aux_handles().into_iter().filter(|&aux| aux != -1).map(|aux| Effect::FreeAux { aux }));

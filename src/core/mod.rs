@@ -1,7 +1,8 @@
 //! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
 //! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
 //! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
-//! (the operations), `queries` (what a scheduler asks), then owned mode: `alloc`, `owned`,
+//! (the operations), `queries` (what a scheduler asks), `swa` (the sliding-window step), then
+//! owned mode: `alloc`, `owned`,
 //! `owned_ops`, `audit`, and `mirror` (what a device copy of the rows must learn).
 
 mod alloc;
@@ -18,6 +19,7 @@ mod queries;
 mod req;
 mod session;
 mod slots;
+mod swa;
 
 pub use alloc::PageState;
 pub use audit::Report;
@@ -27,11 +29,12 @@ pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
 pub use owned_ops::Stats;
 pub use page::{ceil_align, floor_align, pages_for};
-pub use pool::{Effect, Pool};
+pub use pool::{split, Effect, Pool, Pools, Segment};
 pub use queries::{Admission, Usage};
-pub use req::{Config, Req};
+pub use req::{swa_dead, swa_dead_lo, Config, Req};
 pub use session::{Held, Match};
 pub use slots::Slot;
+pub use swa::Window;
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

@@ -217,6 +217,8 @@ impl Pool for OwnedPool {
                     || format!("dec_lock_ref({node}, {receipt})"),
                 ),
                 Effect::FreeKv { row, keep, .. } => self.truncate(row, keep),
+                // Refused before planning (`frees_swa`): owned mode has one pool.
+                Effect::FreeSwa { .. } => {}
                 Effect::FreeRow { row } => self.free_row(row),
                 Effect::FreeAux { aux } => self.hook(&mut failures, |h| h.free_aux(aux), || format!("free_aux({aux})")),
             }

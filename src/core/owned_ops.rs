@@ -8,7 +8,7 @@ use super::mirror::Dirty;
 use super::owned::{EngineHooks, OwnedPool};
 use super::page::{pages_for, token_slot};
 use super::pool::Effect;
-use super::req::Req;
+use super::req::{swa_dead, Req};
 
 fn external_mode() -> Error {
     Error::Unsupported("not available in external mode (the engine owns the pools)".into())
@@ -67,7 +67,8 @@ impl Cache {
             bail!(OutOfMemory, "no free row (num_rows {})", pool.total_rows());
         };
         let generation = self.bump_generation(row);
-        *req = Req { row: row as i32, generation, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
+        *req =
+            Req { row: row as i32, generation, committed: 0, allocated: 0, protected: 0, swa: 0, swa_floor: 0, ..*req };
         Ok(())
     }
 
@@ -80,11 +81,13 @@ impl Cache {
         self.guard_session_row(row)?;
         self.effects.clear();
         if req.protected < req.allocated {
-            self.effects.push(Effect::FreeKv { row, keep: req.protected, start: req.protected, end: req.allocated });
+            let (dead_lo, dead_hi) = swa_dead(req.protected, req.swa_floor, req.swa, self.cfg.page_size);
+            let (keep, start, end) = (req.protected, req.protected, req.allocated);
+            self.effects.push(Effect::FreeKv { row, keep, start, end, dead_lo, dead_hi });
         }
         self.effects.push(Effect::FreeRow { row });
         self.run_effects(|_| {})?;
-        *req = Req { row: -1, generation: 0, committed: 0, allocated: 0, protected: 0, swa: 0, ..*req };
+        *req = Req { row: -1, generation: 0, committed: 0, allocated: 0, protected: 0, swa: 0, swa_floor: 0, ..*req };
         Ok(())
     }
 

@@ -12,12 +12,56 @@ pub enum Effect {
     /// Drop the prefix-tree lock a session inherited from its first request.
     DecLockRef { node: u64, receipt: u64 },
     /// Hand back KV slots `row[start..end)`. The row keeps `keep` tokens mapped afterwards;
-    /// `[keep, start)` lies in the partial page that still holds committed tokens.
-    FreeKv { row: u32, keep: u32, start: u32, end: u32 },
+    /// `[keep, start)` lies in the partial page that still holds committed tokens. Positions
+    /// in `[dead_lo, dead_hi)` already gave their SWA slots back (the window passed them):
+    /// they go back to the full pool only (see `split`).
+    FreeKv { row: u32, keep: u32, start: u32, end: u32, dead_lo: u32, dead_hi: u32 },
+    /// Hand back the SWA slots of `row[start..end)` only: the window moved past them.
+    FreeSwa { row: u32, start: u32, end: u32 },
     /// Return the row itself.
     FreeRow { row: u32 },
     /// Free engine auxiliary state.
     FreeAux { aux: i64 },
+}
+
+/// Which pools a piece of a free goes back to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pools {
+    Full,
+    Swa,
+    Both,
+}
+
+/// One piece of a row free: positions `[start, end)` back to `pools`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Segment {
+    pub start: u32,
+    pub end: u32,
+    pub pools: Pools,
+}
+
+/// sglang's `free_kv_row_segments` for one range: the part inside `[dead_lo, dead_hi)` goes
+/// back full-side only, first; the rest to both pools, in row order. Empty pieces are left
+/// out.
+pub fn split(start: u32, end: u32, dead_lo: u32, dead_hi: u32) -> smallvec::SmallVec<[Segment; 3]> {
+    let mut out = smallvec::SmallVec::new();
+    if start >= end {
+        return out;
+    }
+    let lo = dead_lo.clamp(start, end);
+    let hi = dead_hi.clamp(start, end);
+    if hi <= lo {
+        out.push(Segment { start, end, pools: Pools::Both });
+        return out;
+    }
+    out.push(Segment { start: lo, end: hi, pools: Pools::Full });
+    if lo > start {
+        out.push(Segment { start, end: lo, pools: Pools::Both });
+    }
+    if end > hi {
+        out.push(Segment { start: hi, end, pools: Pools::Both });
+    }
+    out
 }
 
 /// A KV pool: the engine's (through callbacks) or libskv's own.
@@ -49,6 +93,11 @@ pub trait Pool: Send {
     /// Applies every effect. A failing engine callback cannot be undone: the remaining
     /// effects still run and the error names what failed.
     fn apply(&mut self, effects: &[Effect]) -> Result<()>;
+
+    /// Whether the pool can hand back the SWA side of a row alone (`FreeSwa`).
+    fn frees_swa(&self) -> std::result::Result<(), String> {
+        Err("owned mode keeps no sliding-window pool: the engine runs it".into())
+    }
 
     /// The embedded allocator, in owned mode.
     fn owned(&self) -> Option<&OwnedPool> {

@@ -2,6 +2,7 @@
 //! operation runs on them before it changes anything.
 
 use super::error::{bail, Result};
+use super::page::ceil_align;
 
 /// How a cache is laid out. Mirrors `skv_cache_config`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,6 +69,9 @@ pub struct Req {
     pub lock_receipt: u64,
     /// The recurrent-state pool slot (sglang's `mamba_pool_idx`), -1 = none.
     pub aux: i64,
+    /// sglang's `swa_evict_floor`: `[0, this)` is never window-evicted (the prefill the
+    /// engine shields); it only raises `swa_dead_lo`, and no trim clamps it.
+    pub swa_floor: u32,
     /// The ping-pong track entries (sglang's `mamba_ping_pong_track_buffer`), each -1 when
     /// empty; freed independently of `aux` and of each other.
     pub track: [i64; 2],
@@ -88,9 +92,29 @@ impl Default for Req {
             lock_node: 0,
             lock_receipt: 0,
             aux: -1,
+            swa_floor: 0,
             track: [-1; 2],
         }
     }
+}
+
+/// sglang's `ReqKvInfo.swa_dead_lo`: the lowest position whose SWA slot a request frees
+/// itself, above the tree's prefix and the eviction floor, page-aligned upward.
+pub fn swa_dead_lo(protected: u32, swa_floor: u32, ps: u32) -> u32 {
+    let lo = protected.max(swa_floor);
+    if ps > 1 && lo > protected {
+        // A floor within the last page of u32 rounds past it; no row is that long.
+        ceil_align(lo, ps).min(u32::MAX as u64) as u32
+    } else {
+        lo
+    }
+}
+
+/// The positions `[lo, hi)` whose SWA slots the window already freed: a free of the row
+/// hands them back to the full pool only (sglang's `free_kv_row_segments` bounds).
+pub fn swa_dead(protected: u32, swa_floor: u32, swa: u32, ps: u32) -> (u32, u32) {
+    let lo = swa_dead_lo(protected, swa_floor, ps);
+    (lo, swa.max(lo))
 }
 
 impl Req {
@@ -111,6 +135,11 @@ impl Req {
             Some(r) => Ok(r),
             None => bail!(InvalidArg, "req_pool_idx -1: the req holds no row"),
         }
+    }
+
+    /// `swa_dead_lo` of this req.
+    pub fn swa_dead_lo(&self, ps: u32) -> u32 {
+        swa_dead_lo(self.protected, self.swa_floor, ps)
     }
 
     /// The finished length the engine reported (`-1` means all of `output_len`).
@@ -137,8 +166,19 @@ impl Req {
         if r.allocated > cfg.max_context_len {
             bail!(InvalidArg, "kv_allocated_len {} > max_context_len {}", r.allocated, cfg.max_context_len);
         }
-        if r.swa > r.allocated {
-            bail!(InvalidArg, "swa_evicted_seqlen {} > kv_allocated_len {}", r.swa, r.allocated);
+        if r.swa_floor > cfg.max_context_len {
+            bail!(InvalidArg, "swa_evict_floor {} > max_context_len {}", r.swa_floor, cfg.max_context_len);
+        }
+        // A window step raises the cursor to swa_dead_lo first, which may lie past what is
+        // allocated yet (a floor inside the last page rounds up); frees never reach past it.
+        let dead_lo = r.swa_dead_lo(cfg.page_size);
+        if r.swa > r.allocated.max(dead_lo) {
+            bail!(
+                InvalidArg,
+                "swa_evicted_seqlen {} > max(kv_allocated_len {}, swa_dead_lo {dead_lo})",
+                r.swa,
+                r.allocated
+            );
         }
         if r.finished_len < -1 || (r.finished_len >= 0 && r.finished_len as u32 > r.output_len) {
             bail!(InvalidArg, "finished_len {} out of range [-1, {}] (output_len)", r.finished_len, r.output_len);
@@ -197,6 +237,23 @@ mod tests {
     #[test]
     fn protected_past_committed_is_allowed_without_a_row() {
         assert!(Req { protected: 16, ..Req::default() }.validate(&cfg()).is_ok());
+    }
+
+    #[test]
+    fn swa_dead_lo_as_sglang() {
+        // sglang's ReqKvInfo.swa_dead_lo on the same inputs: 16, 8, 13.
+        assert_eq!(swa_dead_lo(8, 13, 4), 16, "a floor above the prefix rounds up to a page");
+        assert_eq!(swa_dead_lo(8, 5, 4), 8);
+        assert_eq!(swa_dead_lo(0, 13, 1), 13);
+        assert_eq!(swa_dead(8, 13, 12, 4), (16, 16), "a cursor below dead_lo frees nothing full-only");
+        assert_eq!(swa_dead(8, 13, 24, 4), (16, 24));
+    }
+
+    #[test]
+    fn a_cursor_raised_to_dead_lo_may_pass_allocated() {
+        let r = Req { swa_floor: 13, swa: 16, ..held(13, 13) };
+        assert!(r.validate(&cfg()).is_ok(), "swa_dead_lo is 16: the floor 13 rounded up to a page");
+        assert!(Req { swa: 17, ..r }.validate(&cfg()).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use super::cache::{free_aligned_effect, push_release, Cache};
 use super::error::{bail, Result};
 use super::page::{ceil_align, floor_align};
-use super::req::Req;
+use super::req::{swa_dead, swa_dead_lo, Req};
 use super::slots::Slot;
 
 /// The result of `match_prefix`.
@@ -44,7 +44,9 @@ impl Cache {
             bail!(InvalidArg, "target {target} > end {end}: the range [target, end) runs backwards");
         }
         self.pool.check_free(row, target, end)?;
-        self.shorten_row(row, target, end, |_| {})
+        // Only a session slot records the row's SWA cursor; any other row's is the engine's.
+        let dead = self.slots.of_row(row).map_or((0, 0), |s| slot_dead(s, self.cfg.page_size));
+        self.shorten_row(row, target, end, dead, |_| {})
     }
 
     /// `trim_overshoot(req, finished_len)`: cut every KV field back to
@@ -54,8 +56,9 @@ impl Cache {
         let row = req.require_row()?;
         let target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
-        let end = req.allocated;
-        self.shorten_row(row, target, end, |c| c.apply_trim(req, target, finished_len))
+        self.check_floor(req)?;
+        let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
+        self.shorten_row(row, target, end, dead, |c| c.apply_trim(req, target, finished_len))
     }
 
     /// `free_tail(req, prefix_len)`: free what lies past a reused prefix.
@@ -66,6 +69,7 @@ impl Cache {
             bail!(InvalidArg, "prefix_len {prefix_len} > kv_allocated_len {}", req.allocated);
         }
         self.check_record(req)?;
+        self.check_floor(req)?;
         if prefix_len < req.protected {
             bail!(
                 State,
@@ -73,18 +77,25 @@ impl Cache {
                 req.protected
             );
         }
-        let end = req.allocated;
-        self.shorten_row(row, prefix_len, end, |c| c.apply_free_tail(req, prefix_len))
+        let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
+        self.shorten_row(row, prefix_len, end, dead, |c| c.apply_free_tail(req, prefix_len))
     }
 
     /// What the three primitives share: free `row[len..end)` page-safely, where a session
     /// holding the row must be running, keep its floor (`check_slot_floor`), and shortens its
     /// record with the row; `mutate` updates the caller's req.
-    fn shorten_row(&mut self, row: u32, len: u32, end: u32, mutate: impl FnOnce(&mut Self)) -> Result<()> {
+    fn shorten_row(
+        &mut self,
+        row: u32,
+        len: u32,
+        end: u32,
+        dead: (u32, u32),
+        mutate: impl FnOnce(&mut Self),
+    ) -> Result<()> {
         self.guard_idle_session_row(row)?;
         self.check_slot_floor(row, len, end)?;
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, len, end));
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, len, end, dead));
         self.run_effects(|c| {
             mutate(c);
             match c.slots.of_row_mut(row) {
@@ -117,7 +128,7 @@ impl Cache {
         };
         let mut r = self.restore(row, &slot, req);
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated));
+        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated, req_dead(&r, ps)));
         self.run_effects(|c| {
             c.apply_free_tail(&mut r, prefix_len);
             *req = r;
@@ -169,6 +180,7 @@ impl Cache {
             allocated,
             protected: slot.protected,
             swa: slot.swa,
+            swa_floor: slot.swa_floor,
             lock_node: slot.lock_node,
             lock_receipt: slot.lock_receipt,
             aux: slot.aux,
@@ -188,6 +200,7 @@ impl Cache {
         let finished_len = req.finished();
         let trim_target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
+        self.check_floor(req)?;
         let found = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
         match found.map(|(_, s)| s) {
@@ -208,13 +221,15 @@ impl Cache {
         self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated));
+        let dead = req_dead(req, self.cfg.page_size);
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated, dead));
         self.run_effects(|c| {
             c.apply_trim(req, trim_target, finished_len);
             let saved = match c.slots.of_row_mut(row) {
                 Some(s) => {
                     (s.committed, s.allocated, s.swa, s.aux, s.track) =
                         (req.committed, req.allocated, req.swa, req.aux, req.track);
+                    s.swa_floor = req.swa_floor;
                     s
                 }
                 None => {
@@ -285,20 +300,26 @@ impl Cache {
                         req.row
                     );
                 }
-                // The running request's state counts (its extension, its recurrent-state
-                // handles); an idle slot's req is a stale copy, and the slot's own record is
-                // what it holds.
+                self.check_floor(req)?;
+                // The running request's state counts (its extension, its cursors, its
+                // recurrent-state handles); an idle slot's req is a stale copy, and the slot's
+                // own record is what it holds.
                 let doomed = match slot.in_flight {
-                    true => {
-                        Slot { allocated: slot.allocated.max(req.allocated), aux: req.aux, track: req.track, ..slot }
-                    }
+                    true => Slot {
+                        allocated: slot.allocated.max(req.allocated),
+                        aux: req.aux,
+                        track: req.track,
+                        swa: req.swa,
+                        swa_floor: req.swa_floor,
+                        ..slot
+                    },
                     false => slot,
                 };
                 (row, doomed)
             }
         };
         self.effects.clear();
-        push_release(&mut self.effects, row, &doomed);
+        push_release(&mut self.effects, self.cfg.page_size, row, &doomed);
         self.run_effects(|c| {
             c.slots.remove(row);
             req.clear_kv();
@@ -353,7 +374,7 @@ impl Cache {
                     s.branch
                 );
             }
-            push_release(&mut self.effects, row, s);
+            push_release(&mut self.effects, self.cfg.page_size, row, s);
         }
         self.run_effects(|c| {
             for &row in rows {
@@ -378,7 +399,12 @@ impl Cache {
             }
             let end = ceil_align(s.allocated, ps);
             h.full_tokens += end - s.protected as u64;
-            h.swa_tokens += end - s.protected.max(s.swa) as u64;
+            // sglang's kv_private_swa_tokens: the window frees only [swa_dead_lo, swa);
+            // [protected, swa_dead_lo) stays held even after the cursor passes it.
+            // An in-flight slot's cursor is its running request's, which may lie past the
+            // length the slot recorded at the hit: such a slot holds no SWA tokens of its own.
+            let window_freed = s.swa.saturating_sub(swa_dead_lo(s.protected, s.swa_floor, ps));
+            h.swa_tokens += (end - s.protected as u64).saturating_sub(window_freed as u64);
             h.rows += 1;
             h.aux_states += (s.aux != -1) as u64;
             h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
@@ -449,12 +475,29 @@ impl Cache {
         }
     }
 
+    /// A running session's slot takes the SWA cursor and floor of a window step, so a later
+    /// `free_aligned` (which sees no req) splits where the window left off.
+    pub(crate) fn mirror_cursor(&mut self, row: u32, req: &Req) {
+        if let Some(s) = self.slots.of_row_mut(row) {
+            (s.swa, s.swa_floor) = (req.swa, req.swa_floor);
+        }
+    }
+
     fn apply_free_tail(&mut self, req: &mut Req, prefix_len: u32) {
         self.tail_freed_tokens += (req.allocated - prefix_len) as u64;
         req.allocated = prefix_len;
         req.committed = req.committed.min(prefix_len);
         req.swa = req.swa.min(prefix_len);
     }
+}
+
+/// The SWA-dead range of a req's row before a free.
+fn req_dead(r: &Req, ps: u32) -> (u32, u32) {
+    swa_dead(r.protected, r.swa_floor, r.swa, ps)
+}
+
+fn slot_dead(s: &Slot, ps: u32) -> (u32, u32) {
+    swa_dead(s.protected, s.swa_floor, s.swa, ps)
 }
 
 /// A running request's primitive shortened its row: the in-flight slot mirrors it, so a
@@ -474,6 +517,7 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         allocated: r.allocated,
         protected: r.protected,
         swa: r.swa,
+        swa_floor: r.swa_floor,
         lock_node: r.lock_node,
         lock_receipt: r.lock_receipt,
         aux: r.aux,

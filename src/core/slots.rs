@@ -22,6 +22,8 @@ pub struct Slot {
     pub allocated: u32,
     pub protected: u32,
     pub swa: u32,
+    /// The eviction floor of the last turn (`swa_evict_floor`), restored with `swa`.
+    pub swa_floor: u32,
     pub lock_node: u64,
     pub lock_receipt: u64,
     pub aux: i64,
@@ -141,6 +143,7 @@ mod tests {
             allocated: 0,
             protected: 0,
             swa: 0,
+            swa_floor: 0,
             lock_node: 0,
             lock_receipt: 0,
             aux: -1,

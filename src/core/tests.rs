@@ -25,16 +25,28 @@ impl Pool for Recorder {
         let mut log = self.log.lock().unwrap();
         for e in effects {
             log.push(match *e {
-                Effect::FreeKv { row, start, end, .. } if start < end => {
+                Effect::FreeKv { row, start, end, dead_lo, dead_hi, .. } => {
+                    // sglang's split, as free_kv_segment sees it: "free_full" for the part
+                    // whose SWA slots the window already freed, "free_kv" for both pools.
                     let base = row as i32 * self.cols;
-                    format!("free_kv {}..{}", base + start as i32, base + end as i32)
+                    for p in split(start, end, dead_lo, dead_hi) {
+                        let name = if p.pools == Pools::Full { "free_full" } else { "free_kv" };
+                        log.push(format!("{name} {}..{}", base + p.start as i32, base + p.end as i32));
+                    }
+                    continue;
                 }
-                Effect::FreeKv { .. } => continue,
+                Effect::FreeSwa { row, start, end } => {
+                    let base = row as i32 * self.cols;
+                    format!("free_swa {}..{}", base + start as i32, base + end as i32)
+                }
                 Effect::FreeRow { row } => format!("free_row {row}"),
                 Effect::DecLockRef { node, receipt } => format!("dec_lock_ref {node} {receipt}"),
                 Effect::FreeAux { aux } => format!("free_aux {aux}"),
             });
         }
+        Ok(())
+    }
+    fn frees_swa(&self) -> std::result::Result<(), String> {
         Ok(())
     }
 }
@@ -80,7 +92,8 @@ fn golden_1_trim_postcondition() {
     let mut r = Req { origin_input_len: 26, output_len: 14, swa: 42, ..req(0, 40, 44) };
     c.trim_overshoot(&mut r, 12).unwrap();
     assert_eq!((r.committed, r.allocated, r.swa, r.output_len), (38, 38, 38, 12));
-    assert_eq!(log(&mut c), ["free_kv 38..44"]);
+    // [38, 42) lies below the cursor: its SWA slots are gone, the full side goes back alone.
+    assert_eq!(log(&mut c), ["free_full 38..42", "free_kv 42..44"]);
     assert_eq!(c.trimmed_tokens, 6);
 }
 
@@ -190,7 +203,7 @@ fn swa_cursor_past_the_prefix_aligns_it() {
     let m = c.match_prefix(1, 0, &mut next, 11, false).unwrap();
     assert_eq!(m.prefix_len, 8, "the cursor at 12 lies past 11: reuse whole pages only");
     assert_eq!((next.committed, next.allocated, next.swa), (8, 8, 8));
-    assert_eq!(log(&mut c), ["free_kv 8..14"]);
+    assert_eq!(log(&mut c), ["free_full 8..12", "free_kv 12..14"]);
 }
 
 #[test]
@@ -199,7 +212,7 @@ fn swa_past_target_floors_the_trim() {
     let mut r = Req { origin_input_len: 9, output_len: 6, finished_len: 1, swa: 12, ..req(0, 14, 16) };
     c.trim_overshoot(&mut r, 1).unwrap();
     assert_eq!((r.allocated, r.committed, r.swa), (8, 8, 8), "target 10 floors to the page boundary 8");
-    assert_eq!(log(&mut c), ["free_kv 8..16"]);
+    assert_eq!(log(&mut c), ["free_full 8..12", "free_kv 12..16"]);
 }
 
 #[test]
@@ -363,6 +376,174 @@ fn a_retried_match_restores_the_slots_handles() {
     next.track = [11, 15];
     c.match_prefix(1, 0, &mut next, 8, false).unwrap();
     assert_eq!(next.track, [11, 12], "the slot's value comes back over a replacement");
+}
+
+// ---- hybrid (full + sliding-window) pools: golden numbers from sglang 0.5.23's own
+// free_kv_row_segments, free_swa_out_of_window_slots, swa_dead_lo and kv_private_swa_tokens,
+// run on the same inputs ----
+
+/// protected 4, floor 13 (dead_lo 16 at page 4), cursor 24, 30 tokens allocated.
+fn hybrid_req() -> Req {
+    Req { protected: 4, swa_floor: 13, swa: 24, origin_input_len: 30, ..req(0, 30, 30) }
+}
+
+#[test]
+fn hybrid_trim_frees_the_window_passed_part_full_side_only() {
+    let mut c = external(4, 128, false);
+    let mut r = Req { origin_input_len: 20, output_len: 10, ..hybrid_req() };
+    c.trim_overshoot(&mut r, 0).unwrap();
+    assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..30"]);
+    assert_eq!((r.allocated, r.committed, r.swa, r.swa_floor), (20, 20, 20, 13), "the floor is never clamped");
+}
+
+#[test]
+fn hybrid_release_and_held() {
+    let mut c = external(4, 128, false);
+    let mut r = hybrid_req();
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    assert_eq!(log(&mut c), Vec::<String>::new());
+    let s = *c.slots().find(1, 0).unwrap().1;
+    assert_eq!((s.swa, s.swa_floor), (24, 13));
+    // ceil_align(30, 4) - 4 = 28; minus the window's [16, 24): 20 (sglang: 20).
+    assert_eq!(c.session_held(&[]).unwrap(), Held { full_tokens: 28, swa_tokens: 20, rows: 1, aux_states: 0, sessions: 1, aux_handles: 0 });
+    c.release_session(1).unwrap();
+    assert_eq!(log(&mut c), ["free_full 16..24", "free_kv 4..16", "free_kv 24..30", "free_row 0"]);
+}
+
+#[test]
+fn hybrid_held_without_a_floor_is_the_old_formula() {
+    let mut c = external(4, 128, false);
+    c.cache_finished_req(1, 0, &mut Req { swa_floor: 0, ..hybrid_req() }, false).unwrap();
+    // sglang: 8 = ceil_align(30) - max(protected, swa).
+    assert_eq!(c.session_held(&[]).unwrap().swa_tokens, 8);
+}
+
+#[test]
+fn hybrid_match_restores_the_floor_and_clamps_the_cursor() {
+    let mut c = external(4, 128, false);
+    c.cache_finished_req(1, 0, &mut hybrid_req(), false).unwrap();
+    let mut next = Req { origin_input_len: 40, ..Req::default() };
+    let m = c.match_prefix(1, 0, &mut next, 22, false).unwrap();
+    // The cursor (24) lies past 22: the prefix floors to a page, 20.
+    assert_eq!(m.prefix_len, 20);
+    assert_eq!((next.swa, next.swa_floor, next.allocated), (20, 13, 20));
+    assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..30"]);
+}
+
+fn window(size: u32) -> Window {
+    Window { size, eviction_interval: 1, prefix_sharing: true, retain_floor: None }
+}
+
+#[test]
+fn swa_evict_golden() {
+    // (req, pre_len, window) -> (SWA frees, cursor), each from sglang on the same input.
+    let fresh = Req { protected: 4, swa_floor: 13, swa: 0, ..req(0, 40, 40) };
+    let cases: [(Req, u32, Window, &[&str], u32); 6] = [
+        (fresh, 40, window(8), &["free_swa 16..32"], 32),
+        (fresh, 40, Window { prefix_sharing: false, ..window(6) }, &["free_swa 16..32"], 32),
+        (fresh, 40, Window { retain_floor: Some(21), ..window(6) }, &["free_swa 16..20"], 20),
+        (Req { swa: 16, ..fresh }, 40, Window { eviction_interval: 17, ..window(8) }, &[], 16),
+        (fresh, 22, window(5), &[], 16),
+        (
+            Req { row: 1, protected: 0, swa_floor: 0, ..fresh },
+            40,
+            Window { prefix_sharing: false, ..window(8) },
+            &["free_swa 128..160"],
+            32,
+        ),
+    ];
+    for (mut r, pre_len, w, frees, cursor) in cases {
+        let mut c = external(if r.row == 1 { 1 } else { 4 }, 128, false);
+        let before = r;
+        let freed = c.swa_evict(&mut r, pre_len, &w).unwrap();
+        assert_eq!(log(&mut c), frees, "{before:?} {pre_len} {w:?}");
+        assert_eq!(r.swa, cursor, "{before:?} {pre_len} {w:?}");
+        assert_eq!(freed, cursor.saturating_sub(before.swa.max(before.swa_dead_lo(c.config().page_size))));
+    }
+}
+
+#[test]
+fn swa_evict_page_one_keeps_the_window() {
+    let mut c = external(1, 128, false);
+    let mut r = req(0, 40, 40);
+    assert_eq!(c.swa_evict(&mut r, 40, &window(8)).unwrap(), 32);
+    assert_eq!(log(&mut c), ["free_swa 0..32"]);
+}
+
+#[test]
+fn swa_evict_refusals_change_nothing() {
+    let mut c = external(4, 128, false);
+    let r0 = Req { protected: 4, swa_floor: 13, ..req(0, 40, 40) };
+    let mut r = r0;
+    assert!(matches!(c.swa_evict(&mut r, 40, &window(0)), Err(Error::InvalidArg(_))));
+    assert!(matches!(c.swa_evict(&mut r, 41, &window(8)), Err(Error::InvalidArg(_))));
+    assert!(matches!(c.swa_evict(&mut Req { swa: 41, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
+    assert!(matches!(c.swa_evict(&mut Req { swa_floor: 129, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
+    let unaligned = Req { swa: 18, ..r0 };
+    let mut q = unaligned;
+    assert!(
+        matches!(c.swa_evict(&mut q, 40, &window(8)), Err(Error::InvalidArg(m)) if m.contains("18 is not a multiple"))
+    );
+    assert_eq!(q, unaligned);
+    assert_eq!(r, r0);
+    c.cache_finished_req(1, 0, &mut Req { origin_input_len: 40, ..r }, false).unwrap();
+    assert!(matches!(c.swa_evict(&mut r, 40, &window(8)), Err(Error::State(_))), "an idle slot's row");
+    assert_eq!(r, r0);
+    assert!(log(&mut c).is_empty());
+    let mut none = Req::default();
+    assert_eq!(c.swa_evict(&mut none, 0, &window(8)).unwrap(), 0, "no row: nothing to do");
+    let mut owned = Cache::new_owned(Config { num_token_slots: 64, ..*c.config() }).unwrap();
+    assert!(matches!(owned.swa_evict(&mut Req::default(), 0, &window(8)), Err(Error::Unsupported(_))));
+}
+
+#[test]
+fn swa_evict_moves_a_running_slot_and_its_abort_splits_there() {
+    let mut c = external(4, 128, false);
+    c.cache_finished_req(1, 0, &mut Req { protected: 4, swa_floor: 13, origin_input_len: 20, ..req(0, 20, 20) }, false)
+        .unwrap();
+    let mut r = Req { origin_input_len: 40, ..Req::default() };
+    c.match_prefix(1, 0, &mut r, 39, false).unwrap();
+    r.allocated = 40;
+    r.committed = 40;
+    assert_eq!(c.swa_evict(&mut r, 40, &window(8)).unwrap(), 16);
+    assert_eq!(c.slots().find(1, 0).unwrap().1.swa, 32, "the running slot follows the cursor");
+    // Listed as idle by mistake, the running slot (20 tokens recorded at the hit) counts no
+    // SWA tokens past the window's cursor, and nothing underflows.
+    let held = c.session_held(&[]).unwrap();
+    assert_eq!((held.full_tokens, held.swa_tokens), (16, 0));
+    log(&mut c);
+    // A floor lifted over what the window freed would free [16, 32)'s SWA slots again.
+    let lifted = Req { swa_floor: 40, ..r };
+    let lifts = |e: Result<()>| matches!(e, Err(Error::InvalidArg(m)) if m.contains("lifts swa_dead_lo from 16"));
+    for mut q in [lifted, Req { swa_floor: 17, ..r }] {
+        let before = q;
+        assert!(lifts(c.cache_finished_req(1, 0, &mut q, true)));
+        assert!(lifts(c.cache_finished_req(1, 0, &mut q, false)));
+        assert!(lifts(c.swa_evict(&mut q, 40, &window(8)).map(|_| ())));
+        assert!(lifts(c.free_tail(&mut q, 36)));
+        assert!(lifts(c.trim_overshoot(&mut q, 0)));
+        assert_eq!(q, before);
+    }
+    assert!(log(&mut c).is_empty());
+    // A floor within the same page leaves swa_dead_lo where it was.
+    assert!(c.free_tail(&mut Req { swa_floor: 16, ..r }, 40).is_ok());
+    c.cache_finished_req(1, 0, &mut r, true).unwrap();
+    assert_eq!(log(&mut c), ["free_full 16..32", "free_kv 4..16", "free_kv 32..40", "free_row 0"]);
+}
+
+#[test]
+fn split_matches_free_kv_row_segments() {
+    use super::pool::Segment as S;
+    let seg = |start, end, pools| S { start, end, pools };
+    assert_eq!(split(20, 30, 16, 24).as_slice(), [seg(20, 24, Pools::Full), seg(24, 30, Pools::Both)]);
+    assert_eq!(
+        split(4, 30, 16, 24).as_slice(),
+        [seg(16, 24, Pools::Full), seg(4, 16, Pools::Both), seg(24, 30, Pools::Both)]
+    );
+    assert_eq!(split(4, 30, 16, 16).as_slice(), [seg(4, 30, Pools::Both)], "cursor at dead_lo: nothing dead");
+    assert_eq!(split(26, 30, 16, 24).as_slice(), [seg(26, 30, Pools::Both)]);
+    assert_eq!(split(16, 24, 16, 24).as_slice(), [seg(16, 24, Pools::Full)]);
+    assert!(split(5, 5, 0, 9).is_empty());
 }
 
 // ---- owned mode ----

@@ -84,6 +84,7 @@ pub fn req_from(f: [i128; 13]) -> skv_req {
         lock_receipt: f[9] as u64,
         aux_state: f[10] as i64,
         aux_track: [f[11] as i64, f[12] as i64],
+        swa_evict_floor: 0,
     }
 }
 

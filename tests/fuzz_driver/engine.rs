@@ -239,12 +239,15 @@ pub unsafe extern "C" fn free_aux(ud: *mut c_void, aux: i64) -> c_int {
 
 pub fn pool_ops() -> skv_pool_ops {
     skv_pool_ops {
-        struct_size: std::mem::size_of::<skv_pool_ops>() as u32,
+        // An ABI 2 caller (no free_kv_segment): free_kv takes every free whole, the SWA cursor
+        // included (tests/prop_swa.rs drives the split).
+        struct_size: 48,
         read_row: Some(read_row),
         free_kv: Some(free_kv),
         free_row: Some(free_row),
         dec_lock_ref: Some(dec_lock_ref),
         free_aux: Some(free_aux),
+        free_kv_segment: None,
     }
 }
 
