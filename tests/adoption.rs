@@ -2,6 +2,10 @@
 //! give exactly the deduplicated pages of the per-index run, and skv_hand_back runs no
 //! callback in external mode.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use std::ffi::{c_int, c_void};
@@ -25,20 +29,24 @@ struct Engine {
 
 unsafe extern "C" fn read_row(_ud: *mut c_void, row: i32, start: u32, end: u32, out: *mut i32) -> c_int {
     for (k, p) in (start..end).enumerate() {
-        *out.add(k) = row * COLS as i32 + p as i32;
+        // SAFETY: libskv passes out with room for end - start indices.
+        unsafe { *out.add(k) = row * COLS as i32 + p as i32 };
     }
     0
 }
 
 unsafe extern "C" fn free_kv(ud: *mut c_void, idx: *const i32, n: usize) -> c_int {
-    let e = &mut *(ud as *mut Engine);
-    e.frees.push(std::slice::from_raw_parts(idx, n).to_vec());
+    // SAFETY: ud is the test's Engine, alive while its handle is and not otherwise borrowed
+    // during a call; libskv passes n indices at idx.
+    let (e, idx) = unsafe { (&mut *(ud as *mut Engine), std::slice::from_raw_parts(idx, n)) };
+    e.frees.push(idx.to_vec());
     e.calls += 1;
     0
 }
 
 unsafe extern "C" fn free_row(ud: *mut c_void, row: i32) -> c_int {
-    let e = &mut *(ud as *mut Engine);
+    // SAFETY: as in free_kv.
+    let e = unsafe { &mut *(ud as *mut Engine) };
     e.rows_freed.push(row);
     e.calls += 1;
     0
@@ -80,6 +88,7 @@ fn req(row: i32, committed: u32, allocated: u32, origin: u32) -> skv_req {
 fn run(c: *mut skv_cache) {
     let ok = |st: skv_status| assert_eq!(code(st), OK, "{}", last_error());
     let mut m = skv_match { hit: 0, prefix_len: 0 };
+    // SAFETY: c is the caller's live handle; every req and m are locals.
     unsafe {
         let mut a = req(1, 48, 61, 48);
         ok(skv_cache_finished_req(c, 1, 0, &mut a, 0));
@@ -114,6 +123,7 @@ fn page_frees_are_the_deduplicated_pages_of_the_per_index_run() {
         assert!(per_page.iter().all(|i| i % PS as i32 == 0), "each page's first token index: {per_page:?}");
     }
     assert_eq!(every.rows_freed, paged.rows_freed);
+    // SAFETY: both handles were created above and are freed once, before their engines go.
     unsafe {
         skv_cache_free(a);
         skv_cache_free(b);
@@ -141,6 +151,7 @@ fn page_frees_change_nothing_with_one_token_pages() {
         free_kv_segment: None,
     };
     let mut c = ptr::null_mut();
+    // SAFETY: cfg, ops and c are locals; the engine e outlives the handle, freed here.
     unsafe {
         assert_eq!(code(skv_cache_new_external(&cfg, &ops, &mut e as *mut Engine as *mut c_void, &mut c)), OK);
         assert_eq!(code(skv_free_aligned(c, 0, 3, 7)), OK);
@@ -154,6 +165,8 @@ fn hand_back_runs_no_callback_and_the_slot_matches_again() {
     let mut e = Engine::default();
     let c = cache(&mut e, 0);
     let mut m = skv_match { hit: 0, prefix_len: 0 };
+    // SAFETY: c is live until freed at the end, before the engine e goes; reqs, m and the
+    // arrays are locals (s and b hold the 2 entries passed as the cap).
     unsafe {
         let mut a = req(3, 20, 20, 20);
         assert_eq!(code(skv_cache_finished_req(c, 1, 0, &mut a, 0)), OK);

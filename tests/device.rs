@@ -3,6 +3,9 @@
 //! mapped position after each sync; elsewhere attach must fail with SKV_ERR_CUDA and a clear
 //! message, and the test says loudly that the GPU path did not run.
 #![cfg(feature = "cuda")]
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 use std::ptr;
 
@@ -19,14 +22,17 @@ fn device_copy_equals_the_host_rows() {
         max_context_len: 512,
         flags: 0,
     };
+    let mut reqs = [skv_req::default(); 3];
+    // SAFETY: c is created here and freed once on every way out; the reqs, dptr, stride, copy
+    // and want are locals, want holding the kv_allocated_len indices asked for; the stream is
+    // NULL; the device copy libskv keeps while c lives is num_rows x stride int32s, copy's
+    // length, read back with device 0's primary context current.
     unsafe {
         let mut c = ptr::null_mut();
         assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
         let (mut dptr, mut stride) = (0u64, 0u64);
         assert_eq!(skv_device_sync(c, &mut dptr, &mut stride), skv_status::SKV_ERR_STATE, "not attached yet");
-        let mut reqs = [std::mem::zeroed::<skv_req>(); 3];
         for r in reqs.iter_mut() {
-            skv_req_init(r);
             assert_eq!(skv_alloc_row(c, r), skv_status::SKV_OK);
             assert_eq!(skv_alloc_extend(c, r, 40, std::ptr::null_mut()), skv_status::SKV_OK);
         }

@@ -11,6 +11,10 @@
 //! `SKV_FUZZ_FIRST_WORLD=N SKV_FUZZ_CALLS=<calls per world>`; `SKV_FUZZ_LOG=N` prints the last N
 //! calls before the finding (default 48).
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 #[path = "fuzz_driver/mod.rs"]
 mod fuzz_driver;

@@ -5,6 +5,10 @@
 //!
 //! `cargo test --release --test memory -- --nocapture` prints the numbers.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicIsize, Ordering::Relaxed};
@@ -33,11 +37,13 @@ fn count(p: *mut u8, size: usize) {
 // SAFETY: forwards to System unchanged; only counts.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
+        // SAFETY: our caller's contract for l is the one System needs.
         let p = unsafe { System.alloc(l) };
         count(p, l.size());
         p
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
+        // SAFETY: as in alloc.
         let p = unsafe { System.alloc_zeroed(l) };
         count(p, l.size());
         p
@@ -45,10 +51,12 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(l.size() as isize, Relaxed);
         USABLE.fetch_sub(usable(p), Relaxed);
+        // SAFETY: p came from System (alloc and realloc above forward to it) with layout l.
         unsafe { System.dealloc(p, l) };
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
         let old = usable(p);
+        // SAFETY: as in dealloc, and our caller's contract for new_size is System's.
         let q = unsafe { System.realloc(p, l, new_size) };
         if !q.is_null() {
             LIVE.fetch_add(new_size as isize - l.size() as isize, Relaxed);
@@ -91,6 +99,7 @@ fn config(rows: u32, pages: u64, max_context_len: u32) -> skv_cache_config {
 
 fn new_cache(cfg: &skv_cache_config) -> *mut skv_cache {
     let mut cache = std::ptr::null_mut();
+    // SAFETY: cfg is a reference and cache a local.
     check(unsafe { skv_cache_new(cfg, &mut cache) }, "skv_cache_new");
     cache
 }
@@ -100,6 +109,7 @@ fn fixed_cost(cfg: &skv_cache_config) -> isize {
     let before = live();
     let cache = new_cache(cfg);
     let held = live() - before;
+    // SAFETY: the handle created above, freed once.
     unsafe { skv_cache_free(cache) };
     let leaked = live() - before;
     assert!(leaked <= SLACK, "skv_cache_free left {leaked} bytes allocated");
@@ -136,15 +146,17 @@ fn hold_sessions(layout: &SessionLayout) -> Held {
     // The engine's prefix tree holds a cached prompt prefix that every session adopts.
     let mut prefix = [0i32; (SHARED_PAGES * PAGE_SIZE) as usize];
     if shared > 0 {
+        // SAFETY: a live handle; prefix holds the shared * PAGE_SIZE indices asked for.
         let st = unsafe { skv_pool_alloc(cache, shared * PAGE_SIZE, prefix.as_mut_ptr()) };
         check(st, "skv_pool_alloc");
     }
     let (start, start_usable) = (live(), USABLE.load(Relaxed));
     for i in 0..SESSIONS {
-        let mut req: skv_req = unsafe { std::mem::zeroed() };
+        let mut req = skv_req::default();
         let tokens = (layout.own_pages)(i) * PAGE_SIZE;
+        // SAFETY: a live handle; req is a local; prefix holds the shared * PAGE_SIZE indices
+        // passed.
         unsafe {
-            check(skv_req_init(&mut req), "skv_req_init");
             check(skv_alloc_row(cache, &mut req), "skv_alloc_row");
             if shared > 0 {
                 let st = skv_map_prefix(cache, &mut req, prefix.as_ptr(), shared * PAGE_SIZE);
@@ -160,6 +172,9 @@ fn hold_sessions(layout: &SessionLayout) -> Held {
     let (growth, growth_usable) = (live() - start, USABLE.load(Relaxed) - start_usable);
 
     // The cache agrees on what it holds, and everything goes back.
+    // SAFETY: a live handle, freed once at the end; stats and report are plain integers (all
+    // zero is valid) written by libskv, which NUL-terminates first_violation; prefix is passed
+    // with its length.
     unsafe {
         let mut stats: skv_stats = std::mem::zeroed();
         check(skv_cache_stats(cache, &mut stats), "skv_cache_stats");

@@ -3,6 +3,10 @@
 //! the same slot indices, reqs and pool as the single calls; a batch that fails changes
 //! nothing (reqs, pool, rows), and names the request's position.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use proptest::prelude::*;
 use skv::skv_status::SKV_OK;
 use skv::*;
@@ -20,6 +24,7 @@ fn new_cache(ps: u32, pages: u64) -> *mut skv_cache {
         flags: 0,
     };
     let mut c = std::ptr::null_mut();
+    // SAFETY: cfg and c are locals.
     assert_eq!(unsafe { skv_cache_new(&cfg, &mut c) }, SKV_OK);
     c
 }
@@ -27,16 +32,19 @@ fn new_cache(ps: u32, pages: u64) -> *mut skv_cache {
 /// Everything observable: free pages, and every row's indices.
 fn snapshot(c: *mut skv_cache, reqs: &[skv_req]) -> (u64, Vec<Vec<i32>>) {
     let mut s = std::mem::MaybeUninit::<skv_stats>::zeroed();
+    // SAFETY: c is the caller's live handle; s is a local.
     assert_eq!(unsafe { skv_cache_stats(c, s.as_mut_ptr()) }, SKV_OK);
     let rows = reqs
         .iter()
         .map(|r| {
             let mut out = vec![0; r.kv_allocated_len as usize];
+            // SAFETY: as above; out holds the kv_allocated_len indices asked for.
             let st = unsafe { skv_row_indices(c, r.req_pool_idx, 0, r.kv_allocated_len, out.as_mut_ptr()) };
             assert_eq!(st, SKV_OK);
             out
         })
         .collect();
+    // SAFETY: skv_stats is plain integers, so the zeroed s is initialized whatever the call did.
     (unsafe { s.assume_init() }.free_pages, rows)
 }
 
@@ -68,16 +76,14 @@ proptest! {
         let (a, b) = (new_cache(ps, pages), new_cache(ps, pages));
         let mut ra = Vec::new();
         for _ in 0..ROWS {
-            let mut r = std::mem::MaybeUninit::<skv_req>::zeroed();
+            let (mut r, mut r2) = (skv_req::default(), skv_req::default());
+            // SAFETY: a and b are live until the end of the case; r and r2 are locals.
             unsafe {
-                skv_req_init(r.as_mut_ptr());
-                let mut r = r.assume_init();
-                let mut r2 = r;
                 assert_eq!(skv_alloc_row(a, &mut r), SKV_OK);
                 assert_eq!(skv_alloc_row(b, &mut r2), SKV_OK);
-                assert_eq!(r, r2);
-                ra.push(r);
             }
+            assert_eq!(r, r2);
+            ra.push(r);
         }
         let mut rb = ra.clone();
         for s in steps {
@@ -87,6 +93,8 @@ proptest! {
             let cap = if s.short_out && total > 0 { total - 1 } else { total } as usize;
             let mut loc = vec![-7i32; cap + 1];
             let snap = snapshot(a, &ra);
+            // SAFETY: a is live; n_tokens has one count per req of batch; loc holds cap + 1
+            // entries, more than the cap passed.
             let st = unsafe {
                 if s.commit {
                     skv_commit_batch(a, batch.as_mut_ptr(), batch.len(), s.n_tokens.as_ptr())
@@ -107,6 +115,7 @@ proptest! {
             let mut at = 0usize;
             for (k, (&p, &n)) in s.pick.iter().zip(&s.n_tokens).enumerate() {
                 let mut single = vec![-7i32; n as usize];
+                // SAFETY: b is live; single holds the n slot indices asked for.
                 let st = unsafe {
                     if s.commit { skv_commit(b, &mut rb[p], n) } else { skv_alloc_extend(b, &mut rb[p], n, single.as_mut_ptr()) }
                 };
@@ -121,8 +130,11 @@ proptest! {
             prop_assert_eq!(snapshot(a, &ra), snapshot(b, &rb));
         }
         let mut rep = std::mem::MaybeUninit::<skv_check_report>::zeroed();
+        // SAFETY: a is live; rep is a local.
         prop_assert_eq!(unsafe { skv_cache_check(a, rep.as_mut_ptr()) }, SKV_OK);
+        // SAFETY: skv_check_report is integers and bytes, so the zeroed rep is initialized.
         prop_assert_eq!(unsafe { rep.assume_init() }.violations, 0);
+        // SAFETY: both handles were created for this case and are freed once, here.
         unsafe { skv_cache_free(a); skv_cache_free(b) };
     }
 }

@@ -12,6 +12,10 @@
 //! the exact free pages and rows. A run ends by releasing everything: the pool must be whole.
 //! A failure prints the seed (rerun one case with SKV_PROP_SEED=<seed>).
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use common::model::*;
@@ -71,12 +75,15 @@ struct Hooks {
 }
 
 unsafe extern "C" fn hook_dec_lock_ref(ud: *mut c_void, node: u64, receipt: u64) -> c_int {
-    (*(ud as *mut Hooks)).events.push(Eff::DecLock(node, receipt));
+    // SAFETY: ud is the sim's boxed Hooks, freed only after the cache; nothing else borrows it
+    // while a libskv call runs.
+    unsafe { (*(ud as *mut Hooks)).events.push(Eff::DecLock(node, receipt)) };
     0
 }
 
 unsafe extern "C" fn hook_free_aux(ud: *mut c_void, aux: i64) -> c_int {
-    (*(ud as *mut Hooks)).events.push(Eff::FreeAux(aux));
+    // SAFETY: as in hook_dec_lock_ref.
+    unsafe { (*(ud as *mut Hooks)).events.push(Eff::FreeAux(aux)) };
     0
 }
 
@@ -384,6 +391,7 @@ impl Sim {
             |m, r| m.op_match(key, r, key_len, pre),
             |c, r| {
                 let mut o = skv_match { hit: 0xAAAA, prefix_len: 0xBBBB };
+                // SAFETY: session_call passes the sim's live handle; r and o are borrows of locals.
                 let st = unsafe { skv_match_prefix(c, key.0, key.1, r, key_len, pre as u32, &mut o) };
                 (st, if o.hit == 0xAAAA { Out::None } else { Out::Match(o.hit, o.prefix_len) })
             },
@@ -395,6 +403,7 @@ impl Sim {
             format!("finished{key:?} aborted {aborted}"),
             req,
             |m, r| m.op_finished(key, r, aborted),
+            // SAFETY: as in call_match.
             |c, r| (unsafe { skv_cache_finished_req(c, key.0, key.1, r, aborted as u32) }, Out::None),
         )
     }
@@ -406,6 +415,7 @@ impl Sim {
             &dummy,
             |m, _| m.op_release(session, branch),
             |c, _| {
+                // SAFETY: session_call passes the sim's live handle.
                 let st = unsafe {
                     match branch {
                         Some(b) => skv_release_branch(c, session, b),
@@ -423,6 +433,7 @@ impl Sim {
             format!("trim_overshoot({fl})"),
             req,
             |m, r| m.op_trim(r, fl),
+            // SAFETY: as in call_match.
             |c, r| (unsafe { skv_trim_overshoot(c, r, fl) }, Out::None),
         )
     }
@@ -432,6 +443,7 @@ impl Sim {
             format!("free_tail({prefix})"),
             req,
             |m, r| m.op_free_tail(r, prefix),
+            // SAFETY: as in call_match.
             |c, r| (unsafe { skv_free_tail(c, r, prefix) }, Out::None),
         )
     }
@@ -455,6 +467,7 @@ impl Sim {
             (Err(st), None) => (st, vec![]),
             (Ok((fx, _)), None) => (OK, fx),
         };
+        // SAFETY: self.cache is live while the sim is.
         let st = unsafe { skv_free_aligned(self.cache, row, target, end) };
         let hooks = self.hook_events();
         let st = self.expect(&format!("free_aligned(row {row}, target {target}, end {end})"), st, want)?;
@@ -519,6 +532,7 @@ impl Sim {
         let mut w = *req;
         w.req_pool_idx = -2;
         (w.kv_committed_len, w.kv_allocated_len, w.cache_protected_len, w.swa_evicted_seqlen) = (0, 0, 0, 0);
+        // SAFETY: req_call passes the sim's live handle and a borrow of its local req.
         let (st, got) = self.req_call("alloc_row", req, want, w, |c, r| unsafe { skv_alloc_row(c, r) })?;
         if st == OK {
             self.rows.insert(got.req_pool_idx, RowRec { pages: vec![], mapped: 0, protected: 0 });
@@ -541,6 +555,7 @@ impl Sim {
         };
         let mut w = *req;
         w.kv_allocated_len = a.wrapping_add(n);
+        // SAFETY: as in alloc_row; out_loc is NULL.
         let (st, got) = self.req_call(&format!("alloc_extend({n})"), req, want, w, |c, r| unsafe {
             skv_alloc_extend(c, r, n, std::ptr::null_mut())
         })?;
@@ -582,6 +597,7 @@ impl Sim {
 
     fn row_indices(&mut self, row: i32, start: u32, end: u32) -> R<Vec<i32>> {
         let mut out = vec![-7; (end - start) as usize];
+        // SAFETY: self.cache is live while the sim is; out holds the end - start indices asked for.
         let st = unsafe { skv_row_indices(self.cache, row, start, end, out.as_mut_ptr()) };
         if code(st) != OK {
             return Err(self.fail(format!(
@@ -604,6 +620,7 @@ impl Sim {
         };
         let mut w = *req;
         w.kv_committed_len = w.kv_committed_len.wrapping_add(n);
+        // SAFETY: as in alloc_row.
         self.req_call(&format!("commit({n})"), req, want, w, |c, r| unsafe { skv_commit(c, r, n) })
     }
 
@@ -621,6 +638,7 @@ impl Sim {
         let mut w = *req;
         w.req_pool_idx = -1;
         (w.kv_committed_len, w.kv_allocated_len, w.cache_protected_len, w.swa_evicted_seqlen) = (0, 0, 0, 0);
+        // SAFETY: as in alloc_row.
         let (st, got) = self.req_call("free_req", req, want, w, |c, r| unsafe { skv_free_req(c, r) })?;
         if st == OK {
             let from = req.cache_protected_len;
@@ -645,6 +663,7 @@ impl Sim {
             };
         let mut w = *req;
         (w.kv_committed_len, w.kv_allocated_len, w.cache_protected_len) = (n, n, n);
+        // SAFETY: as in alloc_row; idx holds the n indices passed.
         let (st, got) = self.req_call(&format!("map_prefix({pages:?})"), req, want, w, |c, r| unsafe {
             skv_map_prefix(c, r, idx.as_ptr(), n)
         })?;
@@ -670,6 +689,7 @@ impl Sim {
             };
         let mut w = *req;
         w.cache_protected_len = new;
+        // SAFETY: as in alloc_row.
         let (st, got) = self.req_call(&format!("publish_prefix({new})"), req, want, w, |c, r| unsafe {
             skv_publish_prefix(c, r, new)
         })?;
@@ -697,6 +717,7 @@ impl Sim {
             OK
         };
         let mut out = vec![-7i32; n as usize];
+        // SAFETY: self.cache is live while the sim is; out holds the n indices asked for.
         let st = unsafe { skv_pool_alloc(self.cache, n, out.as_mut_ptr()) };
         let st = self.expect(&format!("pool_alloc({n})"), st, want)?;
         if st != OK {
@@ -733,6 +754,7 @@ impl Sim {
         let idx: Vec<i32> =
             if whole { self.indices_of(pages) } else { pages.iter().map(|&p| (p * self.ps()) as i32).collect() };
         let want = if pages.iter().any(|&p| !self.held.contains(&p) || self.refs(p) > 0) { STATE } else { OK };
+        // SAFETY: self.cache is live while the sim is; idx is passed with its length.
         let st = unsafe { skv_pool_free(self.cache, idx.as_ptr(), idx.len()) };
         let st = self.expect(&format!("pool_free({pages:?} whole {whole})"), st, want)?;
         if st == OK {
@@ -753,6 +775,8 @@ impl Sim {
     fn page_refs(&mut self, pages: &[u32]) -> R<()> {
         let idx = self.indices_of(pages);
         let mut out = vec![u32::MAX; idx.len()];
+        // SAFETY: self.cache is live while the sim is; idx and out have the same length, the one
+        // passed.
         let st = unsafe { skv_page_refs(self.cache, idx.as_ptr(), idx.len(), out.as_mut_ptr()) };
         self.expect(&format!("page_refs({pages:?})"), st, OK)?;
         let want: Vec<u32> =
@@ -777,8 +801,10 @@ impl Sim {
             violations: 0,
             first_violation: [0; 256],
         };
+        // SAFETY: self.cache is live while the sim is; rep is a local.
         let st = unsafe { skv_cache_check(self.cache, &mut rep) };
         if code(st) != OK || rep.violations != 0 {
+            // SAFETY: libskv NUL-terminates first_violation (and rep starts all zero).
             let v = unsafe { CStr::from_ptr(rep.first_violation.as_ptr()) }.to_string_lossy().into_owned();
             return Err(self.fail(format!(
                 "skv_cache_check: {} {} violations, first: {v}",
@@ -794,7 +820,10 @@ impl Sim {
             )));
         }
         let mut s = std::mem::MaybeUninit::<skv_stats>::zeroed();
+        // SAFETY: self.cache is live while the sim is; s is a local.
         let st = unsafe { skv_cache_stats(self.cache, s.as_mut_ptr()) };
+        // SAFETY: skv_stats is plain integers, so the zeroed s is initialized whatever the call
+        // did.
         let s = unsafe { s.assume_init() };
         let total = self.case.pages as u64;
         let want = (
@@ -1077,6 +1106,7 @@ impl Sim {
                     |m, r| m.op_checkpoint(key, r),
                     |c, r| {
                         let mut h = 0xCCCC;
+                        // SAFETY: as in call_match.
                         let st = unsafe { skv_checkpoint(c, key.0, key.1, r, &mut h) };
                         (st, if h == 0xCCCC { Out::None } else { Out::Handled(h) })
                     },
@@ -1344,6 +1374,7 @@ impl Sim {
             let mut idx = self.indices_of(&held);
             idx.pop();
             let n = idx.len() as u32;
+            // SAFETY: as in alloc_row; idx holds the n indices passed.
             self.req_call("map_prefix(partial page)", &req, INVALID, req, |c, r| unsafe {
                 skv_map_prefix(c, r, idx.as_ptr(), n)
             })?;
@@ -1441,7 +1472,9 @@ impl Sim {
         }
         self.audit(true)?;
         let mut s = std::mem::MaybeUninit::<skv_stats>::zeroed();
+        // SAFETY: self.cache is live while the sim is; s is a local.
         let st = unsafe { skv_cache_stats(self.cache, s.as_mut_ptr()) };
+        // SAFETY: as in audit: the zeroed s is initialized.
         let s = unsafe { s.assume_init() };
         if code(st) != OK || s.free_pages != s.total_pages - 1 || s.free_rows != s.total_rows || s.sessions != 0 {
             return Err(self.fail(format!("after releasing everything: {s:?}")));

@@ -9,6 +9,10 @@
 //! SKV_STRESS_OPS=20000000 cargo test --release --test stress -- --nocapture
 //! ```
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use std::ptr::null_mut;
@@ -29,6 +33,7 @@ fn total_ops() -> u64 {
 struct Handle(*mut skv_cache);
 // SAFETY: a libskv handle may be used from any thread.
 unsafe impl Send for Handle {}
+// SAFETY: libskv serializes the calls on one handle (the threads of a test share it).
 unsafe impl Sync for Handle {}
 
 fn new_cache(rows: u32, pages: u64) -> Handle {
@@ -54,15 +59,6 @@ impl Rng {
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         (z ^ (z >> 31)) % n
-    }
-}
-
-fn fresh() -> skv_req {
-    let mut r = std::mem::MaybeUninit::<skv_req>::zeroed();
-    // SAFETY: skv_req_init writes every field.
-    unsafe {
-        assert_eq!(skv_req_init(r.as_mut_ptr()), SKV_OK);
-        r.assume_init()
     }
 }
 
@@ -148,12 +144,16 @@ fn add(total: &Counts, c: Counts) {
 }
 
 /// One turn of `session`, start to finish, on this thread's own req.
+///
+/// # Safety
+/// `c` must be a live handle (as for the two helpers below).
 unsafe fn turn(c: *mut skv_cache, session: u64, rng: &mut Rng, counts: &Counts) {
-    let mut r = fresh();
+    let mut r = skv_req::default();
     let mut m = skv_match { hit: 0, prefix_len: 0 };
     let history = 8 + rng.below(40) as u32;
     r.origin_input_len = history;
-    let st = skv_match_prefix(c, session, 0, &mut r, history - 1, 0, &mut m);
+    // SAFETY: c is live by this function's contract; r and m are locals.
+    let st = unsafe { skv_match_prefix(c, session, 0, &mut r, history - 1, 0, &mut m) };
     // Another thread's request holds the slot: not this turn's.
     expect(st, "match_prefix", &[SKV_ERR_STATE], counts);
     if st != SKV_OK {
@@ -162,59 +162,74 @@ unsafe fn turn(c: *mut skv_cache, session: u64, rng: &mut Rng, counts: &Counts) 
     if m.hit == 1 {
         counts.hits.fetch_add(1, Ordering::Relaxed);
     } else {
-        let st = skv_alloc_row(c, &mut r);
+        // SAFETY: as above.
+        let st = unsafe { skv_alloc_row(c, &mut r) };
         expect(st, "alloc_row", &[SKV_ERR_OUT_OF_MEMORY], counts);
         if st != SKV_OK {
             return;
         }
     }
     let prompt = history.max(r.kv_allocated_len) - r.kv_allocated_len;
-    let mut ok = extend_commit(c, &mut r, prompt, counts);
+    // SAFETY: c is live by this function's contract.
+    let mut ok = unsafe { extend_commit(c, &mut r, prompt, counts) };
     let max_new = 1 + rng.below(12) as u32;
     while ok && r.output_len < max_new {
         let accepted = rng.below(3) as u32;
-        ok = extend_commit_spec(c, &mut r, accepted, counts);
+        // SAFETY: as above.
+        ok = unsafe { extend_commit_spec(c, &mut r, accepted, counts) };
     }
     let aborted = !ok || rng.below(10) == 0;
     if !aborted {
         r.finished_len = r.output_len.min(max_new) as i32;
     }
-    let st = skv_cache_finished_req(c, session, 0, &mut r, aborted as u32);
+    // SAFETY: as for the match above.
+    let st = unsafe { skv_cache_finished_req(c, session, 0, &mut r, aborted as u32) };
     // A first turn finishing into a slot another thread created meanwhile is refused: the
     // engine then frees its request's row itself.
     expect(st, "finished_req", &[SKV_ERR_STATE], counts);
     if st != SKV_OK {
         assert_eq!(m.hit, 0, "a restored turn's finish was refused: {}", common::last_error());
-        expect(skv_free_req(c, &mut r), "free_req after a refused finish", &[], counts);
+        // SAFETY: as above.
+        expect(unsafe { skv_free_req(c, &mut r) }, "free_req after a refused finish", &[], counts);
     }
 }
 
+/// # Safety
+/// `c` must be a live handle.
 unsafe fn extend_commit(c: *mut skv_cache, r: &mut skv_req, n: u32, counts: &Counts) -> bool {
     if r.kv_allocated_len + n > 256 {
         return false;
     }
-    let st = skv_alloc_extend(c, r, n, std::ptr::null_mut());
+    // SAFETY: c is live by this function's contract; out_loc is NULL.
+    let st = unsafe { skv_alloc_extend(c, r, n, std::ptr::null_mut()) };
     expect(st, "alloc_extend", &[SKV_ERR_OUT_OF_MEMORY], counts);
     if st != SKV_OK {
         return false;
     }
-    expect(skv_commit(c, r, r.kv_allocated_len - r.kv_committed_len), "commit", &[], counts);
+    // SAFETY: as above.
+    expect(unsafe { skv_commit(c, r, r.kv_allocated_len - r.kv_committed_len) }, "commit", &[], counts);
     true
 }
 
 /// A verify round: KV for 2 drafts + the bonus token, `accepted` + 1 kept.
+///
+/// # Safety
+/// `c` must be a live handle.
 unsafe fn extend_commit_spec(c: *mut skv_cache, r: &mut skv_req, accepted: u32, counts: &Counts) -> bool {
     if r.kv_allocated_len + 3 > 256 {
         return false;
     }
-    let st = skv_alloc_extend(c, r, 3, std::ptr::null_mut());
+    // SAFETY: c is live by this function's contract; out_loc is NULL.
+    let st = unsafe { skv_alloc_extend(c, r, 3, std::ptr::null_mut()) };
     expect(st, "alloc_extend", &[SKV_ERR_OUT_OF_MEMORY], counts);
     if st != SKV_OK {
         return false;
     }
-    expect(skv_commit(c, r, accepted + 1), "commit", &[], counts);
+    // SAFETY: as above.
+    expect(unsafe { skv_commit(c, r, accepted + 1) }, "commit", &[], counts);
     r.output_len += accepted + 1;
-    expect(skv_free_tail(c, r, r.kv_committed_len), "free_tail", &[], counts);
+    // SAFETY: as above.
+    expect(unsafe { skv_free_tail(c, r, r.kv_committed_len) }, "free_tail", &[], counts);
     true
 }
 

@@ -1,6 +1,10 @@
 //! Every line of a call trace is one JSON object naming its handle, function and status, with
 //! arrays and reqs spelled out, whatever the calls did (successes, errors, a path with quotes).
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 use std::ffi::CString;
 use std::ptr;
 
@@ -23,12 +27,14 @@ fn every_trace_line_is_json() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("a \"quoted\" trace.jsonl");
     let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    let mut r = skv_req::default();
+    // SAFETY: c is created here and freed once at the end; cpath is NUL-terminated; every
+    // array is a local as long as its call says (idx's 4 is the cap); skv_held is plain
+    // integers, so all-zero is a valid value.
     unsafe {
         let mut c = ptr::null_mut();
         assert_eq!(skv_cache_new(&cfg(), &mut c), skv_status::SKV_OK);
         assert_eq!(skv_cache_set_trace(c, cpath.as_ptr()), skv_status::SKV_OK);
-        let mut r = std::mem::zeroed::<skv_req>();
-        skv_req_init(&mut r);
         let mut m = skv_match { hit: 9, prefix_len: 9 };
         assert_eq!(skv_match_prefix(c, 1, 0, &mut r, 3, 0, &mut m), skv_status::SKV_OK);
         assert_eq!(skv_alloc_row(c, &mut r), skv_status::SKV_OK);

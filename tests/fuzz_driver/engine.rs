@@ -157,7 +157,8 @@ pub unsafe extern "C" fn read_row(ud: *mut c_void, row: i32, start: u32, end: u3
     for (k, pos) in (start..end).enumerate() {
         let idx = e.row_map[row as usize].get(pos as usize).copied();
         match idx.and_then(|i| e.page_of(i)).filter(|&p| e.page_owner[p] == Some(row)) {
-            Some(_) => *out.add(k) = idx.unwrap(),
+            // SAFETY: libskv passes out with room for end - start indices.
+            Some(_) => unsafe { *out.add(k) = idx.unwrap() },
             None => {
                 e.unmapped_reads += 1;
                 return -2;
@@ -173,7 +174,8 @@ pub unsafe extern "C" fn read_row(ud: *mut c_void, row: i32, start: u32, end: u3
 pub unsafe extern "C" fn free_kv(ud: *mut c_void, idx: *const i32, n: usize) -> c_int {
     let e = engine(ud);
     e.reenter();
-    let idx = std::slice::from_raw_parts(idx, n);
+    // SAFETY: libskv passes n indices at idx.
+    let idx = unsafe { std::slice::from_raw_parts(idx, n) };
     let mut pages = BTreeSet::new();
     for &i in idx {
         match e.page_of(i) {

@@ -19,18 +19,26 @@ struct Link {
 }
 
 unsafe extern "C" fn chain_dec_lock_ref(ud: *mut c_void, _node: u64, _receipt: u64) -> c_int {
-    let l = &mut *(ud as *mut Link);
+    // SAFETY: ud is this handle's boxed Link, which outlives the handle and is not otherwise
+    // borrowed while a libskv call runs; the barrier lives on the probe's stack until both
+    // threads are joined.
+    let l = unsafe { &mut *(ud as *mut Link) };
     if let Some(b) = l.barrier {
-        (*b).wait();
+        // SAFETY: as above.
+        unsafe { (*b).wait() };
     }
-    let st = if l.next.is_null() {
-        // The innermost link calls its own handle, which is running this callback.
-        let mut h = std::mem::zeroed::<skv_held>();
-        let st = skv_session_held(l.me, null(), 0, &mut h);
-        skv_cache_free(l.me); // must do nothing
-        st
-    } else {
-        skv_release_session(l.next, 1)
+    // SAFETY: l.me and l.next are handles of the probe, freed only after every call on them
+    // has returned; h is plain integers (all zero is valid) and a local.
+    let st = unsafe {
+        if l.next.is_null() {
+            // The innermost link calls its own handle, which is running this callback.
+            let mut h = std::mem::zeroed::<skv_held>();
+            let st = skv_session_held(l.me, null(), 0, &mut h);
+            skv_cache_free(l.me); // must do nothing
+            st
+        } else {
+            skv_release_session(l.next, 1)
+        }
     };
     l.got = Some(st);
     0
@@ -48,21 +56,27 @@ fn cfg() -> skv_cache_config {
 }
 
 /// An owned handle whose session 1 holds a prefix-tree lock, with `link` as its hooks' data.
+///
+/// # Safety
+/// `link` must point at a Link that outlives the handle and stays where it is.
 unsafe fn handle_with_lock(link: *mut Link) -> *mut skv_cache {
     let mut c = null_mut();
-    assert_eq!(skv_cache_new(&cfg(), &mut c), SKV_OK);
     let hooks = skv_engine_hooks {
         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
         dec_lock_ref: Some(chain_dec_lock_ref),
         free_aux: None,
     };
-    assert_eq!(skv_cache_set_hooks(c, &hooks, link as *mut c_void), SKV_OK);
-    let mut r = std::mem::zeroed::<skv_req>();
-    skv_req_init(&mut r);
-    assert_eq!(skv_alloc_row(c, &mut r), SKV_OK);
-    (r.lock_node, r.lock_receipt) = (1, 1);
-    assert_eq!(skv_cache_finished_req(c, 1, 0, &mut r, 0), SKV_OK);
-    (*link).me = c;
+    let mut r = skv_req::default();
+    // SAFETY: c, hooks and r are locals; link is valid for as long as the handle by this
+    // function's contract.
+    unsafe {
+        assert_eq!(skv_cache_new(&cfg(), &mut c), SKV_OK);
+        assert_eq!(skv_cache_set_hooks(c, &hooks, link as *mut c_void), SKV_OK);
+        assert_eq!(skv_alloc_row(c, &mut r), SKV_OK);
+        (r.lock_node, r.lock_receipt) = (1, 1);
+        assert_eq!(skv_cache_finished_req(c, 1, 0, &mut r, 0), SKV_OK);
+        (*link).me = c;
+    }
     c
 }
 
@@ -72,6 +86,8 @@ pub fn deep_reentry() {
     const N: usize = 9;
     let mut links: Vec<Box<Link>> =
         (0..N).map(|_| Box::new(Link { me: null_mut(), next: null_mut(), got: None, barrier: None })).collect();
+    // SAFETY: the links are boxed (they stay put) and outlive the handles, each freed once at
+    // the end.
     unsafe {
         let hs: Vec<*mut skv_cache> = links.iter_mut().map(|l| handle_with_lock(&mut **l)).collect();
         for i in 0..N - 1 {
@@ -98,6 +114,8 @@ pub fn cross_thread_reentry() {
     let bp: *const Barrier = &barrier;
     let mut la = Box::new(Link { me: null_mut(), next: null_mut(), got: None, barrier: Some(bp) });
     let mut lb = Box::new(Link { me: null_mut(), next: null_mut(), got: None, barrier: Some(bp) });
+    // SAFETY: both links are boxed and outlive the handles, each freed once after the threads
+    // are joined; the barrier outlives them too.
     unsafe {
         let a = handle_with_lock(&mut *la);
         let b = handle_with_lock(&mut *lb);

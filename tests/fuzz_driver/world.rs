@@ -26,13 +26,9 @@ struct FReq {
     hit: Option<(u64, u64)>,
 }
 
+/// A req as skv_req_init leaves it.
 fn init_req() -> skv_req {
-    let mut r = std::mem::MaybeUninit::<skv_req>::zeroed();
-    // SAFETY: a valid exclusive pointer; skv_req_init writes every field.
-    unsafe {
-        assert_eq!(skv_req_init(r.as_mut_ptr()), SKV_OK);
-        r.assume_init()
-    }
+    skv_req::default()
 }
 
 fn held0() -> skv_held {
@@ -60,6 +56,7 @@ enum Expect {
 
 struct Side {
     owned: bool,
+    /// Live from `World::new` until the end of `teardown`, which frees it last.
     c: *mut skv_cache,
     cfg: skv_cache_config,
     eng: *mut Engine,
@@ -554,6 +551,7 @@ impl World {
         }
         let row = r.req_pool_idx;
         let n = self.rng.upto(2 * ps + 3).min(max - r.kv_allocated_len);
+        // SAFETY: the boxed engine lives as long as the side, and no libskv call is running.
         let e = unsafe { &mut *side.eng };
         for pos in r.kv_allocated_len..r.kv_allocated_len + n {
             let idx = if pos % ps != 0 {
@@ -634,6 +632,7 @@ impl World {
     }
 
     /// Runs a req call on req `i` (possibly mutated) and keeps the result when it completes.
+    /// `f` gets the side's live handle and a pointer to a local copy of the req.
     fn req_call(
         &mut self,
         s: usize,
@@ -672,6 +671,7 @@ impl World {
         let pre = self.rng.pick(&[0, 0, 0, 1, 7]);
         let mut m = skv_match { hit: 9, prefix_len: 9 };
         let mp: *mut skv_match = &mut m;
+        // SAFETY: req_call passes the side's live handle and its local req; mp points at m.
         let (st, _) =
             self.req_call(s, i, "skv_match_prefix", format!(", s {sid} b {b}, key {key}, pre {pre}"), |c, r| unsafe {
                 skv_match_prefix(c, sid, b, r, key, pre, mp)
@@ -695,6 +695,7 @@ impl World {
             i,
             "skv_cache_finished_req",
             format!(", s {sid} b {b}, aborted {aborted}"),
+            // SAFETY: req_call passes the side's live handle and its local req.
             |c, r| unsafe { skv_cache_finished_req(c, sid, b, r, aborted) },
         );
         st
@@ -705,6 +706,7 @@ impl World {
         let i = self.pick_req(s, true);
         let mut handled = 9u32;
         let hp: *mut u32 = &mut handled;
+        // SAFETY: req_call passes the side's live handle and its local req; hp points at handled.
         self.req_call(s, i, "skv_checkpoint", format!(", s {sid} b {b}"), |c, r| unsafe {
             skv_checkpoint(c, sid, b, r, hp)
         })
@@ -715,10 +717,12 @@ impl World {
         let (sid, b) = (self.session(), self.branch());
         let c = self.sides[s].c;
         if self.rng.chance(500) {
+            // SAFETY: c is the side's live handle.
             self.call(s, format!("skv_release_session({sid})"), null(), Expect::Any, || unsafe {
                 skv_release_session(c, sid)
             })
         } else {
+            // SAFETY: c is the side's live handle.
             self.call(s, format!("skv_release_branch({sid}, {b})"), null(), Expect::Any, || unsafe {
                 skv_release_branch(c, sid, b)
             })
@@ -729,6 +733,7 @@ impl World {
         let i = self.pick_req(s, true);
         let out = self.sides[s].reqs[i].r.output_len;
         let fl = if self.rng.chance(60) { self.huge_u32(out) } else { self.rng.upto(out) };
+        // SAFETY: req_call passes the side's live handle and its local req.
         self.req_call(s, i, "skv_trim_overshoot", format!(", finished_len {fl}"), |c, r| unsafe {
             skv_trim_overshoot(c, r, fl)
         })
@@ -743,6 +748,7 @@ impl World {
         } else {
             r.cache_protected_len + self.rng.upto(r.kv_allocated_len.saturating_sub(r.cache_protected_len))
         };
+        // SAFETY: req_call passes the side's live handle and its local req.
         self.req_call(s, i, "skv_free_tail", format!(", prefix_len {p}"), |c, r| unsafe { skv_free_tail(c, r, p) }).0
     }
 
@@ -771,6 +777,7 @@ impl World {
         if row < 0 && expect == Expect::Any {
             return SKV_OK;
         }
+        // SAFETY: c is the side's live handle.
         let st = self.call(s, format!("skv_free_aligned({row}, {target}, {end})"), null(), expect, || unsafe {
             skv_free_aligned(c, row, target, end)
         });
@@ -801,9 +808,11 @@ impl World {
         let mut h = held0();
         let hp: *mut skv_held = &mut h;
         match self.rng.below(10) {
+            // SAFETY: c is the side's live handle; rows goes with its length; NULL out is refused.
             0 => self.call(s, "skv_session_held(NULL out)".into(), null(), Expect::Is(SKV_ERR_NULL_ARG), || unsafe {
                 skv_session_held(c, rows.as_ptr(), rows.len(), null_mut())
             }),
+            // SAFETY: c is the side's live handle; the NULL rows are refused; hp points at h.
             1 => self.call(s, "skv_session_held(NULL, 3)".into(), null(), Expect::Is(SKV_ERR_NULL_ARG), || unsafe {
                 skv_session_held(c, null(), 3, hp)
             }),
@@ -814,9 +823,12 @@ impl World {
                     format!("skv_session_held(rows, {n})"),
                     null(),
                     Expect::Is(SKV_ERR_INVALID_ARG),
+                    // SAFETY: c is the side's live handle; hp points at h; n is impossible on
+                    // purpose (its byte size is past isize::MAX), refused before rows is read.
                     || unsafe { skv_session_held(c, rows.as_ptr(), n, hp) },
                 )
             }
+            // SAFETY: c is the side's live handle; rows goes with its length; hp points at h.
             _ => self.call(s, format!("skv_session_held({rows:?})"), null(), listed, || unsafe {
                 skv_session_held(c, rows.as_ptr(), rows.len(), hp)
             }),
@@ -841,6 +853,8 @@ impl World {
             "skv_alloc_extend(NULL req)",
             "skv_cache_stats(NULL handle)",
         ];
+        // SAFETY: c is the side's live handle; rp, m and stats are locals (skv_stats is plain
+        // integers, so all zero is valid); each NULL is refused before use.
         self.call(s, names[which as usize].into(), rp, want, || unsafe {
             let mut m = skv_match { hit: 0, prefix_len: 0 };
             let mut stats = std::mem::zeroed::<skv_stats>();
@@ -867,6 +881,7 @@ impl World {
                     "skv_cache_set_trace(bad path)".into(),
                     null(),
                     Expect::Is(SKV_ERR_INVALID_ARG),
+                    // SAFETY: c is the side's live handle; bad is NUL-terminated.
                     || unsafe { skv_cache_set_trace(c, bad.as_ptr()) },
                 )
             }
@@ -881,6 +896,7 @@ impl World {
                 "skv_cache_set_trace(NULL handle)".into(),
                 null(),
                 Expect::Is(SKV_ERR_NULL_ARG),
+                // SAFETY: the NULL handle is refused before anything is read.
                 || unsafe { skv_cache_set_trace(null_mut(), null()) },
             ),
         }
@@ -922,12 +938,15 @@ impl World {
         let eng = self.sides[s].eng;
         let mut out = null_mut();
         let desc = format!("skv_cache_new{}({:?}, tail {:?})", if owned { "" } else { "_external" }, big.cfg, big.tail);
+        // SAFETY: big.cfg is a local whose struct_size never exceeds size_of::<Big>(), the bytes
+        // behind it; the engine outlives any handle made here; out is a local.
         let st = self.call(s, desc, null(), expect, || unsafe {
             match owned {
                 true => skv_cache_new(&big.cfg, &mut out),
                 false => skv_cache_new_external(&big.cfg, &engine::pool_ops(), eng as *mut c_void, &mut out),
             }
         });
+        // SAFETY: out is NULL (a no-op) or the handle just made, freed once.
         unsafe { skv_cache_free(out) };
         st
     }
@@ -936,6 +955,7 @@ impl World {
 
     fn op_alloc_row(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, false);
+        // SAFETY: req_call passes the side's live handle and its local req.
         let (st, _) = self.req_call(s, i, "skv_alloc_row", String::new(), |c, r| unsafe { skv_alloc_row(c, r) });
         if st == SKV_OK {
             let side = &mut self.sides[s];
@@ -957,6 +977,7 @@ impl World {
         let i = self.pick_req(s, true);
         let ps = self.sides[s].ps();
         let n = if self.rng.chance(60) { self.huge_u32(self.sides[s].max_ctx()) } else { self.rng.upto(2 * ps + 3) };
+        // SAFETY: req_call passes the side's live handle and its local req; out_loc is NULL.
         self.req_call(s, i, "skv_alloc_extend", format!(", {n}"), |c, r| unsafe {
             skv_alloc_extend(c, r, n, std::ptr::null_mut())
         })
@@ -968,11 +989,13 @@ impl World {
         let r = self.sides[s].reqs[i].r;
         let room = r.kv_allocated_len.saturating_sub(r.kv_committed_len);
         let n = if self.rng.chance(60) { self.huge_u32(room) } else { self.rng.upto(room) };
+        // SAFETY: req_call passes the side's live handle and its local req.
         self.req_call(s, i, "skv_commit", format!(", {n}"), |c, r| unsafe { skv_commit(c, r, n) }).0
     }
 
     fn op_free_req(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, true);
+        // SAFETY: req_call passes the side's live handle and its local req.
         self.req_call(s, i, "skv_free_req", String::new(), |c, r| unsafe { skv_free_req(c, r) }).0
     }
 
@@ -987,6 +1010,7 @@ impl World {
         // A buffer as long as n (a hostile n gets NULL: libskv must refuse before writing).
         let mut out = if expect == Expect::Any { vec![-1i32; n as usize] } else { Vec::new() };
         let p = if expect == Expect::Any { out.as_mut_ptr() } else { null_mut() };
+        // SAFETY: c is the side's live handle; p holds n indices, or is NULL for a hostile n.
         let st = self.call(s, format!("skv_pool_alloc({n})"), null(), expect, || unsafe { skv_pool_alloc(c, n, p) });
         if st == SKV_OK && n > 0 {
             self.sides[s].tree.push(out);
@@ -1011,6 +1035,8 @@ impl World {
         let huge = self.rng.chance(40) && (!traced || self.probes.traced_huge_lengths);
         let n = if huge { self.impossible_len() } else { idx.len() };
         let expect = if huge { Expect::Is(SKV_ERR_INVALID_ARG) } else { Expect::Any };
+        // SAFETY: c is the side's live handle; n is idx's length, or impossible on purpose (its
+        // byte size is past isize::MAX), refused before idx is read.
         let st = self.call(s, format!("skv_pool_free({idx:?}, n {n})"), null(), expect, || unsafe {
             skv_pool_free(c, idx.as_ptr(), n)
         });
@@ -1043,6 +1069,8 @@ impl World {
         let huge = self.rng.chance(60) && (!traced || self.probes.traced_huge_lengths);
         let n = if huge { self.impossible_len() } else { idx.len() };
         let expect = if huge { Expect::Is(SKV_ERR_INVALID_ARG) } else { Expect::Any };
+        // SAFETY: c is the side's live handle; out has idx's length; n is that length, or
+        // impossible on purpose (its byte size is past isize::MAX), refused before idx is read.
         self.call(s, format!("skv_page_refs({idx:?}, n {n})"), null(), expect, || unsafe {
             skv_page_refs(c, idx.as_ptr(), n, out.as_mut_ptr())
         })
@@ -1063,6 +1091,7 @@ impl World {
         }
         let n = idx.len() as u32;
         let p = idx.as_ptr();
+        // SAFETY: req_call passes the side's live handle and its local req; p is idx (n indices).
         self.req_call(s, i, "skv_map_prefix", format!(", {idx:?}"), |c, r| unsafe { skv_map_prefix(c, r, p, n) }).0
     }
 
@@ -1077,6 +1106,7 @@ impl World {
             _ => old + self.rng.upto(r.kv_committed_len.saturating_sub(old)) / ps * ps,
         };
         self.no_mutate = true;
+        // SAFETY: req_call passes the side's live handle and its local req.
         let (st, mutated) = self.req_call(s, i, "skv_publish_prefix", format!(", {newp}"), |c, r| unsafe {
             skv_publish_prefix(c, r, newp)
         });
@@ -1085,6 +1115,7 @@ impl World {
             let row = self.sides[s].reqs[i].r.req_pool_idx;
             let mut out = vec![0i32; (newp - old) as usize];
             let c = self.sides[s].c;
+            // SAFETY: c is the side's live handle; out holds the newp - old indices asked for.
             assert_eq!(unsafe { skv_row_indices(c, row, old, newp, out.as_mut_ptr()) }, SKV_OK);
             self.sides[s].tree.push(out);
         }
@@ -1098,6 +1129,7 @@ impl World {
         let row = if self.rng.chance(200) { self.bad_row(s) } else { self.rng.below(side.cfg.num_rows as u64) as i32 };
         let start = self.rng.upto(max);
         let end = if self.rng.chance(100) { self.rng.upto(start) } else { start + self.rng.upto(max + 4 - start) };
+        // SAFETY: c is the side's live handle; out holds max + 8 entries, at least end - start.
         self.call(s, format!("skv_row_indices({row}, {start}, {end})"), null(), Expect::Any, || unsafe {
             skv_row_indices(c, row, start, end, out.as_mut_ptr())
         })
@@ -1116,6 +1148,9 @@ impl World {
         let huge = self.rng.chance(60) && (!traced || self.probes.traced_huge_lengths);
         let n = if huge { self.impossible_len() } else { rows.len() };
         let expect = if huge { Expect::Is(SKV_ERR_INVALID_ARG) } else { Expect::Any };
+        // SAFETY: c is the side's live handle; indptr and last hold rows.len() + 1 and rows.len()
+        // entries, idx holds cap; n is rows.len(), or impossible on purpose (its byte size is past
+        // isize::MAX), refused before rows is read.
         self.call(s, format!("skv_build_flashinfer({rows:?}, n {n}, cap {cap})"), null(), expect, || unsafe {
             skv_build_flashinfer(
                 c,
@@ -1159,6 +1194,8 @@ impl World {
             }
             _ => ("full", Expect::Is(SKV_OK)),
         };
+        // SAFETY: c is the side's live handle; big.h's struct_size never exceeds size_of::<Big>(),
+        // the bytes behind it; the engine outlives the handle.
         self.call(s, format!("skv_cache_set_hooks({desc})"), null(), expect, || unsafe {
             skv_cache_set_hooks(c, &big.h, eng)
         })
@@ -1236,18 +1273,21 @@ impl World {
         let (name, st) = match self.rng.below(6) {
             0 => (
                 "skv_free_req",
+                // SAFETY: c is the side's live handle; rp points at the copy r.
                 self.call(s, format!("skv_free_req({tag} {})", show(&r)), rp, expect, || unsafe {
                     skv_free_req(c, rp)
                 }),
             ),
             1 => (
                 "skv_alloc_extend",
+                // SAFETY: c is the side's live handle; rp points at the copy r; out_loc is NULL.
                 self.call(s, format!("skv_alloc_extend({tag} {}, 1)", show(&r)), rp, expect, || unsafe {
                     skv_alloc_extend(c, rp, 1, std::ptr::null_mut())
                 }),
             ),
             2 => (
                 "skv_trim_overshoot",
+                // SAFETY: c is the side's live handle; rp points at the copy r.
                 self.call(s, format!("skv_trim_overshoot({tag} {}, 0)", show(&r)), rp, expect, || unsafe {
                     skv_trim_overshoot(c, rp, 0)
                 }),
@@ -1261,6 +1301,7 @@ impl World {
                         format!("skv_cache_finished_req({tag} {}, s {sid} b {b}, aborted 1)", show(&r)),
                         rp,
                         expect,
+                        // SAFETY: c is the side's live handle; rp points at the copy r.
                         || unsafe { skv_cache_finished_req(c, sid, b, rp, 1) },
                     ),
                 )
@@ -1270,6 +1311,7 @@ impl World {
                 let mut h = 0u32;
                 (
                     "checkpoint",
+                    // SAFETY: c is the side's live handle; rp points at the copy r; h is a local.
                     self.call(s, format!("skv_checkpoint({tag} {}, s {sid} b {b})", show(&r)), rp, expect, || unsafe {
                         skv_checkpoint(c, sid, b, rp, &mut h)
                     }),
@@ -1280,6 +1322,7 @@ impl World {
                 let mut m = skv_match { hit: 0, prefix_len: 0 };
                 (
                     "match",
+                    // SAFETY: c is the side's live handle; rp points at the copy r; m is a local.
                     self.call(s, format!("skv_match_prefix({tag} {}, s {sid} b 0)", show(&r)), rp, expect, || unsafe {
                         skv_match_prefix(c, sid, 0, rp, 0, 0, &mut m)
                     }),
@@ -1333,27 +1376,35 @@ impl World {
         };
         let sp: *mut skv_stats = &mut st_;
         match self.rng.below(7) {
+            // SAFETY: c is the side's live handle; rp points at the local r.
             0 => self.call(s, "skv_alloc_row(external)".into(), rp, want, || unsafe { skv_alloc_row(c, rp) }),
+            // SAFETY: c is the side's live handle; rp points at the local r; out_loc is NULL.
             1 => self.call(s, "skv_alloc_extend(external)".into(), rp, want, || unsafe {
                 skv_alloc_extend(c, rp, 4, std::ptr::null_mut())
             }),
+            // SAFETY: c is the side's live handle; bp: buf's 16 entries, 4 asked for.
             2 => self.call(s, "skv_pool_alloc(external)".into(), null(), want, || unsafe { skv_pool_alloc(c, 4, bp) }),
+            // SAFETY: c is the side's live handle; bp: buf's 16 entries, 4 passed.
             3 => self.call(s, "skv_pool_free(external)".into(), null(), want, || unsafe { skv_pool_free(c, bp, 4) }),
             // skv_cache_stats answers in external mode (what libskv knows there).
             4 if self.rng.chance(500) => {
+                // SAFETY: c is the side's live handle; sp points at the local st_.
                 self.call(s, "skv_cache_stats(external)".into(), null(), Expect::Is(SKV_OK), || unsafe {
                     skv_cache_stats(c, sp)
                 })
             }
             4 => {
                 let mut a = skv_admission { hit: 0, prefix_len: 0, pages_needed: 0, pages_freed: 0 };
+                // SAFETY: c is the side's live handle; a is a local.
                 self.call(s, "skv_admission_pages(external)".into(), null(), want, || unsafe {
                     skv_admission_pages(c, 1, 0, 0, 4, &mut a)
                 })
             }
+            // SAFETY: c is the side's live handle; bp: buf's 16 entries, 4 asked for.
             5 => self.call(s, format!("skv_row_indices(external, row {row})"), null(), want, || unsafe {
                 skv_row_indices(c, row, 0, 4, bp)
             }),
+            // SAFETY: c is the side's live handle; the hooks struct lives through the call.
             _ => self.call(s, "skv_cache_set_hooks(external)".into(), null(), want, || unsafe {
                 skv_cache_set_hooks(c, &engine::hooks(), null_mut())
             }),
@@ -1376,6 +1427,7 @@ impl World {
                     // Engine fields a trim may have left inconsistent (finished_len > output_len).
                     r.finished_len = -1;
                     let rp: *mut skv_req = &mut r;
+                    // SAFETY: c is the side's live handle; rp points at the local r.
                     let st = self.call(s, format!("teardown: abort req#{i}"), rp, Expect::Any, || unsafe {
                         skv_cache_finished_req(c, sid, b, rp, 1)
                     });
@@ -1388,6 +1440,7 @@ impl World {
                 if self.sides[s].owned {
                     self.abort_lost_requests(s, sid);
                 }
+                // SAFETY: c is the side's live handle.
                 self.call(s, format!("teardown: release session {sid}"), null(), Expect::Is(SKV_OK), || unsafe {
                     skv_release_session(c, sid)
                 });
@@ -1425,6 +1478,7 @@ impl World {
     /// holds (a stale copy or an adopted hostile req acted for it), from the rows' records.
     fn abort_lost_requests(&mut self, s: usize, sid: u64) {
         let c = self.sides[s].c;
+        // SAFETY: c is the side's live handle.
         if unsafe { skv_release_session(c, sid) } != SKV_ERR_STATE {
             return;
         }
@@ -1436,6 +1490,7 @@ impl World {
                     let mut q = init_req();
                     q.req_pool_idx = r;
                     (q.kv_allocated_len, q.kv_committed_len, q.cache_protected_len) = (len, len, k * ps);
+                    // SAFETY: c is the side's live handle; q is a local.
                     if unsafe { skv_cache_finished_req(c, sid, b, &mut q, 1) } == SKV_OK {
                         self.log.push_back(format!("[{s}] teardown: aborted session {sid} branch {b} on row {r}"));
                         break;
@@ -1455,6 +1510,7 @@ impl World {
                 let mut q = init_req();
                 q.req_pool_idx = r;
                 (q.kv_allocated_len, q.kv_committed_len, q.cache_protected_len) = (len, len, k * ps);
+                // SAFETY: c is the side's live handle; q is a local.
                 unsafe { skv_free_req(c, &mut q) == SKV_OK }
             });
             if !freed {
@@ -1462,11 +1518,14 @@ impl World {
             }
         }
         for g in std::mem::take(&mut self.sides[s].tree) {
+            // SAFETY: c is the side's live handle; g is passed with its length.
             self.call(s, format!("teardown: skv_pool_free({g:?})"), null(), Expect::Is(SKV_OK), || unsafe {
                 skv_pool_free(c, g.as_ptr(), g.len())
             });
         }
+        // SAFETY: skv_stats is plain integers, so all zero is a valid value.
         let mut st = unsafe { std::mem::zeroed::<skv_stats>() };
+        // SAFETY: c is the side's live handle; st is a local.
         assert_eq!(unsafe { skv_cache_stats(c, &mut st) }, SKV_OK);
         if st.free_pages != st.total_pages - 1 || st.free_rows != st.total_rows || st.sessions != 0 {
             self.fail(&format!("owned mode, after releasing everything: {st:?}"));
