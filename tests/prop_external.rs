@@ -13,6 +13,10 @@
 //! rows, and primitives on a running session's row that start short of its slot or cut into its
 //! protected prefix.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use common::model::*;
@@ -199,12 +203,17 @@ impl Engine {
     }
 }
 
+/// # Safety
+/// `ud` must be the `Engine` this test handed libskv as user_data, alive and not otherwise
+/// borrowed while a callback runs.
 unsafe fn engine<'a>(ud: *mut c_void) -> &'a mut Engine {
-    &mut *(ud as *mut Engine)
+    // SAFETY: the contract above.
+    unsafe { &mut *(ud as *mut Engine) }
 }
 
 unsafe extern "C" fn cb_read_row(ud: *mut c_void, row: i32, start: u32, end: u32, out: *mut i32) -> c_int {
-    let e = engine(ud);
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    let e = unsafe { engine(ud) };
     e.events.push(Ev::Read(row, start, end));
     if e.take_fail(Cb::Read) {
         return 1;
@@ -218,28 +227,33 @@ unsafe extern "C" fn cb_read_row(ud: *mut c_void, row: i32, start: u32, end: u32
             e.violations.push(format!("read_row({row}): position {p} is not mapped"));
             -1
         });
-        *out.add(i) = v;
+        // SAFETY: libskv hands read_row room for end - start values at out.
+        unsafe { *out.add(i) = v };
     }
     0
 }
 
 unsafe extern "C" fn cb_free_kv(ud: *mut c_void, idx: *const i32, n: usize) -> c_int {
-    let e = engine(ud);
-    let v = if n == 0 { vec![] } else { std::slice::from_raw_parts(idx, n).to_vec() };
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    let e = unsafe { engine(ud) };
+    // SAFETY: libskv hands free_kv n readable indices at idx (n > 0 here).
+    let v = if n == 0 { vec![] } else { unsafe { std::slice::from_raw_parts(idx, n) }.to_vec() };
     e.free_indices(&v);
     e.events.push(Ev::FreeKv(v));
     e.take_fail(Cb::FreeKv) as c_int
 }
 
 unsafe extern "C" fn cb_free_row(ud: *mut c_void, row: i32) -> c_int {
-    let e = engine(ud);
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    let e = unsafe { engine(ud) };
     e.events.push(Ev::FreeRow(row));
     e.return_row(row);
     e.take_fail(Cb::FreeRow) as c_int
 }
 
 unsafe extern "C" fn cb_dec_lock_ref(ud: *mut c_void, node: u64, receipt: u64) -> c_int {
-    let e = engine(ud);
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    let e = unsafe { engine(ud) };
     e.events.push(Ev::DecLock(node, receipt));
     if e.locks.remove(&node) != Some(receipt) {
         e.violations.push(format!("dec_lock_ref({node}, {receipt}): not a held lock"));
@@ -248,7 +262,8 @@ unsafe extern "C" fn cb_dec_lock_ref(ud: *mut c_void, node: u64, receipt: u64) -
 }
 
 unsafe extern "C" fn cb_free_aux(ud: *mut c_void, aux: i64) -> c_int {
-    let e = engine(ud);
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    let e = unsafe { engine(ud) };
     e.events.push(Ev::FreeAux(aux));
     if !e.auxes.remove(&aux) {
         e.violations.push(format!("free_aux({aux}): not a live aux state"));
@@ -667,6 +682,7 @@ impl Sim {
             |m, r| m.op_match(key, r, key_len, pre),
             |c, r| {
                 let mut out = skv_match { hit: MATCH_SENTINEL.0, prefix_len: MATCH_SENTINEL.1 };
+                // SAFETY: the handle is this test's live cache; the other pointers are locals.
                 let st = unsafe { skv_match_prefix(c, key.0, key.1, r, key_len, pre as u32, &mut out) };
                 let o = if (out.hit, out.prefix_len) == MATCH_SENTINEL {
                     Out::None
@@ -683,6 +699,7 @@ impl Sim {
             format!("finished{key:?} aborted {aborted} {}", show(req)),
             req,
             |m, r| m.op_finished(key, r, aborted),
+            // SAFETY: the call helper passes this driver's live handle and a req it owns.
             |c, r| (unsafe { skv_cache_finished_req(c, key.0, key.1, r, aborted as u32) }, Out::None),
         )
     }
@@ -694,6 +711,7 @@ impl Sim {
             |m, r| m.op_checkpoint(key, r),
             |c, r| {
                 let mut h = HANDLED_SENTINEL;
+                // SAFETY: the handle is this test's live cache; the other pointers are locals.
                 let st = unsafe { skv_checkpoint(c, key.0, key.1, r, &mut h) };
                 (st, if h == HANDLED_SENTINEL { Out::None } else { Out::Handled(h) })
             },
@@ -711,6 +729,7 @@ impl Sim {
             &dummy,
             |m, _| m.op_release(session, branch),
             |c, _| {
+                // SAFETY: the handle is this test's live cache; the other pointers are locals.
                 let st = unsafe {
                     match branch {
                         Some(b) => skv_release_branch(c, session, b),
@@ -728,6 +747,7 @@ impl Sim {
             format!("trim_overshoot({fl}) {}", show(req)),
             req,
             |m, r| m.op_trim(r, fl),
+            // SAFETY: the call helper passes this driver's live handle and a req it owns.
             |c, r| (unsafe { skv_trim_overshoot(c, r, fl) }, Out::None),
         )
     }
@@ -737,6 +757,7 @@ impl Sim {
             format!("free_tail({prefix}) {}", show(req)),
             req,
             |m, r| m.op_free_tail(r, prefix),
+            // SAFETY: the call helper passes this driver's live handle and a req it owns.
             |c, r| (unsafe { skv_free_tail(c, r, prefix) }, Out::None),
         )
     }
@@ -747,6 +768,7 @@ impl Sim {
             format!("free_aligned(row {row}, target {target}, end {end})"),
             &dummy,
             |m, _| m.op_free_aligned(row, target, end),
+            // SAFETY: the call helper passes this driver's live handle and a req it owns.
             |c, _| (unsafe { skv_free_aligned(c, row, target, end) }, Out::None),
         )?;
         Ok(st)
@@ -759,6 +781,7 @@ impl Sim {
         let passed: &[i32] = if with_active { &active } else { &[] };
         let mut h = skv_held { full_tokens: 7, swa_tokens: 7, rows: 7, aux_states: 7, sessions: 7, aux_handles: 7 };
         let ptr = if passed.is_empty() { std::ptr::null() } else { passed.as_ptr() };
+        // SAFETY: the handle is this test's live cache; the other pointers are locals.
         let st = unsafe { skv_session_held(self.cache, ptr, passed.len(), &mut h) };
         let got = [h.full_tokens, h.swa_tokens, h.rows, h.aux_states, h.sessions, h.aux_handles];
         let want = self.model.held(passed);
@@ -772,6 +795,7 @@ impl Sim {
         let probe = fresh_req();
         for key in &KEYS[..SESSION_KEYS] {
             let mut handled = HANDLED_SENTINEL;
+            // SAFETY: the handle is this test's live cache; the other pointers are locals.
             let st = unsafe { skv_checkpoint(self.cache, key.0, key.1, &probe, &mut handled) };
             let want = self.model.slots.contains_key(key) as u32;
             if code(st) != OK || handled != want {
@@ -805,6 +829,7 @@ impl Sim {
             held.insert(row, r.req.kv_allocated_len);
         }
         let ps = self.cfg.ps;
+        // SAFETY: self.eng is the engine this driver owns for its whole run; no callback runs now.
         let e = unsafe { &*self.eng };
         for row in 0..self.cfg.rows as i32 {
             let want_pages = held.get(&row).map_or(0, |a| a.div_ceil(ps) as usize);
@@ -1424,6 +1449,7 @@ impl Sim {
             _ => func % 7,
         };
         self.eng().events.clear();
+        // SAFETY: the handle is this test's live cache; the other pointers are locals.
         let (name, st) = unsafe {
             match f {
                 0 => (
@@ -1492,6 +1518,7 @@ impl Sim {
             }
         }
         self.check_world(false)?;
+        // SAFETY: self.eng is the engine this driver owns for its whole run; no callback runs now.
         let e = unsafe { &*self.eng };
         let leaked = e.pages.values().filter(|o| **o != Owner::Tree).count();
         if !self.model.slots.is_empty()

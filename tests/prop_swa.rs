@@ -9,6 +9,10 @@
 //! full page freed twice and every misplaced index; at the end, with every session released and
 //! the tree's prefix pages freed by the engine, no page of either pool may still be live.
 
+// As in the library: every unsafe block says why it is sound.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod common;
 
 use common::*;
@@ -110,25 +114,34 @@ impl Engine {
     }
 }
 
+/// # Safety
+/// `ud` must be the `Engine` this test handed libskv as user_data, alive and not otherwise
+/// borrowed while a callback runs.
 unsafe fn eng<'a>(ud: *mut c_void) -> &'a mut Engine {
-    &mut *(ud as *mut Engine)
+    // SAFETY: the contract above.
+    unsafe { &mut *(ud as *mut Engine) }
 }
 
 unsafe extern "C" fn cb_read_row(ud: *mut c_void, row: i32, start: u32, end: u32, out: *mut i32) -> c_int {
-    let e = eng(ud);
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    let e = unsafe { eng(ud) };
     for p in start..end {
-        *out.add((p - start) as usize) = e.slot(row as usize, p);
+        // SAFETY: libskv hands read_row room for end - start values at out.
+        unsafe { *out.add((p - start) as usize) = e.slot(row as usize, p) };
     }
     0
 }
 
 unsafe extern "C" fn cb_free_row(ud: *mut c_void, row: i32) -> c_int {
-    eng(ud).pages[row as usize].clear();
+    // SAFETY: ud is the Engine this test passed as user_data; libskv calls back one at a time.
+    unsafe { eng(ud) }.pages[row as usize].clear();
     0
 }
 
 unsafe extern "C" fn cb_segment(ud: *mut c_void, row: i32, first: u32, idx: *const i32, n: usize, pools: u32) -> c_int {
-    eng(ud).segment(row, first, std::slice::from_raw_parts(idx, n), pools);
+    // SAFETY: ud is the Engine this test passed as user_data, and libskv hands n readable
+    // indices at idx.
+    unsafe { eng(ud).segment(row, first, std::slice::from_raw_parts(idx, n), pools) };
     0
 }
 
@@ -298,6 +311,7 @@ struct Sim {
 
 impl Drop for Sim {
     fn drop(&mut self) {
+        // SAFETY: the handle this Sim created, freed once.
         unsafe { skv_cache_free(self.cache) };
     }
 }
@@ -324,6 +338,7 @@ impl Sim {
         };
         let mut cache = std::ptr::null_mut();
         let ud = &mut *eng as *mut Engine as *mut c_void;
+        // SAFETY: the handle is this test's live cache; the other pointers are locals.
         let st = unsafe { skv_cache_new_external(&cfg, &ops, ud, &mut cache) };
         assert_eq!(code(st), 0, "{}", last_error());
         Sim { ps, eng, cache, sessions: [State::None; ROWS], rng: Rng(seed | 1), steps: 0, seen_pools: HashSet::new() }
@@ -349,6 +364,7 @@ impl Sim {
         match self.sessions[s] {
             State::None => self.first_turn(s),
             State::Idle(rec) if self.rng.chance(25) => {
+                // SAFETY: the handle is this test's live cache; the other pointers are locals.
                 let st = unsafe { skv_release_session(self.cache, s as u64) };
                 let want = rec.free_row(row, rec.protected, rec.allocated, self.ps);
                 self.check("release", st, want, None);
@@ -358,6 +374,7 @@ impl Sim {
                 let key = rec.protected + self.rng.upto(rec.committed + 8 - rec.protected);
                 let mut r = skv_req::default();
                 let mut m = skv_match { hit: 0, prefix_len: 0 };
+                // SAFETY: the handle is this test's live cache; the other pointers are locals.
                 let st = unsafe { skv_match_prefix(self.cache, s as u64, 0, &mut r, key, 0, &mut m) };
                 let (prefix, want) = rec.matched(row, key, self.ps);
                 self.check("match", st, want, Some((&r, &rec)));
@@ -412,6 +429,7 @@ impl Sim {
             let flags = if w.sharing { 0 } else { SKV_SWA_NO_PREFIX_SHARING };
             let retain = w.retain.map_or(-1, |f| f as i64);
             let mut freed = u32::MAX;
+            // SAFETY: the handle is this test's live cache; the other pointers are locals.
             let st = unsafe { skv_swa_evict(self.cache, &mut r, pre, w.size, w.interval, retain, flags, &mut freed) };
             let want = rec.evict(row, pre, &w, self.ps);
             assert_eq!(freed, want.iter().map(|p| p.2 - p.1).sum::<u32>());
@@ -419,6 +437,7 @@ impl Sim {
         } else if roll < 52 && r.kv_committed_len >= rec.protected {
             // Rejected drafts dropped: sglang's `_free_tail` at the committed length.
             let len = r.kv_committed_len;
+            // SAFETY: the handle is this test's live cache; the other pointers are locals.
             let st = unsafe { skv_free_tail(self.cache, &mut r, len) };
             let want = rec.free_aligned(row, len, rec.allocated, self.ps);
             rec.allocated = len;
@@ -437,6 +456,7 @@ impl Sim {
             r.output_len = r.kv_allocated_len - r.origin_input_len;
             let fin = self.rng.upto(r.output_len);
             r.finished_len = fin as i32;
+            // SAFETY: the handle is this test's live cache; the other pointers are locals.
             let st = unsafe { skv_cache_finished_req(self.cache, s as u64, 0, &mut r, 0) };
             let want = rec.finish(row, r.origin_input_len + fin, self.ps);
             self.check("finish", st, want, None);
@@ -450,6 +470,7 @@ impl Sim {
     }
 
     fn abort(&mut self, s: usize, rec: Rec, mut r: skv_req) {
+        // SAFETY: the handle is this test's live cache; the other pointers are locals.
         let st = unsafe { skv_cache_finished_req(self.cache, s as u64, 0, &mut r, 1) };
         let want = rec.free_row(s as i32, rec.protected, rec.allocated, self.ps);
         self.check("abort", st, want, None);
@@ -462,6 +483,7 @@ impl Sim {
             match self.sessions[s] {
                 State::None => {}
                 State::Idle(rec) => {
+                    // SAFETY: the handle is this test's live cache; the other pointers are locals.
                     let st = unsafe { skv_release_session(self.cache, s as u64) };
                     self.check("release", st, rec.free_row(s as i32, rec.protected, rec.allocated, self.ps), None);
                 }

@@ -405,7 +405,10 @@ fn hybrid_release_and_held() {
     let s = *c.slots().find(1, 0).unwrap().1;
     assert_eq!((s.swa, s.swa_floor), (24, 13));
     // ceil_align(30, 4) - 4 = 28; minus the window's [16, 24): 20 (sglang: 20).
-    assert_eq!(c.session_held(&[]).unwrap(), Held { full_tokens: 28, swa_tokens: 20, rows: 1, aux_states: 0, sessions: 1, aux_handles: 0 });
+    assert_eq!(
+        c.session_held(&[]).unwrap(),
+        Held { full_tokens: 28, swa_tokens: 20, rows: 1, aux_states: 0, sessions: 1, aux_handles: 0 }
+    );
     c.release_session(1).unwrap();
     assert_eq!(log(&mut c), ["free_full 16..24", "free_kv 4..16", "free_kv 24..30", "free_row 0"]);
 }
