@@ -150,7 +150,7 @@ typedef struct skv_cache skv_cache;
 typedef struct skv_cache_config {
   /**
    * sizeof(skv_cache_config) of the header the caller was built with: 32 so far (ABI 1
-   * and 2). Accepted from 32 up; see "Versioned structs" at the top of this header.
+   * to 3). Accepted from 32 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -242,8 +242,8 @@ typedef int (*skv_free_kv_segment_fn)(void *user_data,
 typedef struct skv_pool_ops {
   /**
    * sizeof(skv_pool_ops) of the header the caller was built with: 48 in ABI 1 and 2, 56
-   * with free_kv_segment. Accepted from 48 up; see "Versioned structs" at the top of this
-   * header.
+   * from ABI 3 (free_kv_segment). Accepted from 48 up; see "Versioned structs" at the top
+   * of this header.
    */
   uint32_t struct_size;
   /**
@@ -552,7 +552,7 @@ typedef struct skv_check_report {
 typedef struct skv_engine_hooks {
   /**
    * sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
-   * and 2). Accepted from 24 up; see "Versioned structs" at the top of this header.
+   * to 3). Accepted from 24 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -858,7 +858,7 @@ const char *skv_last_error(void);
 uint32_t skv_abi_version(void);
 
 /**
- * The library's version, e.g. "0.1.0" (SKV_VERSION of the header it was built with).
+ * The library's version, e.g. "0.3.0" (SKV_VERSION of the header it was built with).
  */
 const char *skv_version(void);
 
@@ -950,13 +950,14 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
  * Hands back a request a skv_match_prefix hit restored but that never ran (the engine
  * dropped it from its waiting queue): the slot becomes idle exactly as the match left it,
  * nothing is freed and no callback runs, and the req ends holding nothing (row -1,
- * row_generation 0, lengths 0, lock 0, aux -1; origin_input_len, output_len, finished_len
- * kept). The slot keeps its row and generation, and its place in skv_idle_sessions' order
- * (the turn never ran). The req must hold the row the hit restored (SKV_ERR_INVALID_ARG when
+ * row_generation 0, lengths 0, lock 0, aux_state and both aux_track entries -1;
+ * origin_input_len, output_len, finished_len kept). The slot keeps its row and generation,
+ * and its place in skv_idle_sessions' order (the turn never ran). The req must hold the row the hit restored (SKV_ERR_INVALID_ARG when
  * it holds none), and be as the hit left it; SKV_ERR_STATE, nothing changed, when the
  * session has no slot (a first turn, a miss), the slot holds another row or is idle (a stale
- * copy, a finished or handed-back req), the req is stale (row_generation), or any of its KV
- * fields differs from what the match restored (the request ran: finish or abort it).
+ * copy, a finished or handed-back req), the req is stale (row_generation), or any of its
+ * lengths, its lock, aux_state or an aux_track entry differs from what the match restored
+ * (the request ran: finish or abort it).
  *
  * The caller must pass every pointer as NULL or valid.
  */
@@ -1180,7 +1181,7 @@ enum skv_status skv_commit_batch(struct skv_cache *c,
 
 /**
  * A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
- * and KV lengths 0; its lock_node and aux_state stay the engine's to release.
+ * and KV lengths 0; its lock_node, aux_state and aux_track stay the engine's to release.
  *
  * The caller must pass every pointer as NULL or valid.
  */

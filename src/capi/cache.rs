@@ -42,7 +42,7 @@ const KNOWN_FLAGS: u32 = SKV_FLAG_ALIGNED_REUSE | SKV_FLAG_PAGE_FREES;
 #[derive(Debug, Clone, Copy)]
 pub struct skv_cache_config {
     /// sizeof(skv_cache_config) of the header the caller was built with: 32 so far (ABI 1
-    /// and 2). Accepted from 32 up; see "Versioned structs" at the top of this header.
+    /// to 3). Accepted from 32 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Tokens per KV page, >= 1.
     pub page_size: u32,
@@ -120,8 +120,8 @@ pub const SKV_POOL_BOTH: u32 = SKV_POOL_FULL | SKV_POOL_SWA;
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
     /// sizeof(skv_pool_ops) of the header the caller was built with: 48 in ABI 1 and 2, 56
-    /// with free_kv_segment. Accepted from 48 up; see "Versioned structs" at the top of this
-    /// header.
+    /// from ABI 3 (free_kv_segment). Accepted from 48 up; see "Versioned structs" at the top
+    /// of this header.
     pub struct_size: u32,
     /// Copy req_to_token[row, start:end) into out (end-start int32 values). Required.
     pub read_row: skv_read_row_fn,

@@ -200,7 +200,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 }
 
 /// A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
-/// and KV lengths 0; its lock_node and aux_state stay the engine's to release.
+/// and KV lengths 0; its lock_node, aux_state and aux_track stay the engine's to release.
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
@@ -525,7 +525,7 @@ pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_chec
 #[derive(Debug, Clone, Copy)]
 pub struct skv_engine_hooks {
     /// sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
-    /// and 2). Accepted from 24 up; see "Versioned structs" at the top of this header.
+    /// to 3). Accepted from 24 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Drop the prefix-tree lock a session inherited from its first request.
     pub dec_lock_ref: skv_dec_lock_ref_fn,
