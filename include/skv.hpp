@@ -8,7 +8,7 @@
 //   skv_device_sync -> Cache::device_sync, skv_req_init -> Req::init).
 // - Creating and destroying an object is its constructor and destructor: skv_cache_new ->
 //   Cache(cfg), skv_cache_new_external -> Cache(cfg, c_ops, user_data) and
-//   Cache(cfg, PoolOps &), skv_cache_free -> ~Cache.
+//   Cache(cfg, PoolOps &) and Cache(cfg, HybridPoolOps &), skv_cache_free -> ~Cache.
 // - A function acting on no object is the free function skv::<verb> (skv_version ->
 //   skv::version, skv_status_str -> skv::status_str).
 // Unwrapped: skv_get_api  (the dlopen table; C++ code that links libskv calls the functions)
@@ -232,7 +232,7 @@ inline skv_engine_hooks engine_hooks_for(EngineHooks & /*hooks*/) noexcept {
 }
 
 /// One request's KV bookkeeping, as skv_req_init leaves it: no row, lengths 0,
-/// finished_len -1, no lock, no aux state.
+/// finished_len -1, no lock, aux_state and both aux_track entries -1.
 class Req {
  public:
   Req() { init(); }
@@ -406,6 +406,14 @@ class Cache {
 
   // Scheduler queries (both modes, except admission_pages: owned mode)
 
+  /// skv_cache_stats. External mode fills only what libskv knows there (total_rows,
+  /// sessions and the token counters); the pool's fields are 0.
+  skv_stats stats() const {
+    skv_stats out{};
+    detail::call([&] { return skv_cache_stats(handle_, &out); });
+    return out;
+  }
+
   skv_usage session_usage(uint64_t session_id) const {
     skv_usage out{};
     detail::call([&] { return skv_session_usage(handle_, session_id, &out); });
@@ -524,12 +532,6 @@ class Cache {
     detail::call([&] { return skv_row_indices(handle_, row, start, end, out.data()); });
     return out;
   }
-  /// skv_cache_stats
-  skv_stats stats() const {
-    skv_stats out{};
-    detail::call([&] { return skv_cache_stats(handle_, &out); });
-    return out;
-  }
   /// skv_cache_check, the audit; report.violations == 0 when every invariant holds.
   skv_check_report check() const {
     skv_check_report out{};
@@ -607,7 +609,9 @@ class Cache {
 /// release() ran, the destructor calls skv_cache_finished_req(..., aborted = 1), which
 /// releases everything the session holds (docs/operations.md), and swallows any failure
 /// (a destructor cannot report one). Create it once the req belongs to the session: after
-/// skv_match_prefix, before the engine extends the row.
+/// skv_match_prefix, before the engine extends the row. A matched request the scheduler
+/// drops before it runs goes back with release() then Cache::hand_back (skv_hand_back), not
+/// with an abort.
 class TurnGuard {
  public:
   TurnGuard(Cache &cache, uint64_t session_id, uint64_t branch_id, Req &req) noexcept
