@@ -952,8 +952,9 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
  * nothing is freed and no callback runs, and the req ends holding nothing (row -1,
  * row_generation 0, lengths 0, lock 0, aux_state and both aux_track entries -1;
  * origin_input_len, output_len, finished_len kept). The slot keeps its row and generation,
- * and its place in skv_idle_sessions' order (the turn never ran). The req must hold the row the hit restored (SKV_ERR_INVALID_ARG when
- * it holds none), and be as the hit left it; SKV_ERR_STATE, nothing changed, when the
+ * and its place in skv_idle_sessions' order (the turn never ran). The req must hold the row
+ * the hit restored (SKV_ERR_INVALID_ARG when it holds none), and be as the hit left it;
+ * SKV_ERR_STATE, nothing changed, when the
  * session has no slot (a first turn, a miss), the slot holds another row or is idle (a stale
  * copy, a finished or handed-back req), the req is stale (row_generation), or any of its
  * lengths, its lock, aux_state or an aux_track entry differs from what the match restored
