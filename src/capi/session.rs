@@ -402,8 +402,9 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 
 /// The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
 /// page_size is 1); the page holding target-1 stays. row in [0, num_rows), end <=
-/// max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing. Owned mode: end must reach the row's
-/// mapped end and target must not reach below its protected prefix. On a session's row:
+/// max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing.
+/// Owned mode: end must reach the row's mapped end and target must not reach below its
+/// protected prefix. On a session's row:
 /// SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
 /// recorded end, target must keep its protected prefix, and the slot shortens with the row
 /// (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits
@@ -437,8 +438,9 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 }
 
 /// Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
-/// pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the req's
-/// own finished_len is lowered to it when larger. A session row's rules are those of skv_free_aligned.
+/// pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the
+/// req's own finished_len is lowered to it when larger. A session row's rules are those of
+/// skv_free_aligned.
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
