@@ -59,10 +59,12 @@ impl PageAllocator {
         Ok(PageAllocator { states, free })
     }
 
+    #[inline]
     pub fn total_pages(&self) -> u32 {
         self.states.len() as u32
     }
 
+    #[inline]
     pub fn free_pages(&self) -> u32 {
         self.free.len() as u32
     }
@@ -82,6 +84,7 @@ impl PageAllocator {
 
     /// Pops `n` pages into `out`, each in state `state`; all or nothing (`OutOfMemory` when
     /// the pool, or the host holding `out`, lacks room).
+    #[inline]
     pub fn alloc(&mut self, n: u32, state: PageState, out: &mut Vec<u32>) -> Result<()> {
         if n as usize > self.free.len() {
             return Err(Error::OutOfMemory(format!("{n} pages needed, {} free", self.free.len())));

@@ -29,6 +29,7 @@ impl Error {
 
 impl Cache {
     /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
+    #[inline(always)]
     fn check_extend(&self, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
@@ -43,6 +44,7 @@ impl Cache {
     }
 
     /// The checks `commit(req, n)` runs: the row, and the committed length after it.
+    #[inline(always)]
     fn check_commit(&self, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
@@ -62,6 +64,7 @@ impl Cache {
 
     /// Maps `n` more positions: the partial last page first, then whole new pages; with
     /// `out`, writes the new positions' token slots there (`out.len() == n`).
+    #[inline]
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, out: Option<&mut [i32]>) -> Result<()> {
         self.require_owned()?;
         let (row, new_len) = self.check_extend(req, n)?;
@@ -86,6 +89,7 @@ impl Cache {
     }
 
     /// Marks `n` more allocated tokens as final.
+    #[inline]
     pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
         self.require_owned()?;
         let (_, committed) = self.check_commit(req, n)?;

@@ -83,6 +83,7 @@ impl Cache {
 
     /// The callback failure of the last call, after its outputs were written as for a
     /// success.
+    #[inline]
     pub fn take_deferred(&mut self) -> Result<()> {
         self.deferred.take().map_or(Ok(()), Err)
     }
@@ -90,6 +91,7 @@ impl Cache {
     /// A row an idle session slot holds belongs to the session: engine calls that would
     /// reshape it behind the session's back are refused (while the slot is in flight, its
     /// running request works on the row as usual).
+    #[inline]
     pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
         match self.slots.of_row(row) {
             Some(s) if !s.in_flight => {
@@ -101,6 +103,7 @@ impl Cache {
 
     /// Checks a req and its row against everything libskv knows, in the documented order of
     /// errors: fields (`InvalidArg`), then `check_record`.
+    #[inline]
     pub(crate) fn check_req(&self, req: &Req) -> Result<()> {
         req.validate(&self.cfg)?;
         self.check_record(req)
@@ -110,9 +113,11 @@ impl Cache {
     /// not in use (`NotFound`, owned mode), a stale copy (`State`: a stamped generation the
     /// row has left), then fields disagreeing with the row (owned mode: `State` on an idle
     /// slot's row, where the req is a stale copy; `InvalidArg` elsewhere).
+    #[inline(always)]
     pub(crate) fn check_record(&self, req: &Req) -> Result<()> {
+        let owned = self.pool.owned();
         if let Some(row) = req.row() {
-            if let Some(p) = self.pool.owned() {
+            if let Some(p) = owned {
                 p.row(row)?;
             }
             let now = self.generations[row as usize];
@@ -125,7 +130,12 @@ impl Cache {
                 );
             }
         }
-        match self.pool.check_req(req) {
+        // The owned pool's check called directly, so it inlines (see `Result`).
+        let record = match owned {
+            Some(p) => Pool::check_req(p, req),
+            None => self.pool.check_req(req),
+        };
+        match record {
             // A req on an idle slot's row that disagrees with the row is a copy kept from an
             // earlier turn: say so, rather than only which field disagrees.
             Err(Error::InvalidArg(m)) => match req.row().and_then(|r| self.slots.of_row(r)).filter(|s| !s.in_flight) {

@@ -79,6 +79,7 @@ impl OwnedPool {
     }
 
     /// The row record, or `NotFound`.
+    #[inline(always)]
     pub fn row(&self, row: u32) -> Result<&Row> {
         match self.rows.get(row as usize) {
             Some(Some(r)) => Ok(r),
@@ -92,6 +93,7 @@ impl OwnedPool {
     }
 
     /// Records that `row` maps positions `lo..hi` anew (for a device copy, if any).
+    #[inline]
     pub(crate) fn mapped(&mut self, row: u32, lo: u32, hi: u32) {
         if let Some(d) = self.dirty.as_mut() {
             d.mark(row, lo, hi);
@@ -113,6 +115,7 @@ impl OwnedPool {
 
     /// Marks `row` as named at position `pos` of batch `stamp`; the earlier position when the
     /// batch already named it.
+    #[inline]
     pub(crate) fn mark_row(&mut self, row: u32, stamp: u32, pos: u32) -> Option<u32> {
         let m = &mut self.batch_marks[row as usize];
         if m.0 == stamp {
@@ -184,6 +187,7 @@ impl Pool for OwnedPool {
         self.rows.get(row as usize)?.as_ref().map(|r| r.len)
     }
 
+    #[inline(always)]
     fn check_req(&self, req: &Req) -> Result<()> {
         let Some(row) = req.row() else { return Ok(()) };
         let r = self.row(row)?;

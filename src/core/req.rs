@@ -101,11 +101,13 @@ impl Req {
     }
 
     /// The row this request holds, if any.
+    #[inline]
     pub fn row(&self) -> Option<u32> {
         u32::try_from(self.row).ok()
     }
 
     /// The row, for operations that need one.
+    #[inline]
     pub fn require_row(&self) -> Result<u32> {
         match self.row() {
             Some(r) => Ok(r),
@@ -120,6 +122,7 @@ impl Req {
 
     /// The field checks of docs/concepts.md's request record, run by every function that
     /// takes a req.
+    #[inline(always)]
     pub fn validate(&self, cfg: &Config) -> Result<()> {
         let r = self;
         if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
