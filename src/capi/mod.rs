@@ -71,6 +71,7 @@ pub(crate) fn export_name(path: &'static str) -> &'static str {
 
 /// Runs one export's body: panics become `SKV_ERR_INTERNAL`, errors set the thread's last
 /// error message (prefixed with the function name), success clears it.
+#[inline]
 pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> skv_status {
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
@@ -85,11 +86,16 @@ pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> 
             clear_last_error();
             skv_status::SKV_OK
         }
-        Err(e) => {
-            set_last_error(function.get(), &e.to_string());
-            status_of(&e)
-        }
+        Err(e) => failed(function, e),
     }
+}
+
+/// `guard`'s error path, out of line: every export inlines `guard`.
+#[cold]
+#[inline(never)]
+fn failed(function: ExportName, e: Error) -> skv_status {
+    set_last_error(function.get(), &e.to_string());
+    status_of(&e)
 }
 
 /// A required pointer as a reference.
