@@ -1,7 +1,9 @@
 //! A cache: one KV pool (the engine's or libskv's own), the session slots kept over it,
 //! and the counters the stats report.
 
+use super::batch::BatchMarks;
 use super::error::{bail, Error, Result};
+use super::owned::OwnedPool;
 use super::page::ceil_align;
 use super::pool::{Effect, Pool};
 use super::req::{Config, Req};
@@ -19,6 +21,8 @@ pub struct Cache {
     pub(crate) generations: Vec<u32>,
     /// The reqs of the batch call in progress (kept to reuse the allocation).
     pub(crate) batch_reqs: Vec<Req>,
+    /// Which rows the batch call in progress has named.
+    pub(crate) batch_marks: BatchMarks,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
     deferred: Option<Error>,
     /// Tokens released by `trim_overshoot` since creation.
@@ -41,6 +45,7 @@ impl Cache {
             pool,
             effects: Vec::with_capacity(8),
             batch_reqs: Vec::new(),
+            batch_marks: BatchMarks::default(),
             deferred: None,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,
@@ -115,7 +120,13 @@ impl Cache {
     /// slot's row, where the req is a stale copy; `InvalidArg` elsewhere).
     #[inline(always)]
     pub(crate) fn check_record(&self, req: &Req) -> Result<()> {
-        let owned = self.pool.owned();
+        self.check_record_in(self.pool.owned(), req)
+    }
+
+    /// `check_record` with `self.pool.owned()` looked up by the caller: a batch looks it up
+    /// once, not once a request.
+    #[inline(always)]
+    pub(crate) fn check_record_in(&self, owned: Option<&OwnedPool>, req: &Req) -> Result<()> {
         if let Some(row) = req.row() {
             if let Some(p) = owned {
                 p.row(row)?;
