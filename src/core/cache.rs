@@ -19,8 +19,6 @@ pub struct Cache {
     /// external mode when libskv hands the row back through `free_row`. Never 0 once the row
     /// was handed out (0 on a req means "not stamped").
     pub(crate) generations: Vec<u32>,
-    /// The reqs of the batch call in progress (kept to reuse the allocation).
-    pub(crate) batch_reqs: Vec<Req>,
     /// Which rows the batch call in progress has named.
     pub(crate) batch_marks: BatchMarks,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
@@ -44,7 +42,6 @@ impl Cache {
             generations: super::error::try_vec(cfg.num_rows as usize, "row generations", |_| first)?,
             pool,
             effects: Vec::with_capacity(8),
-            batch_reqs: Vec::new(),
             batch_marks: BatchMarks::default(),
             deferred: None,
             trimmed_tokens: 0,

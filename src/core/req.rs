@@ -51,8 +51,11 @@ impl Config {
     }
 }
 
-/// One request's KV bookkeeping. Mirrors `skv_req` field for field.
+/// One request's KV bookkeeping. Mirrors `skv_req` field for field, and in its layout: the
+/// batch calls work on the caller's array of `skv_req` in place (the C boundary asserts that
+/// the two layouts agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct Req {
     pub row: i32,
     /// The generation of `row` when libskv handed it to this req; 0 = not stamped.
