@@ -137,7 +137,7 @@ impl Req {
         if r.row >= 0 && r.protected > r.committed {
             bail!(InvalidArg, "cache_protected_len {} > kv_committed_len {}", r.protected, r.committed);
         }
-        if !r.protected.is_multiple_of(cfg.page_size) {
+        if !super::page::is_aligned(r.protected, cfg.page_size) {
             bail!(InvalidArg, "cache_protected_len {} is not a multiple of page_size {}", r.protected, cfg.page_size);
         }
         if r.allocated > cfg.max_context_len {
