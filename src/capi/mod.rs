@@ -71,6 +71,7 @@ pub(crate) fn export_name(path: &'static str) -> &'static str {
 
 /// Runs one export's body: panics become `SKV_ERR_INTERNAL`, errors set the thread's last
 /// error message (prefixed with the function name), success clears it.
+#[inline]
 pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> skv_status {
     let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
         let what = panic
@@ -85,17 +86,23 @@ pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> 
             clear_last_error();
             skv_status::SKV_OK
         }
-        Err(e) => {
-            set_last_error(function.get(), &e.to_string());
-            status_of(&e)
-        }
+        Err(e) => failed(function, e),
     }
+}
+
+/// `guard`'s error path, out of line: every export inlines `guard`.
+#[cold]
+#[inline(never)]
+fn failed(function: ExportName, e: Error) -> skv_status {
+    set_last_error(function.get(), &e.to_string());
+    status_of(&e)
 }
 
 /// A required pointer as a reference.
 ///
 /// # Safety
 /// `p` must be NULL or point at a `T` that stays valid and unmodified for `'a`.
+#[inline]
 pub(crate) unsafe fn arg<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
     // SAFETY: as_ref turns NULL into None; any other p is valid by this function's contract.
     unsafe { p.as_ref() }.ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
@@ -106,6 +113,7 @@ pub(crate) unsafe fn arg<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
 /// # Safety
 /// `p` must be NULL or point at a `T` that stays valid, and is accessed only through the
 /// result, for `'a`.
+#[inline]
 pub(crate) unsafe fn out_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
     // SAFETY: as_mut turns NULL into None; any other p is valid by this function's contract.
     unsafe { p.as_mut() }.ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
@@ -226,6 +234,7 @@ impl Drop for CallbackScope {
 }
 
 /// Whether this thread is running a libskv callback.
+#[inline]
 pub(crate) fn in_callback() -> bool {
     CALLBACKS_RUNNING.load(Ordering::Relaxed) != 0 && CALLBACK_DEPTH.get() > 0
 }
@@ -236,6 +245,7 @@ pub(crate) fn in_callback() -> bool {
 ///
 /// # Safety
 /// `c` must be NULL or a live handle that stays live for `'a`.
+#[inline(always)]
 pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<MutexGuard<'a, Cache>> {
     // SAFETY: NULL or a live handle, by this function's contract.
     let handle = unsafe { arg(c, "cache") }?;

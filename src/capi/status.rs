@@ -81,6 +81,7 @@ pub(crate) fn set_last_error(function: &str, message: &str) {
     });
 }
 
+#[inline]
 pub(crate) fn clear_last_error() {
     if THREADS_WITH_ERROR.load(Ordering::Relaxed) == 0 {
         return;

@@ -207,6 +207,7 @@ impl Line {
 /// after a call that completed: OK, or a free callback failing part-way). The whole traced
 /// path runs inside the panic boundary, and `args` reads the caller's memory only through
 /// the checks the body makes (`Line::list`, `read_versioned`).
+#[inline]
 pub(crate) fn traced(
     c: *const skv_cache,
     function: ExportName,
@@ -218,7 +219,21 @@ pub(crate) fn traced(
     let handle = unsafe { c.as_ref() }.filter(|h| h.trace.on.load(Ordering::Relaxed));
     // A call from inside a callback is refused without touching the trace, whose lock the
     // outer call may hold.
-    let Some(handle) = handle.filter(|_| !in_callback()) else { return guard(function, body) };
+    match handle.filter(|_| !in_callback()) {
+        None => guard(function, body),
+        Some(handle) => traced_call(handle, function, args, body, results),
+    }
+}
+
+/// The traced path of `traced`, kept out of line so that an untraced call inlines to `guard`.
+#[inline(never)]
+fn traced_call(
+    handle: &skv_cache,
+    function: ExportName,
+    args: impl FnOnce(&mut Line),
+    body: impl FnOnce() -> Result<()>,
+    results: impl FnOnce(&mut Line),
+) -> skv_status {
     let outcome = catch_unwind(AssertUnwindSafe(|| {
         // The trace lock is held across the call, so lines appear in the order calls ran.
         // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.

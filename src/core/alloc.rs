@@ -59,10 +59,12 @@ impl PageAllocator {
         Ok(PageAllocator { states, free })
     }
 
+    #[inline]
     pub fn total_pages(&self) -> u32 {
         self.states.len() as u32
     }
 
+    #[inline]
     pub fn free_pages(&self) -> u32 {
         self.free.len() as u32
     }
@@ -82,6 +84,7 @@ impl PageAllocator {
 
     /// Pops `n` pages into `out`, each in state `state`; all or nothing (`OutOfMemory` when
     /// the pool, or the host holding `out`, lacks room).
+    #[inline]
     pub fn alloc(&mut self, n: u32, state: PageState, out: &mut Vec<u32>) -> Result<()> {
         if n as usize > self.free.len() {
             return Err(Error::OutOfMemory(format!("{n} pages needed, {} free", self.free.len())));
@@ -111,11 +114,24 @@ impl PageAllocator {
 
     /// Returns row-owned pages, pushed in the order given (as `free` one by one would).
     pub fn free_owned(&mut self, pages: &[u32]) {
-        for &page in pages {
-            debug_assert_eq!(self.state(page), PageState::Owned);
-            self.states[page as usize] = PageState::Free.pack();
+        // Four pages a step: a one-page loop is so short that its speed hung on where the
+        // compiler placed it (straddling a 64-byte fetch block made a release 1.3x slower).
+        let mut quads = pages.chunks_exact(4);
+        for quad in &mut quads {
+            for &page in quad {
+                self.set_free(page);
+            }
+        }
+        for &page in quads.remainder() {
+            self.set_free(page);
         }
         self.free.extend_from_slice(pages);
+    }
+
+    #[inline(always)]
+    fn set_free(&mut self, page: u32) {
+        debug_assert_eq!(self.state(page), PageState::Owned);
+        self.states[page as usize] = PageState::Free.pack();
     }
 
     /// The free stack, for the audit.

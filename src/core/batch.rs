@@ -5,7 +5,8 @@
 
 use super::alloc::PageState;
 use super::cache::Cache;
-use super::error::{bail, Error, Result};
+use super::error::{bail, try_vec, Error, Result};
+use super::owned::OwnedPool;
 use super::page::{pages_for, token_slot};
 use super::req::Req;
 
@@ -29,7 +30,8 @@ impl Error {
 
 impl Cache {
     /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
-    fn check_extend(&self, req: &Req, n: u32) -> Result<(u32, u32)> {
+    #[inline(always)]
+    fn check_extend(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let max = self.cfg.max_context_len;
@@ -37,13 +39,14 @@ impl Cache {
             Some(l) if l <= max => l,
             _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
         };
-        self.check_record(req)?;
+        self.check_record_in(Some(pool), req)?;
         self.guard_idle_session_row(row)?;
         Ok((row, new_len))
     }
 
     /// The checks `commit(req, n)` runs: the row, and the committed length after it.
-    fn check_commit(&self, req: &Req, n: u32) -> Result<(u32, u32)> {
+    #[inline(always)]
+    fn check_commit(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let committed = match req.committed.checked_add(n) {
@@ -55,16 +58,16 @@ impl Cache {
                 req.allocated
             ),
         };
-        self.check_record(req)?;
+        self.check_record_in(Some(pool), req)?;
         self.guard_idle_session_row(row)?;
         Ok((row, committed))
     }
 
     /// Maps `n` more positions: the partial last page first, then whole new pages; with
     /// `out`, writes the new positions' token slots there (`out.len() == n`).
+    #[inline]
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, out: Option<&mut [i32]>) -> Result<()> {
-        self.require_owned()?;
-        let (row, new_len) = self.check_extend(req, n)?;
+        let (row, new_len) = self.check_extend(self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
         let have = pool.row(row)?.pages.len() as u32;
@@ -86,9 +89,9 @@ impl Cache {
     }
 
     /// Marks `n` more allocated tokens as final.
+    #[inline]
     pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
-        self.require_owned()?;
-        let (_, committed) = self.check_commit(req, n)?;
+        let (_, committed) = self.check_commit(self.owned_pool()?, req, n)?;
         req.committed = committed;
         Ok(())
     }
@@ -104,16 +107,15 @@ impl Cache {
             }
         }
         let ps = self.cfg.page_size;
-        let stamp = self.begin_batch()?;
+        let stamp = self.batch_marks.begin(self.cfg.num_rows)?;
         let mut pages = 0u64;
+        let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let (row, new_len) = self.check_extend(req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            let pool = self.pool.owned_mut().expect("owned checked");
-            if let Some(j) = pool.mark_row(row, stamp, i as u32) {
+            let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+            if let Some(j) = self.batch_marks.mark(row, stamp, i as u32) {
                 bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
             }
-            let r = pool.rows[row as usize].as_mut().expect("checked in use");
-            let need = pages_for(new_len, ps) - r.pages.len() as u32;
+            let need = pages_for(new_len, ps) - pool.row(row).expect("checked in use").pages.len() as u32;
             pages += need as u64;
             if pages > pool.pages.free_pages() as u64 {
                 bail!(
@@ -122,12 +124,17 @@ impl Cache {
                     pool.pages.free_pages()
                 );
             }
-            // Reserving changes nothing observable, and leaves nothing to fail below.
+        }
+        let pool = self.pool.owned_mut().expect("owned checked");
+        // Reserving changes nothing observable, and leaves nothing to fail below. (A pass of
+        // its own: the checks above read the pool, this needs it mutable.)
+        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
+            let r = pool.row_mut(req.row as u32);
+            let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
             if r.pages.try_reserve_exact(need as usize).is_err() {
                 bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
             }
         }
-        let pool = self.pool.owned_mut().expect("owned checked");
         let mut out = out;
         let mut at = 0usize;
         for (req, &n) in reqs.iter_mut().zip(n_tokens) {
@@ -152,11 +159,11 @@ impl Cache {
     /// `commit(reqs[i], n_tokens[i])` for every i, all or nothing.
     pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
         self.require_owned()?;
-        let stamp = self.begin_batch()?;
+        let stamp = self.batch_marks.begin(self.cfg.num_rows)?;
+        let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let (row, _) = self.check_commit(req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            let pool = self.pool.owned_mut().expect("owned checked");
-            if let Some(j) = pool.mark_row(row, stamp, i as u32) {
+            let (row, _) = self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+            if let Some(j) = self.batch_marks.mark(row, stamp, i as u32) {
                 bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
             }
         }
@@ -165,10 +172,41 @@ impl Cache {
         }
         Ok(())
     }
+}
 
-    /// A new stamp for `OwnedPool::mark_row`.
-    fn begin_batch(&mut self) -> Result<u32> {
-        self.pool.owned_mut().expect("owned checked").next_batch()
+/// Per row, the last batch call that named it and the position it had there (made on the
+/// first batch call), so a batch finds a row named twice in one pass. Kept beside the pool,
+/// not in it: the checks read the pool while the marks change.
+#[derive(Default)]
+pub(crate) struct BatchMarks {
+    marks: Vec<(u32, u32)>,
+    stamp: u32,
+}
+
+impl BatchMarks {
+    /// Starts a batch call over `rows` rows: a stamp no row's mark holds yet.
+    fn begin(&mut self, rows: u32) -> Result<u32> {
+        if self.marks.is_empty() {
+            self.marks = try_vec(rows as usize, "the batch marks", |_| (0, 0))?;
+        }
+        self.stamp = self.stamp.wrapping_add(1);
+        if self.stamp == 0 {
+            self.marks.iter_mut().for_each(|m| *m = (0, 0));
+            self.stamp = 1;
+        }
+        Ok(self.stamp)
+    }
+
+    /// Marks `row` as named at position `pos` of batch `stamp`; the earlier position when the
+    /// batch already named it.
+    #[inline]
+    fn mark(&mut self, row: u32, stamp: u32, pos: u32) -> Option<u32> {
+        let m = &mut self.marks[row as usize];
+        if m.0 == stamp {
+            return Some(m.1);
+        }
+        *m = (stamp, pos);
+        None
     }
 }
 

@@ -1,7 +1,9 @@
 //! A cache: one KV pool (the engine's or libskv's own), the session slots kept over it,
 //! and the counters the stats report.
 
+use super::batch::BatchMarks;
 use super::error::{bail, Error, Result};
+use super::owned::OwnedPool;
 use super::page::ceil_align;
 use super::pool::{Effect, Pool};
 use super::req::{swa_dead, Config, Req};
@@ -17,8 +19,8 @@ pub struct Cache {
     /// external mode when libskv hands the row back through `free_row`. Never 0 once the row
     /// was handed out (0 on a req means "not stamped").
     pub(crate) generations: Vec<u32>,
-    /// The reqs of the batch call in progress (kept to reuse the allocation).
-    pub(crate) batch_reqs: Vec<Req>,
+    /// Which rows the batch call in progress has named.
+    pub(crate) batch_marks: BatchMarks,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
     deferred: Option<Error>,
     /// Tokens released by `trim_overshoot` since creation.
@@ -40,7 +42,7 @@ impl Cache {
             generations: super::error::try_vec(cfg.num_rows as usize, "row generations", |_| first)?,
             pool,
             effects: Vec::with_capacity(8),
-            batch_reqs: Vec::new(),
+            batch_marks: BatchMarks::default(),
             deferred: None,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,
@@ -83,6 +85,7 @@ impl Cache {
 
     /// The callback failure of the last call, after its outputs were written as for a
     /// success.
+    #[inline]
     pub fn take_deferred(&mut self) -> Result<()> {
         self.deferred.take().map_or(Ok(()), Err)
     }
@@ -90,6 +93,7 @@ impl Cache {
     /// A row an idle session slot holds belongs to the session: engine calls that would
     /// reshape it behind the session's back are refused (while the slot is in flight, its
     /// running request works on the row as usual).
+    #[inline]
     pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
         match self.slots.of_row(row) {
             Some(s) if !s.in_flight => {
@@ -101,6 +105,7 @@ impl Cache {
 
     /// Checks a req and its row against everything libskv knows, in the documented order of
     /// errors: fields (`InvalidArg`), then `check_record`.
+    #[inline]
     pub(crate) fn check_req(&self, req: &Req) -> Result<()> {
         req.validate(&self.cfg)?;
         self.check_record(req)
@@ -110,9 +115,17 @@ impl Cache {
     /// not in use (`NotFound`, owned mode), a stale copy (`State`: a stamped generation the
     /// row has left), then fields disagreeing with the row (owned mode: `State` on an idle
     /// slot's row, where the req is a stale copy; `InvalidArg` elsewhere).
+    #[inline(always)]
     pub(crate) fn check_record(&self, req: &Req) -> Result<()> {
+        self.check_record_in(self.pool.owned(), req)
+    }
+
+    /// `check_record` with `self.pool.owned()` looked up by the caller: a batch looks it up
+    /// once, not once a request.
+    #[inline(always)]
+    pub(crate) fn check_record_in(&self, owned: Option<&OwnedPool>, req: &Req) -> Result<()> {
         if let Some(row) = req.row() {
-            if let Some(p) = self.pool.owned() {
+            if let Some(p) = owned {
                 p.row(row)?;
             }
             let now = self.generations[row as usize];
@@ -125,7 +138,12 @@ impl Cache {
                 );
             }
         }
-        match self.pool.check_req(req) {
+        // The owned pool's check called directly, so it inlines (see `Result`).
+        let record = match owned {
+            Some(p) => Pool::check_req(p, req),
+            None => self.pool.check_req(req),
+        };
+        match record {
             // A req on an idle slot's row that disagrees with the row is a copy kept from an
             // earlier turn: say so, rather than only which field disagrees.
             Err(Error::InvalidArg(m)) => match req.row().and_then(|r| self.slots.of_row(r)).filter(|s| !s.in_flight) {

@@ -33,6 +33,9 @@ pub enum Error {
     Internal(String),
 }
 
+/// The checks and steps of the per-step calls are `#[inline]`: a `Result` this wide comes
+/// back through memory, and reading an `Ok` just after the callee stored only its tag stalls
+/// (the narrow store cannot be forwarded to the wide load). Inlined, an `Ok` stays in registers.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A vector of `n` values, or `OutOfMemory` when the host cannot hold it: a handle's tables
@@ -46,9 +49,19 @@ pub(crate) fn try_vec<T>(n: usize, what: &str, mut fill: impl FnMut(usize) -> T)
     Ok(v)
 }
 
+/// Returns `Err(Error::$kind(message))`. The message is formatted out of line, in a function
+/// marked cold: a check's error paths then add a call, not a formatter, to the function
+/// they sit in, which stays small enough to inline (see `Result`).
 macro_rules! bail {
     ($kind:ident, $($fmt:tt)*) => {
-        return Err($crate::core::Error::$kind(format!($($fmt)*)))
+        return Err($crate::core::error::cold(|| $crate::core::Error::$kind(format!($($fmt)*))))
     };
 }
 pub(crate) use bail;
+
+/// Builds an error off the hot path (see `bail!`).
+#[cold]
+#[inline(never)]
+pub(crate) fn cold(make: impl FnOnce() -> Error) -> Error {
+    make()
+}

@@ -39,10 +39,6 @@ pub struct OwnedPool {
     pub(crate) scratch: Vec<u32>,
     /// Spans of rows mapped anew, kept once a device copy of the rows exists.
     pub(crate) dirty: Option<Dirty>,
-    /// Per row, the last batch call that named it and the position it had there (made on
-    /// the first batch call), so a batch finds a row named twice in one pass.
-    batch_marks: Vec<(u32, u32)>,
-    batch_stamp: u32,
 }
 
 impl OwnedPool {
@@ -57,8 +53,6 @@ impl OwnedPool {
             hooks: None,
             scratch: Vec::new(),
             dirty: None,
-            batch_marks: Vec::new(),
-            batch_stamp: 0,
         })
     }
 
@@ -79,6 +73,7 @@ impl OwnedPool {
     }
 
     /// The row record, or `NotFound`.
+    #[inline(always)]
     pub fn row(&self, row: u32) -> Result<&Row> {
         match self.rows.get(row as usize) {
             Some(Some(r)) => Ok(r),
@@ -92,34 +87,11 @@ impl OwnedPool {
     }
 
     /// Records that `row` maps positions `lo..hi` anew (for a device copy, if any).
+    #[inline]
     pub(crate) fn mapped(&mut self, row: u32, lo: u32, hi: u32) {
         if let Some(d) = self.dirty.as_mut() {
             d.mark(row, lo, hi);
         }
-    }
-
-    /// Starts a batch call: a stamp no row's mark holds yet.
-    pub(crate) fn next_batch(&mut self) -> Result<u32> {
-        if self.batch_marks.is_empty() {
-            self.batch_marks = try_vec(self.rows.len(), "the batch marks", |_| (0, 0))?;
-        }
-        self.batch_stamp = self.batch_stamp.wrapping_add(1);
-        if self.batch_stamp == 0 {
-            self.batch_marks.iter_mut().for_each(|m| *m = (0, 0));
-            self.batch_stamp = 1;
-        }
-        Ok(self.batch_stamp)
-    }
-
-    /// Marks `row` as named at position `pos` of batch `stamp`; the earlier position when the
-    /// batch already named it.
-    pub(crate) fn mark_row(&mut self, row: u32, stamp: u32, pos: u32) -> Option<u32> {
-        let m = &mut self.batch_marks[row as usize];
-        if m.0 == stamp {
-            return Some(m.1);
-        }
-        *m = (stamp, pos);
-        None
     }
 
     pub(crate) fn take_row(&mut self) -> Option<u32> {
@@ -184,6 +156,7 @@ impl Pool for OwnedPool {
         self.rows.get(row as usize)?.as_ref().map(|r| r.len)
     }
 
+    #[inline(always)]
     fn check_req(&self, req: &Req) -> Result<()> {
         let Some(row) = req.row() else { return Ok(()) };
         let r = self.row(row)?;

@@ -29,10 +29,12 @@ pub struct Stats {
 
 impl Cache {
     /// `Unsupported` unless this is an owned-mode cache.
+    #[inline]
     pub fn require_owned(&self) -> Result<()> {
         self.owned_pool().map(|_| ())
     }
 
+    #[inline]
     pub(super) fn owned_pool(&self) -> Result<&OwnedPool> {
         self.pool.owned().ok_or_else(external_mode)
     }
@@ -230,6 +232,7 @@ impl Cache {
 
     /// Pool occupancy. External mode knows no pool: only the rows' count, the sessions and
     /// the counters are filled, the pool's fields are 0.
+    #[inline]
     pub fn stats(&self) -> Result<Stats> {
         let Ok(pool) = self.owned_pool() else {
             return Ok(Stats {

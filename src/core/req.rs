@@ -52,8 +52,11 @@ impl Config {
     }
 }
 
-/// One request's KV bookkeeping. Mirrors `skv_req` field for field.
+/// One request's KV bookkeeping. Mirrors `skv_req` field for field, and in its layout: the
+/// batch calls work on the caller's array of `skv_req` in place (the C boundary asserts that
+/// the two layouts agree).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct Req {
     pub row: i32,
     /// The generation of `row` when libskv handed it to this req; 0 = not stamped.
@@ -125,11 +128,13 @@ impl Req {
     }
 
     /// The row this request holds, if any.
+    #[inline]
     pub fn row(&self) -> Option<u32> {
         u32::try_from(self.row).ok()
     }
 
     /// The row, for operations that need one.
+    #[inline]
     pub fn require_row(&self) -> Result<u32> {
         match self.row() {
             Some(r) => Ok(r),
@@ -149,6 +154,7 @@ impl Req {
 
     /// The field checks of docs/concepts.md's request record, run by every function that
     /// takes a req.
+    #[inline(always)]
     pub fn validate(&self, cfg: &Config) -> Result<()> {
         let r = self;
         if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
@@ -160,7 +166,7 @@ impl Req {
         if r.row >= 0 && r.protected > r.committed {
             bail!(InvalidArg, "cache_protected_len {} > kv_committed_len {}", r.protected, r.committed);
         }
-        if !r.protected.is_multiple_of(cfg.page_size) {
+        if !super::page::is_aligned(r.protected, cfg.page_size) {
             bail!(InvalidArg, "cache_protected_len {} is not a multiple of page_size {}", r.protected, cfg.page_size);
         }
         if r.allocated > cfg.max_context_len {

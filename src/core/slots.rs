@@ -78,6 +78,7 @@ impl Slots {
     }
 
     /// The slot holding `row`, if any.
+    #[inline]
     pub fn of_row(&self, row: u32) -> Option<&Slot> {
         self.by_row.get(row as usize)?.as_ref()
     }
