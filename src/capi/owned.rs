@@ -121,6 +121,7 @@ const _: () = {
     assert!(offset_of!(Req, allocated) == offset_of!(skv_req, kv_allocated_len));
     assert!(offset_of!(Req, protected) == offset_of!(skv_req, cache_protected_len));
     assert!(offset_of!(Req, swa) == offset_of!(skv_req, swa_evicted_seqlen));
+    assert!(offset_of!(Req, swa_floor) == offset_of!(skv_req, swa_evict_floor));
     assert!(offset_of!(Req, origin_input_len) == offset_of!(skv_req, origin_input_len));
     assert!(offset_of!(Req, output_len) == offset_of!(skv_req, output_len));
     assert!(offset_of!(Req, finished_len) == offset_of!(skv_req, finished_len));

@@ -65,6 +65,9 @@ pub struct Req {
     pub allocated: u32,
     pub protected: u32,
     pub swa: u32,
+    /// sglang's `swa_evict_floor`: `[0, this)` is never window-evicted (the prefill the
+    /// engine shields); it only raises `swa_dead_lo`, and no trim clamps it.
+    pub swa_floor: u32,
     pub origin_input_len: u32,
     pub output_len: u32,
     pub finished_len: i32,
@@ -72,9 +75,6 @@ pub struct Req {
     pub lock_receipt: u64,
     /// The recurrent-state pool slot (sglang's `mamba_pool_idx`), -1 = none.
     pub aux: i64,
-    /// sglang's `swa_evict_floor`: `[0, this)` is never window-evicted (the prefill the
-    /// engine shields); it only raises `swa_dead_lo`, and no trim clamps it.
-    pub swa_floor: u32,
     /// The ping-pong track entries (sglang's `mamba_ping_pong_track_buffer`), each -1 when
     /// empty; freed independently of `aux` and of each other.
     pub track: [i64; 2],
