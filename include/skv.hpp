@@ -194,30 +194,32 @@ struct Trampolines {
 };
 }  // namespace detail
 
-/// The skv_pool_ops whose callbacks call `ops`; pass &ops as user_data.
-inline skv_pool_ops pool_ops_for(PoolOps & /*ops*/) noexcept {
-  using T = detail::Trampolines<PoolOps>;
+namespace detail {
+// The callbacks both PoolOps kinds share; the caller adds its KV free.
+template <typename T>
+skv_pool_ops pool_ops_common() noexcept {
   skv_pool_ops c{};
   c.struct_size = sizeof(skv_pool_ops);
-  c.read_row = &T::read_row;
-  c.free_kv = &T::free_kv;
-  c.free_row = &T::free_row;
-  c.dec_lock_ref = &T::dec_lock_ref;
-  c.free_aux = &T::free_aux;
+  c.read_row = &Trampolines<T>::read_row;
+  c.free_row = &Trampolines<T>::free_row;
+  c.dec_lock_ref = &Trampolines<T>::dec_lock_ref;
+  c.free_aux = &Trampolines<T>::free_aux;
+  return c;
+}
+}  // namespace detail
+
+/// The skv_pool_ops whose callbacks call `ops`; pass &ops as user_data.
+inline skv_pool_ops pool_ops_for(PoolOps & /*ops*/) noexcept {
+  skv_pool_ops c = detail::pool_ops_common<PoolOps>();
+  c.free_kv = &detail::Trampolines<PoolOps>::free_kv;
   return c;
 }
 
 /// The skv_pool_ops whose callbacks call a HybridPoolOps `ops` (free_kv_segment set, free_kv
 /// NULL); pass &ops as user_data.
 inline skv_pool_ops pool_ops_for(HybridPoolOps & /*ops*/) noexcept {
-  using T = detail::Trampolines<HybridPoolOps>;
-  skv_pool_ops c{};
-  c.struct_size = sizeof(skv_pool_ops);
-  c.read_row = &T::read_row;
-  c.free_row = &T::free_row;
-  c.dec_lock_ref = &T::dec_lock_ref;
-  c.free_aux = &T::free_aux;
-  c.free_kv_segment = &T::free_kv_segment;
+  skv_pool_ops c = detail::pool_ops_common<HybridPoolOps>();
+  c.free_kv_segment = &detail::Trampolines<HybridPoolOps>::free_kv_segment;
   return c;
 }
 

@@ -53,9 +53,13 @@ unsafe extern "C" fn free_row(ud: *mut c_void, row: i32) -> c_int {
 }
 
 fn cache(engine: &mut Engine, flags: u32) -> *mut skv_cache {
+    cache_paged(engine, PS, flags)
+}
+
+fn cache_paged(engine: &mut Engine, page_size: u32, flags: u32) -> *mut skv_cache {
     let cfg = skv_cache_config {
         struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: PS,
+        page_size,
         num_token_slots: 0,
         num_rows: ROWS,
         max_context_len: COLS,
@@ -133,27 +137,9 @@ fn page_frees_are_the_deduplicated_pages_of_the_per_index_run() {
 #[test]
 fn page_frees_change_nothing_with_one_token_pages() {
     let mut e = Engine::default();
-    let cfg = skv_cache_config {
-        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: 1,
-        num_token_slots: 0,
-        num_rows: ROWS,
-        max_context_len: COLS,
-        flags: SKV_FLAG_PAGE_FREES,
-    };
-    let ops = skv_pool_ops {
-        struct_size: std::mem::size_of::<skv_pool_ops>() as u32,
-        read_row: Some(read_row),
-        free_kv: Some(free_kv),
-        free_row: Some(free_row),
-        dec_lock_ref: None,
-        free_aux: None,
-        free_kv_segment: None,
-    };
-    let mut c = ptr::null_mut();
-    // SAFETY: cfg, ops and c are locals; the engine e outlives the handle, freed here.
+    let c = cache_paged(&mut e, 1, SKV_FLAG_PAGE_FREES);
+    // SAFETY: c is live until freed here, before the engine e goes.
     unsafe {
-        assert_eq!(code(skv_cache_new_external(&cfg, &ops, &mut e as *mut Engine as *mut c_void, &mut c)), OK);
         assert_eq!(code(skv_free_aligned(c, 0, 3, 7)), OK);
         skv_cache_free(c);
     }

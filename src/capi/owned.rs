@@ -432,16 +432,9 @@ pub struct skv_stats {
 
 impl From<Stats> for skv_stats {
     fn from(s: Stats) -> skv_stats {
-        let Stats {
-            total_pages,
-            free_pages,
-            used_pages,
-            total_rows,
-            free_rows,
-            sessions,
-            trimmed_tokens,
-            tail_freed_tokens,
-        } = s;
+        let (total_pages, free_pages, used_pages) = (s.total_pages, s.free_pages, s.used_pages);
+        let (total_rows, free_rows, sessions) = (s.total_rows, s.free_rows, s.sessions);
+        let (trimmed_tokens, tail_freed_tokens) = (s.trimmed_tokens, s.tail_freed_tokens);
         skv_stats {
             total_pages,
             free_pages,
