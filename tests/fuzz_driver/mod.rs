@@ -122,6 +122,9 @@ pub struct Totals {
     pub by_status: [u64; 10],
     pub traced_worlds: u64,
     pub injected_failures: u64,
+    /// How often each outcome a check needs was reached (a skv_hand_back that succeeded, an
+    /// admission prediction followed through, ...).
+    pub cover: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Progress for the watchdog: a deadlock (a probe of hole 3) ends the process with the seed.
