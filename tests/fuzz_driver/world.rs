@@ -541,7 +541,7 @@ impl World {
     /// Prompt and output lengths as a turn advances (engine fields libskv only reads).
     fn op_progress(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, true);
-        let ps = self.sides[s].ps();
+        let (ps, max) = (self.sides[s].ps(), self.sides[s].max_ctx());
         let r = &mut self.sides[s].reqs[i].r;
         let c = r.kv_committed_len;
         let origin = self.rng.upto(c);
@@ -559,7 +559,7 @@ impl World {
             // window has freed nothing on either side of the change (docs/hybrid.md).
             Pools::Hybrid { .. } if self.rng.chance(200) => {
                 let mut q = *r;
-                q.swa_evict_floor = self.rng.upto(r.kv_allocated_len + ps);
+                q.swa_evict_floor = self.rng.upto(r.kv_allocated_len + ps).min(max);
                 if r.swa_evicted_seqlen <= dead_lo(r, ps) && q.swa_evicted_seqlen <= dead_lo(&q, ps) {
                     *r = q;
                 }
@@ -726,6 +726,14 @@ impl World {
                 sched::clamp_record(m, r.kv_allocated_len);
             }
             side.reqs[i] = FReq { r, epoch, hit, matched };
+            // Another req on either row (a hostile mutation put it there) may have acted for its
+            // request: what skv_hand_back would compare is no longer known.
+            for j in (0..REQS).filter(|&j| j != i) {
+                let other = side.reqs[j].r.req_pool_idx;
+                if other >= 0 && (other == row || other == fr.r.req_pool_idx) {
+                    side.reqs[j].matched = None;
+                }
+            }
         }
         (st, mutated)
     }
@@ -739,14 +747,15 @@ impl World {
         let mut m = skv_match { hit: 9, prefix_len: 9 };
         let mp: *mut skv_match = &mut m;
         // SAFETY: req_call passes the side's live handle and its local req; mp points at m.
-        let (st, _) =
+        let (st, mutated) =
             self.req_call(s, i, "skv_match_prefix", format!(", s {sid} b {b}, key {key}, pre {pre}"), |c, r| unsafe {
                 skv_match_prefix(c, sid, b, r, key, pre, mp)
             });
         if self.completed(st) && m.hit == 1 {
             let fr = &mut self.sides[s].reqs[i];
             fr.hit = Some((sid, b));
-            fr.matched = (st == SKV_OK).then_some(fr.r);
+            // A mutated req's lock and aux state are dropped from the fuzzer's copy (req_call).
+            fr.matched = (st == SKV_OK && !mutated).then_some(fr.r);
         }
         st
     }
@@ -1622,12 +1631,13 @@ fn log_len() -> usize {
 
 fn show(r: &skv_req) -> String {
     format!(
-        "{{row {} com {} alloc {} prot {} swa {} origin {} out {} fin {} lock {} aux {} track {}/{}}}",
+        "{{row {} com {} alloc {} prot {} swa {} floor {} origin {} out {} fin {} lock {} aux {} track {}/{}}}",
         r.req_pool_idx,
         r.kv_committed_len,
         r.kv_allocated_len,
         r.cache_protected_len,
         r.swa_evicted_seqlen,
+        r.swa_evict_floor,
         r.origin_input_len,
         r.output_len,
         r.finished_len,

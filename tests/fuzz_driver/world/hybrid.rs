@@ -109,6 +109,13 @@ impl World {
         let (st, mutated) = self.req_call(s, i, "skv_swa_evict", args, |c, q| unsafe {
             skv_swa_evict(c, q, pre_len, window, interval, retain, flags, fp)
         });
+        if self.completed(st) && !mutated {
+            // The in-flight slot's cursor follows the step: skv_hand_back compares with it.
+            let fr = &mut self.sides[s].reqs[i];
+            if let Some(m) = fr.matched.as_mut() {
+                m.swa_evicted_seqlen = fr.r.swa_evicted_seqlen;
+            }
+        }
         if st != SKV_OK || mutated {
             return st;
         }
