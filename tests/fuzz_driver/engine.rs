@@ -226,7 +226,7 @@ impl Engine {
                     if !pages.insert(p) && self.page_frees {
                         self.findings.push(format!("{what}: page {p} twice under SKV_FLAG_PAGE_FREES"));
                     }
-                    if self.page_frees && i as u32 % self.ps != 0 {
+                    if self.page_frees && !(i as u32).is_multiple_of(self.ps) {
                         self.findings.push(format!("{what}: index {i} is not its page's first (SKV_FLAG_PAGE_FREES)"));
                     }
                 }
@@ -265,7 +265,7 @@ pub unsafe extern "C" fn free_kv_segment(
         e.findings.push(format!("{why}: a row the engine does not hold"));
         return e.fail();
     }
-    if first_pos % e.ps != 0 {
+    if !first_pos.is_multiple_of(e.ps) {
         e.findings.push(format!("{why}: first_pos is not a page boundary"));
     }
     let step = if e.page_frees { e.ps } else { 1 };

@@ -550,10 +550,8 @@ impl World {
         r.finished_len = if self.rng.chance(400) { -1 } else { self.rng.upto(r.output_len) as i32 };
         match self.sides[s].pools {
             // The engine keeps no SWA pool: any cursor is its own business.
-            Pools::Plain => {
-                if self.rng.chance(200) {
-                    r.swa_evicted_seqlen = (self.rng.upto(c) / ps * ps).min(r.kv_allocated_len);
-                }
+            Pools::Plain if self.rng.chance(200) => {
+                r.swa_evicted_seqlen = (self.rng.upto(c) / ps * ps).min(r.kv_allocated_len);
             }
             // The cursor moves by skv_swa_evict only; the floor is set at a prefill, while the
             // window has freed nothing on either side of the change (docs/hybrid.md).
