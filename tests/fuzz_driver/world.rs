@@ -1358,7 +1358,24 @@ impl World {
         let detectable = side.owned && fr.r.row_generation != 0;
         let expect = if reused && detectable { Expect::Fail } else { Expect::Any };
         let tag = if reused { "stale copy, row reused" } else { "stale copy" };
-        let (name, st) = match self.rng.below(6) {
+        // A copy of a request since finished or handed back: its slot is idle (or gone), so a
+        // hand-back must fail. A copy of a live request may act for it.
+        let live = side.reqs.iter().any(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch);
+        let (name, st) = match self.rng.below(7) {
+            6 => {
+                let (sid, b) = match fr.hit {
+                    Some(k) if self.rng.chance(800) => k,
+                    _ => (self.session(), self.branch()),
+                };
+                let expect = if live { expect } else { Expect::Fail };
+                (
+                    "hand_back",
+                    // SAFETY: c is the side's live handle; rp points at the copy r.
+                    self.call(s, format!("skv_hand_back({tag} {}, s {sid} b {b})", show(&r)), rp, expect, || unsafe {
+                        skv_hand_back(c, sid, b, rp)
+                    }),
+                )
+            }
             0 => (
                 "skv_free_req",
                 // SAFETY: c is the side's live handle; rp points at the copy r.
