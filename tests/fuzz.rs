@@ -80,6 +80,7 @@ fn fuzz_c_abi() {
     ];
     let by: Vec<String> = names.iter().zip(t.by_status).map(|(n, c)| format!("{n} {c}")).collect();
     println!("skv fuzz: statuses: {}", by.join(", "));
+    println!("skv fuzz: reached: {:?}", t.cover);
     assert!(t.calls >= plan.calls);
     // Every status class a hostile caller can reach must have been reached.
     for (i, n) in names.iter().enumerate() {
@@ -87,5 +88,17 @@ fn fuzz_c_abi() {
             continue;
         }
         assert!(t.by_status[i] > 0, "the run never reached {n}");
+    }
+    // Every check of the scheduler and hybrid calls must have run.
+    for what in [
+        "hand_back of an unrun hit",
+        "idle_sessions cut at cap",
+        "admission prediction checked",
+        "swa_evict freed SWA pages",
+        "full-only free refused without free_kv_segment",
+    ] {
+        if plan.calls >= 50_000 {
+            assert!(t.cover.get(what).copied().unwrap_or(0) > 0, "the run never reached: {what}");
+        }
     }
 }

@@ -77,7 +77,15 @@ impl Cache {
                 req.protected
             );
         }
-        let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
+        // Where frees split at the SWA cursor, a boundary inside the window-freed range floors to
+        // a page, as a trim's: a cursor clamped inside a page there would refuse every later free
+        // of the row, its release included.
+        let ps = self.cfg.page_size;
+        let (end, dead) = (req.allocated, req_dead(req, ps));
+        let prefix_len = match self.pool.frees_swa().is_ok() && ps > 1 && dead.0 < prefix_len && prefix_len < dead.1 {
+            true => floor_align(prefix_len, ps),
+            false => prefix_len,
+        };
         self.shorten_row(row, prefix_len, end, dead, |c| c.apply_free_tail(req, prefix_len))
     }
 

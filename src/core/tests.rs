@@ -397,6 +397,21 @@ fn hybrid_trim_frees_the_window_passed_part_full_side_only() {
 }
 
 #[test]
+fn hybrid_free_tail_below_the_cursor_floors_to_a_page() {
+    // A tail free inside a page the window passed: its boundary floors to a page, as a trim's,
+    // so the clamped cursor stays page-aligned and the row's later frees can still split there.
+    let mut c = external(4, 128, false);
+    let mut r = hybrid_req();
+    c.free_tail(&mut r, 21).unwrap();
+    assert_eq!((r.allocated, r.committed, r.swa, r.swa_floor), (20, 20, 20, 13));
+    assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..30"]);
+    // Below the cursor's page nothing changes: the boundary stays where it is.
+    let mut r = Req { row: 1, swa: 8, swa_floor: 0, ..hybrid_req() };
+    c.free_tail(&mut r, 9).unwrap();
+    assert_eq!((r.allocated, r.swa), (9, 8));
+}
+
+#[test]
 fn hybrid_release_and_held() {
     let mut c = external(4, 128, false);
     let mut r = hybrid_req();

@@ -11,8 +11,26 @@ use skv::*;
 
 use super::{Probes, Rng};
 
+/// How the external side's pool ops look (`skv_pool_ops.struct_size` and `free_kv_segment`).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub enum Pools {
+    /// An ABI 2 caller (struct_size 48): free_kv takes every free whole, the SWA cursor included.
+    Plain,
+    /// Hybrid: free_kv_segment set (struct_size = sizeof); free_kv may be NULL.
+    Hybrid { free_kv: bool },
+    /// struct_size 56 with free_kv_segment NULL: a free with a full-only piece is refused.
+    NoSegment,
+}
+
 pub struct Engine {
     pub ps: u32,
+    pub pools: Pools,
+    /// SKV_FLAG_PAGE_FREES: every free hands one index per page (the page's first position).
+    pub page_frees: bool,
+    /// Hybrid: whether each full page's SWA peer (page p of the SWA pool) is still live.
+    pub swa_live: Vec<bool>,
+    /// SWA-only positions handed back during the current call (skv_swa_evict's `*freed`).
+    pub swa_freed: u64,
     /// External mode: the row owning each page (`None`: free); page 0 is padding.
     pub page_owner: Vec<Option<i32>>,
     pub free_pages: Vec<u32>,
@@ -45,6 +63,10 @@ impl Engine {
     pub fn new(ps: u32, pages: u32, rows: u32, seed: u64, probes: Probes) -> Engine {
         Engine {
             ps,
+            pools: Pools::Plain,
+            page_frees: false,
+            swa_live: vec![false; pages as usize],
+            swa_freed: 0,
             page_owner: vec![None; pages as usize],
             // LIFO: pop hands out 1, 2, 3, ... first.
             free_pages: (1..pages).rev().collect(),
@@ -110,6 +132,7 @@ impl Engine {
         let p = self.free_pages.pop()?;
         self.trail.push(format!("take page {p}"));
         self.page_owner[p as usize] = Some(row);
+        self.swa_live[p as usize] = true;
         Some(p)
     }
 
@@ -129,6 +152,7 @@ impl Engine {
         for p in pages {
             if self.page_owner[p] == Some(row) {
                 self.page_owner[p] = None;
+                self.swa_live[p] = false;
                 self.free_pages.push(p as u32);
             }
         }
@@ -138,7 +162,9 @@ impl Engine {
         let pages: Vec<(usize, i32)> =
             (1..self.page_owner.len()).filter_map(|p| Some((p, self.page_owner[p]?))).collect();
         let rows: Vec<usize> = (0..self.row_free.len()).filter(|&r| !self.row_free[r]).collect();
-        (!pages.is_empty() || !rows.is_empty()).then(|| format!("leaked (page, row) {pages:?}, rows {rows:?}"))
+        let swa: Vec<usize> = (1..self.swa_live.len()).filter(|&p| self.swa_live[p]).collect();
+        (!pages.is_empty() || !rows.is_empty() || !swa.is_empty())
+            .then(|| format!("leaked (page, row) {pages:?}, rows {rows:?}, SWA pages {swa:?}"))
     }
 }
 
@@ -176,25 +202,104 @@ pub unsafe extern "C" fn free_kv(ud: *mut c_void, idx: *const i32, n: usize) -> 
     e.reenter();
     // SAFETY: libskv passes n indices at idx.
     let idx = unsafe { std::slice::from_raw_parts(idx, n) };
-    let mut pages = BTreeSet::new();
-    for &i in idx {
-        match e.page_of(i) {
-            Some(p) => {
-                pages.insert(p);
-            }
-            None => e.findings.push(format!("free_kv of index {i}, outside the pool")),
-        }
+    if matches!(e.pools, Pools::Hybrid { .. }) {
+        // With free_kv_segment set, every KV free goes through it.
+        e.findings.push(format!("free_kv of {n} indices, though free_kv_segment is set"));
     }
-    for p in pages {
+    for p in e.pages_of(idx, "free_kv") {
         match e.page_owner[p] {
             None => e.findings.push(format!("double free: page {p} (index in free_kv of {n}) is already free")),
-            Some(_) => {
-                e.trail.push(format!("page {p}"));
-                e.page_owner[p] = None;
-                e.free_pages.push(p as u32);
-                e.events += 1;
+            Some(_) => e.free_full(p),
+        }
+    }
+    e.fail()
+}
+
+impl Engine {
+    /// The distinct pages of a free's indices; under SKV_FLAG_PAGE_FREES each must be its page's
+    /// first index and no page may come twice.
+    fn pages_of(&mut self, idx: &[i32], what: &str) -> BTreeSet<usize> {
+        let mut pages = BTreeSet::new();
+        for &i in idx {
+            match self.page_of(i) {
+                Some(p) => {
+                    if !pages.insert(p) && self.page_frees {
+                        self.findings.push(format!("{what}: page {p} twice under SKV_FLAG_PAGE_FREES"));
+                    }
+                    if self.page_frees && !(i as u32).is_multiple_of(self.ps) {
+                        self.findings.push(format!("{what}: index {i} is not its page's first (SKV_FLAG_PAGE_FREES)"));
+                    }
+                }
+                None => self.findings.push(format!("{what} of index {i}, outside the pool")),
             }
         }
+        pages
+    }
+
+    fn free_full(&mut self, p: usize) {
+        self.trail.push(format!("page {p}"));
+        self.page_owner[p] = None;
+        self.swa_live[p] = false;
+        self.free_pages.push(p as u32);
+        self.events += 1;
+    }
+}
+
+/// Hybrid pools (docs/hybrid.md): full page p's SWA peer is SWA page p. An SWA page freed twice,
+/// a full page freed alone while its SWA peer lives (the peer would leak), a page of another row
+/// or an index that is not the row's position are findings.
+pub unsafe extern "C" fn free_kv_segment(
+    ud: *mut c_void,
+    row: i32,
+    first_pos: u32,
+    idx: *const i32,
+    n: usize,
+    pools: u32,
+) -> c_int {
+    let e = engine(ud);
+    e.reenter();
+    // SAFETY: libskv passes n indices at idx.
+    let idx = unsafe { std::slice::from_raw_parts(idx, n) };
+    let why = format!("free_kv_segment(row {row}, first_pos {first_pos}, n {n}, pools {pools})");
+    if row < 0 || row as usize >= e.row_free.len() || e.row_free[row as usize] {
+        e.findings.push(format!("{why}: a row the engine does not hold"));
+        return e.fail();
+    }
+    if !first_pos.is_multiple_of(e.ps) {
+        e.findings.push(format!("{why}: first_pos is not a page boundary"));
+    }
+    let step = if e.page_frees { e.ps } else { 1 };
+    for (k, &i) in idx.iter().enumerate() {
+        let pos = first_pos as usize + k * step as usize;
+        if e.row_map[row as usize].get(pos).copied() != Some(i) {
+            e.findings.push(format!("{why}: index {i} is not row position {pos}"));
+        }
+    }
+    for p in e.pages_of(idx, &why) {
+        if e.page_owner[p] != Some(row) {
+            e.findings.push(format!("{why}: page {p} is not the row's (owner {:?})", e.page_owner[p]));
+            continue;
+        }
+        match pools {
+            SKV_POOL_FULL if e.swa_live[p] => {
+                e.findings.push(format!("{why}: full page {p} freed alone while its SWA peer lives (a leak)"))
+            }
+            SKV_POOL_FULL => e.free_full(p),
+            SKV_POOL_BOTH | SKV_POOL_SWA if !e.swa_live[p] => {
+                e.findings.push(format!("{why}: SWA page {p} freed twice"))
+            }
+            SKV_POOL_BOTH => e.free_full(p),
+            SKV_POOL_SWA => {
+                e.trail.push(format!("swa {p}"));
+                e.swa_live[p] = false;
+                e.events += 1;
+            }
+            _ => e.findings.push(format!("{why}: unknown pools")),
+        }
+    }
+    if pools == SKV_POOL_SWA {
+        // A window step frees whole pages: one index each under SKV_FLAG_PAGE_FREES.
+        e.swa_freed += n as u64 * step as u64;
     }
     e.fail()
 }
@@ -239,17 +344,23 @@ pub unsafe extern "C" fn free_aux(ud: *mut c_void, aux: i64) -> c_int {
     e.fail()
 }
 
-pub fn pool_ops() -> skv_pool_ops {
+pub fn pool_ops(pools: Pools) -> skv_pool_ops {
+    let (struct_size, free_kv, seg): (u32, skv_free_kv_fn, skv_free_kv_segment_fn) = match pools {
+        Pools::Plain => (48, Some(free_kv), None),
+        Pools::Hybrid { free_kv: f } => {
+            let kv: skv_free_kv_fn = if f { Some(free_kv) } else { None };
+            (std::mem::size_of::<skv_pool_ops>() as u32, kv, Some(free_kv_segment))
+        }
+        Pools::NoSegment => (56, Some(free_kv), None),
+    };
     skv_pool_ops {
-        // An ABI 2 caller (no free_kv_segment): free_kv takes every free whole, the SWA cursor
-        // included (tests/prop_swa.rs drives the split).
-        struct_size: 48,
+        struct_size,
         read_row: Some(read_row),
-        free_kv: Some(free_kv),
+        free_kv,
         free_row: Some(free_row),
         dec_lock_ref: Some(dec_lock_ref),
         free_aux: Some(free_aux),
-        free_kv_segment: None,
+        free_kv_segment: seg,
     }
 }
 

@@ -5,6 +5,14 @@
 //! `skv_cache_stats`, `skv_session_held` and every live row are compared with a snapshot taken
 //! before it. At the end of each world everything is released and nothing may leak.
 //!
+//! External worlds vary the engine's pool ops: ABI 2 (`free_kv` takes every free whole), hybrid
+//! (`free_kv_segment`: a full and an SWA pool, every SWA page freed once, no full page freed
+//! while its SWA peer lives, `skv_swa_evict` checked against sglang's step) and struct_size 56
+//! without `free_kv_segment` (a free with a full-only piece is refused); some set
+//! `SKV_FLAG_PAGE_FREES` (one index per page, each page once). The scheduler's calls
+//! (`skv_hand_back`, the usage and idle-slot queries, `skv_admission_pages`) are checked
+//! against each other and against what the calls they describe then do.
+//!
 //! Deterministic for a seed. Probe classes that fail on libskv 0.1.0 are off unless named in
 //! `Probes` (see `Probes::parse`).
 
@@ -122,6 +130,9 @@ pub struct Totals {
     pub by_status: [u64; 10],
     pub traced_worlds: u64,
     pub injected_failures: u64,
+    /// How often each outcome a check needs was reached (a skv_hand_back that succeeded, an
+    /// admission prediction followed through, ...).
+    pub cover: std::collections::BTreeMap<&'static str, u64>,
 }
 
 /// Progress for the watchdog: a deadlock (a probe of hole 3) ends the process with the seed.

@@ -9,8 +9,13 @@ use std::ptr::{null, null_mut};
 use skv::skv_status::*;
 use skv::*;
 
-use super::engine::{self, Engine};
+use super::engine::{self, Engine, Pools};
 use super::{tick, Plan, Probes, Rng, Totals};
+
+mod hybrid;
+mod sched;
+
+use hybrid::dead_lo;
 
 const SESSIONS: u64 = 6;
 const BRANCHES: u64 = 2;
@@ -24,6 +29,8 @@ struct FReq {
     epoch: u64,
     /// The (session, branch) whose slot restored this req's row.
     hit: Option<(u64, u64)>,
+    /// The req as that hit left it: skv_hand_back takes it back while it is unchanged.
+    matched: Option<skv_req>,
 }
 
 /// A req as skv_req_init leaves it.
@@ -56,6 +63,8 @@ enum Expect {
 
 struct Side {
     owned: bool,
+    /// External mode: the pool ops' shape (owned mode: `Plain`, unused).
+    pools: Pools,
     /// Live from `World::new` until the end of `teardown`, which frees it last.
     c: *mut skv_cache,
     cfg: skv_cache_config,
@@ -89,6 +98,10 @@ pub struct World {
     last_msg: String,
     /// The next req call passes the req as it is (the fuzzer must know what it published).
     no_mutate: bool,
+    /// What the next req call must return: unless its req was mutated, or always.
+    want: Option<(Expect, bool)>,
+    /// How often each new call's interesting outcome was reached (`Totals::cover`).
+    pub cover: std::collections::BTreeMap<&'static str, u64>,
 }
 
 impl Side {
@@ -187,15 +200,28 @@ impl World {
         let mut rng = Rng(seed);
         let probes = plan.probes;
         let mk = |rng: &mut Rng, owned: bool| {
-            let cfg = config(rng);
+            let mut cfg = config(rng);
             let pages = (cfg.num_token_slots / cfg.page_size as u64) as u32;
-            let eng = Box::into_raw(Box::new(Engine::new(cfg.page_size, pages, cfg.num_rows, rng.next(), probes)));
+            let mut pools = Pools::Plain;
+            if !owned {
+                if rng.chance(333) {
+                    cfg.flags |= SKV_FLAG_PAGE_FREES;
+                }
+                pools = match rng.below(5) {
+                    0 | 1 => Pools::Plain,
+                    2 | 3 => Pools::Hybrid { free_kv: rng.chance(500) },
+                    _ => Pools::NoSegment,
+                };
+            }
+            let mut e = Engine::new(cfg.page_size, pages, cfg.num_rows, rng.next(), probes);
+            (e.pools, e.page_frees) = (pools, cfg.flags & SKV_FLAG_PAGE_FREES != 0);
+            let eng = Box::into_raw(Box::new(e));
             let mut c = null_mut();
             // SAFETY: valid pointers; the engine outlives the handle.
             let st = unsafe {
                 match owned {
                     true => skv_cache_new(&cfg, &mut c),
-                    false => skv_cache_new_external(&cfg, &engine::pool_ops(), eng as *mut c_void, &mut c),
+                    false => skv_cache_new_external(&cfg, &engine::pool_ops(pools), eng as *mut c_void, &mut c),
                 }
             };
             assert_eq!(st, SKV_OK, "creating a handle of {cfg:?}");
@@ -203,9 +229,10 @@ impl World {
                 // SAFETY: a live handle; the engine outlives it.
                 assert_eq!(unsafe { skv_cache_set_hooks(c, &engine::hooks(), eng as *mut c_void) }, SKV_OK);
             }
-            let fr = FReq { r: init_req(), epoch: 0, hit: None };
+            let fr = FReq { r: init_req(), epoch: 0, hit: None, matched: None };
             Side {
                 owned,
+                pools,
                 c,
                 cfg,
                 eng,
@@ -234,6 +261,8 @@ impl World {
             injected: 0,
             last_msg: String::new(),
             no_mutate: false,
+            want: None,
+            cover: Default::default(),
         };
         for s in 0..2 {
             let (me, other) = (w.sides[s].c, w.sides[1 - s].c);
@@ -308,6 +337,7 @@ impl World {
         let req_before = unsafe { req.as_ref().copied() };
         side.eng().injected = 0;
         side.eng().unmapped_reads = 0;
+        side.eng().swa_freed = 0;
         let st = f();
         let st_name = format!("{st:?}");
         let msg = crate::common::last_error();
@@ -377,6 +407,9 @@ impl World {
         }
         t.calls += self.calls - start;
         t.injected_failures += self.injected;
+        for (k, v) in std::mem::take(&mut self.cover) {
+            *t.cover.entry(k).or_default() += v;
+        }
     }
 
     fn session(&mut self) -> u64 {
@@ -428,7 +461,7 @@ impl World {
         for fr in side.reqs.iter_mut() {
             let row = fr.r.req_pool_idx;
             if row >= 0 && (row as usize) < side.epoch.len() && side.epoch[row as usize] != fr.epoch {
-                *fr = FReq { r: init_req(), epoch: 0, hit: None };
+                *fr = FReq { r: init_req(), epoch: 0, hit: None, matched: None };
             }
         }
         if side.stale.len() > 8 {
@@ -465,14 +498,22 @@ impl World {
             (true, 860..=879) => self.op_row_indices(s),
             (true, 880..=899) => self.op_flashinfer(s),
             (true, 900..=919) => self.op_hooks(s),
-            (true, 920..=959) => self.op_copy(s),
-            (true, _) => self.op_stale(s),
+            (true, 920..=939) => self.op_copy(s),
+            (true, 940..=964) => self.op_stale(s),
+            (true, 965..=974) => self.op_hand_back(s),
+            (true, 975..=984) => self.op_queries(s),
+            (true, 985..=994) => self.op_admission(s),
+            (true, _) => self.op_swa_evict(s),
             (false, 430..=529) => self.e_alloc(s),
             (false, 530..=699) => self.e_extend(s),
             (false, 700..=799) => self.e_commit(s),
             (false, 800..=859) => self.e_free_req(s),
-            (false, 860..=899) => self.op_unsupported(s),
-            (false, _) => self.op_match(s),
+            (false, 860..=889) => self.op_unsupported(s),
+            (false, 890..=914) => self.op_match(s),
+            (false, 915..=939) => self.op_hand_back(s),
+            (false, 940..=959) => self.op_queries(s),
+            (false, 960..=984) => self.op_swa_evict(s),
+            (false, _) => self.op_no_segment(s),
         }
     }
 
@@ -500,15 +541,29 @@ impl World {
     /// Prompt and output lengths as a turn advances (engine fields libskv only reads).
     fn op_progress(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, true);
-        let ps = self.sides[s].ps();
+        let (ps, max) = (self.sides[s].ps(), self.sides[s].max_ctx());
         let r = &mut self.sides[s].reqs[i].r;
         let c = r.kv_committed_len;
         let origin = self.rng.upto(c);
         r.origin_input_len = origin;
         r.output_len = c - origin + self.rng.upto(5);
         r.finished_len = if self.rng.chance(400) { -1 } else { self.rng.upto(r.output_len) as i32 };
-        if self.rng.chance(200) {
-            r.swa_evicted_seqlen = (self.rng.upto(c) / ps * ps).min(r.kv_allocated_len);
+        match self.sides[s].pools {
+            // The engine keeps no SWA pool: any cursor is its own business.
+            Pools::Plain if self.rng.chance(200) => {
+                r.swa_evicted_seqlen = (self.rng.upto(c) / ps * ps).min(r.kv_allocated_len);
+            }
+            // The cursor moves by skv_swa_evict only; the floor is set at a prefill, while the
+            // window has freed nothing on either side of the change (docs/hybrid.md).
+            Pools::Hybrid { .. } if self.rng.chance(200) => {
+                let mut q = *r;
+                q.swa_evict_floor = self.rng.upto(r.kv_allocated_len + ps).min(max);
+                if r.swa_evicted_seqlen <= dead_lo(r, ps) && q.swa_evicted_seqlen <= dead_lo(&q, ps) {
+                    *r = q;
+                }
+            }
+            // A cursor here makes some frees unsupported: set by `op_no_segment` on copies only.
+            _ => {}
         }
         SKV_OK
     }
@@ -536,7 +591,7 @@ impl World {
         r.req_pool_idx = row as i32;
         let epoch = side.epoch[row];
         self.fresh_lock(s, &mut r);
-        self.sides[s].reqs[i] = FReq { r, epoch, hit: None };
+        self.sides[s].reqs[i] = FReq { r, epoch, hit: None, matched: None };
         self.note(s, format!("req#{i} takes row {row}"));
         SKV_OK
     }
@@ -593,7 +648,7 @@ impl World {
         let e = side.eng();
         e.free_positions(row, 0, fr.r.kv_allocated_len);
         e.row_free[row as usize] = true;
-        side.reqs[i] = FReq { r: init_req(), epoch: 0, hit: None };
+        side.reqs[i] = FReq { r: init_req(), epoch: 0, hit: None, matched: None };
         self.note(s, format!("req#{i} frees row {row} and its pages"));
         SKV_OK
     }
@@ -615,7 +670,8 @@ impl World {
             0 => m.kv_committed_len = m.kv_allocated_len.wrapping_add(1 + self.rng.upto(3)),
             1 => m.kv_allocated_len = max + 1 + self.rng.upto(u32::MAX - max - 1),
             2 => m.req_pool_idx = self.rng.pick(&[-2, i32::MIN, rows, i32::MAX]),
-            3 => m.swa_evicted_seqlen = m.kv_allocated_len.saturating_add(1 + self.rng.upto(9)),
+            3 if self.rng.chance(300) => m.swa_evict_floor = max.saturating_add(1 + self.rng.upto(9)),
+            3 => m.swa_evicted_seqlen = m.kv_allocated_len.max(dead_lo(&m, ps)).saturating_add(1 + self.rng.upto(9)),
             4 => m.finished_len = self.rng.pick(&[-2, i32::MIN, m.output_len.saturating_add(1) as i32]),
             5 if ps > 1 => m.cache_protected_len = m.cache_protected_len.wrapping_add(1),
             5 => m.req_pool_idx = -7,
@@ -644,7 +700,11 @@ impl World {
         let fr = self.sides[s].reqs[i];
         let (mut r, mutated) = self.maybe_mutate(s, fr.r);
         // External mode: only mutations every function refuses (the engine cannot survive a lie).
-        let expect = if mutated && !self.sides[s].owned { Expect::Fail } else { Expect::Any };
+        let expect = match std::mem::take(&mut self.want) {
+            Some((want, always)) if always || !mutated => want,
+            _ if mutated && !self.sides[s].owned => Expect::Fail,
+            _ => Expect::Any,
+        };
         let c = self.sides[s].c;
         let desc = format!("{name}(req#{i} {}{args})", show(&r));
         self.honest = !mutated;
@@ -657,8 +717,21 @@ impl World {
                 (r.lock_node, r.lock_receipt, r.aux_state, r.aux_track) = (0, 0, -1, [-1, -1]);
             }
             let epoch = if row >= 0 && (row as usize) < side.epoch.len() { side.epoch[row as usize] } else { 0 };
-            let hit = if row >= 0 { fr.hit } else { None };
-            side.reqs[i] = FReq { r, epoch, hit };
+            let (hit, mut matched) = if row >= 0 { (fr.hit, fr.matched) } else { (None, None) };
+            if let Some(m) = matched.as_mut().filter(|_| r.kv_allocated_len < fr.r.kv_allocated_len) {
+                // A primitive that shortens a running request's row shortens its slot's record
+                // with it: that is what skv_hand_back compares with.
+                sched::clamp_record(m, r.kv_allocated_len);
+            }
+            side.reqs[i] = FReq { r, epoch, hit, matched };
+            // Another req on either row (a hostile mutation put it there) may have acted for its
+            // request: what skv_hand_back would compare is no longer known.
+            for j in (0..REQS).filter(|&j| j != i) {
+                let other = side.reqs[j].r.req_pool_idx;
+                if other >= 0 && (other == row || other == fr.r.req_pool_idx) {
+                    side.reqs[j].matched = None;
+                }
+            }
         }
         (st, mutated)
     }
@@ -672,13 +745,15 @@ impl World {
         let mut m = skv_match { hit: 9, prefix_len: 9 };
         let mp: *mut skv_match = &mut m;
         // SAFETY: req_call passes the side's live handle and its local req; mp points at m.
-        let (st, _) =
+        let (st, mutated) =
             self.req_call(s, i, "skv_match_prefix", format!(", s {sid} b {b}, key {key}, pre {pre}"), |c, r| unsafe {
                 skv_match_prefix(c, sid, b, r, key, pre, mp)
             });
         if self.completed(st) && m.hit == 1 {
             let fr = &mut self.sides[s].reqs[i];
             fr.hit = Some((sid, b));
+            // A mutated req's lock and aux state are dropped from the fuzzer's copy (req_call).
+            fr.matched = (st == SKV_OK && !mutated).then_some(fr.r);
         }
         st
     }
@@ -777,6 +852,12 @@ impl World {
         if row < 0 && expect == Expect::Any {
             return SKV_OK;
         }
+        // The engine lowers its req's cursor to the target itself: below the cursor that would
+        // make window-freed SWA pages read as live.
+        if matches!(self.sides[s].pools, Pools::Hybrid { .. }) && expect == Expect::Any && target < r.swa_evicted_seqlen
+        {
+            return SKV_OK;
+        }
         // SAFETY: c is the side's live handle.
         let st = self.call(s, format!("skv_free_aligned({row}, {target}, {end})"), null(), expect, || unsafe {
             skv_free_aligned(c, row, target, end)
@@ -784,6 +865,9 @@ impl World {
         if self.completed(st) {
             for fr in self.sides[s].reqs.iter_mut().filter(|f| f.r.req_pool_idx == row) {
                 // The engine lowers its own req after a row-level free.
+                if let Some(m) = fr.matched.as_mut().filter(|_| target < end) {
+                    sched::clamp_record(m, target);
+                }
                 let r = &mut fr.r;
                 r.kv_allocated_len = r.kv_allocated_len.min(target);
                 r.kv_committed_len = r.kv_committed_len.min(target);
@@ -935,7 +1019,7 @@ impl World {
             _ => big.cfg.num_rows = (i32::MAX as u32) + 1,
         }
         let owned = self.sides[s].owned;
-        let eng = self.sides[s].eng;
+        let (eng, pools) = (self.sides[s].eng, self.sides[s].pools);
         let mut out = null_mut();
         let desc = format!("skv_cache_new{}({:?}, tail {:?})", if owned { "" } else { "_external" }, big.cfg, big.tail);
         // SAFETY: big.cfg is a local whose struct_size never exceeds size_of::<Big>(), the bytes
@@ -943,7 +1027,7 @@ impl World {
         let st = self.call(s, desc, null(), expect, || unsafe {
             match owned {
                 true => skv_cache_new(&big.cfg, &mut out),
-                false => skv_cache_new_external(&big.cfg, &engine::pool_ops(), eng as *mut c_void, &mut out),
+                false => skv_cache_new_external(&big.cfg, &engine::pool_ops(pools), eng as *mut c_void, &mut out),
             }
         });
         // SAFETY: out is NULL (a no-op) or the handle just made, freed once.
@@ -955,6 +1039,10 @@ impl World {
 
     fn op_alloc_row(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, false);
+        self.alloc_row_at(s, i)
+    }
+
+    fn alloc_row_at(&mut self, s: usize, i: usize) -> skv_status {
         // SAFETY: req_call passes the side's live handle and its local req.
         let (st, _) = self.req_call(s, i, "skv_alloc_row", String::new(), |c, r| unsafe { skv_alloc_row(c, r) });
         if st == SKV_OK {
@@ -1270,7 +1358,24 @@ impl World {
         let detectable = side.owned && fr.r.row_generation != 0;
         let expect = if reused && detectable { Expect::Fail } else { Expect::Any };
         let tag = if reused { "stale copy, row reused" } else { "stale copy" };
-        let (name, st) = match self.rng.below(6) {
+        // A copy of a request since finished or handed back: its slot is idle (or gone), so a
+        // hand-back must fail. A copy of a live request may act for it.
+        let live = side.reqs.iter().any(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch);
+        let (name, st) = match self.rng.below(7) {
+            6 => {
+                let (sid, b) = match fr.hit {
+                    Some(k) if self.rng.chance(800) => k,
+                    _ => (self.session(), self.branch()),
+                };
+                let expect = if live { expect } else { Expect::Fail };
+                (
+                    "hand_back",
+                    // SAFETY: c is the side's live handle; rp points at the copy r.
+                    self.call(s, format!("skv_hand_back({tag} {}, s {sid} b {b})", show(&r)), rp, expect, || unsafe {
+                        skv_hand_back(c, sid, b, rp)
+                    }),
+                )
+            }
             0 => (
                 "skv_free_req",
                 // SAFETY: c is the side's live handle; rp points at the copy r.
@@ -1336,12 +1441,12 @@ impl World {
             let mut hit = None;
             for live in side.reqs.iter_mut().filter(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch) {
                 hit = hit.or(live.hit);
-                *live = FReq { r: init_req(), epoch: 0, hit: None };
+                *live = FReq { r: init_req(), epoch: 0, hit: None, matched: None };
             }
             if r.req_pool_idx >= 0 {
                 if let Some(slot) = side.reqs.iter_mut().find(|l| l.r.req_pool_idx < 0) {
                     let row = r.req_pool_idx as usize;
-                    *slot = FReq { r, epoch: side.epoch[row], hit };
+                    *slot = FReq { r, epoch: side.epoch[row], hit, matched: None };
                 }
             }
         }
@@ -1432,7 +1537,7 @@ impl World {
                         skv_cache_finished_req(c, sid, b, rp, 1)
                     });
                     if st == SKV_OK {
-                        self.sides[s].reqs[i] = FReq { r, epoch: 0, hit: None };
+                        self.sides[s].reqs[i] = FReq { r, epoch: 0, hit: None, matched: None };
                     }
                 }
             }
@@ -1541,12 +1646,13 @@ fn log_len() -> usize {
 
 fn show(r: &skv_req) -> String {
     format!(
-        "{{row {} com {} alloc {} prot {} swa {} origin {} out {} fin {} lock {} aux {} track {}/{}}}",
+        "{{row {} com {} alloc {} prot {} swa {} floor {} origin {} out {} fin {} lock {} aux {} track {}/{}}}",
         r.req_pool_idx,
         r.kv_committed_len,
         r.kv_allocated_len,
         r.cache_protected_len,
         r.swa_evicted_seqlen,
+        r.swa_evict_floor,
         r.origin_input_len,
         r.output_len,
         r.finished_len,

@@ -1,0 +1,228 @@
+//! Hybrid pools (docs/hybrid.md): `skv_swa_evict` with random windows, intervals, retain floors
+//! and flags, checked against sglang's `free_swa_out_of_window_slots` (as `tests/prop_swa.rs`
+//! ports it), and the frees of a `free_kv_segment`-less caller of the hybrid ABI, which libskv
+//! must refuse when they need a full-only piece.
+
+use skv::skv_status::*;
+use skv::*;
+
+use super::{Expect, FReq, Pools, World};
+
+fn align_up(x: u64, ps: u32) -> u64 {
+    x.div_ceil(ps as u64) * ps as u64
+}
+
+/// sglang's `swa_dead_lo`: below it the window never frees.
+pub fn dead_lo(r: &skv_req, ps: u32) -> u32 {
+    let lo = r.cache_protected_len.max(r.swa_evict_floor);
+    if ps > 1 && lo > r.cache_protected_len {
+        align_up(lo as u64, ps).min(u32::MAX as u64) as u32
+    } else {
+        lo
+    }
+}
+
+/// Whether freeing `[start, end)` of the req's row has a full-only piece (`free_kv_row_segments`:
+/// the part inside `[swa_dead_lo, swa_evicted_seqlen)`).
+fn full_only(r: &skv_req, ps: u32, start: u32, end: u32) -> bool {
+    let (lo, hi) = (dead_lo(r, ps), r.swa_evicted_seqlen.max(dead_lo(r, ps)));
+    hi.max(start).min(end) > lo.max(start).min(end)
+}
+
+/// `free_swa_out_of_window_slots`: the cursor after the step and the positions it frees.
+fn evict(r: &skv_req, ps: u32, pre_len: u32, window: u32, interval: u32, retain: i64, flags: u32) -> (u32, u32) {
+    let (pre, size, cur) = (pre_len as i64, window as i64, r.swa_evicted_seqlen);
+    if pre - size < cur as i64 + interval as i64 {
+        return (cur, 0);
+    }
+    let evicted = cur.max(dead_lo(r, ps));
+    let sharing = flags & SKV_SWA_NO_PREFIX_SHARING == 0;
+    let mut thr = if sharing { pre - align_up(window.max(ps) as u64, ps) as i64 } else { pre - size };
+    if retain >= 0 && sharing {
+        thr = thr.min(retain);
+    }
+    let mut new = thr.max(evicted as i64);
+    if ps > 1 {
+        new = new / ps as i64 * ps as i64;
+    }
+    match new > evicted as i64 {
+        true => (new as u32, new as u32 - evicted),
+        false => (evicted, 0),
+    }
+}
+
+impl World {
+    /// A window step on any side: SKV_ERR_UNSUPPORTED unless external with free_kv_segment.
+    pub(super) fn op_swa_evict(&mut self, s: usize) -> skv_status {
+        let i = self.pick_req(s, true);
+        let side = &self.sides[s];
+        let (ps, hybrid) = (side.ps(), !side.owned && matches!(side.pools, Pools::Hybrid { .. }));
+        let r = side.reqs[i].r;
+        let alloc = r.kv_allocated_len;
+        let mut bad = false;
+        let pre_len = match self.rng.below(10) {
+            0 => {
+                bad = true;
+                alloc.saturating_add(1 + self.rng.upto(3))
+            }
+            1..=5 => alloc,
+            _ => self.rng.upto(alloc),
+        };
+        let window = match self.rng.below(12) {
+            0 => {
+                bad = true;
+                0
+            }
+            1 => u32::MAX,
+            _ => 1 + self.rng.upto(3 * ps + 6),
+        };
+        let interval = match self.rng.below(4) {
+            0 => self.rng.upto(2 * ps),
+            _ => 0,
+        };
+        let retain: i64 = match self.rng.below(10) {
+            0 => {
+                bad = true;
+                self.rng.pick(&[-2, i64::MIN])
+            }
+            1 | 2 => self.rng.upto(alloc) as i64,
+            _ => -1,
+        };
+        let flags = match self.rng.below(10) {
+            0 => {
+                bad = true;
+                self.rng.pick(&[2, u32::MAX])
+            }
+            1..=3 => SKV_SWA_NO_PREFIX_SHARING,
+            _ => 0,
+        };
+        self.want = Some(match (hybrid, bad) {
+            (false, _) => (Expect::Is(SKV_ERR_UNSUPPORTED), true),
+            (true, true) => (Expect::Fail, false),
+            (true, false) => (Expect::Any, false),
+        });
+        let mut freed = u32::MAX;
+        let fp: *mut u32 = if self.rng.chance(200) { std::ptr::null_mut() } else { &mut freed };
+        let args = format!(", pre {pre_len}, window {window}, interval {interval}, retain {retain}, flags {flags}");
+        // SAFETY: req_call passes the side's live handle and its local req; fp is NULL or points
+        // at the local freed.
+        let (st, mutated) = self.req_call(s, i, "skv_swa_evict", args, |c, q| unsafe {
+            skv_swa_evict(c, q, pre_len, window, interval, retain, flags, fp)
+        });
+        if self.completed(st) && !mutated {
+            // The in-flight slot's cursor follows the step: skv_hand_back compares with it.
+            let fr = &mut self.sides[s].reqs[i];
+            if let Some(m) = fr.matched.as_mut() {
+                m.swa_evicted_seqlen = fr.r.swa_evicted_seqlen;
+            }
+        }
+        if st != SKV_OK || mutated {
+            return st;
+        }
+        let after = self.sides[s].reqs[i].r;
+        if r.req_pool_idx < 0 {
+            if after != r || (!fp.is_null() && freed != 0) {
+                self.fail("skv_swa_evict on a req holding no row changed something");
+            }
+            return st;
+        }
+        let (cursor, n) = evict(&r, ps, pre_len, window, interval, retain, flags);
+        let engine_freed = self.sides[s].eng().swa_freed;
+        if after.swa_evicted_seqlen != cursor || (!fp.is_null() && freed != n) || engine_freed != n as u64 {
+            self.fail(&format!(
+                "skv_swa_evict: cursor {}, freed {freed} (engine saw {engine_freed}); sglang's step: cursor {cursor}, {n} freed",
+                after.swa_evicted_seqlen
+            ));
+        }
+        if n > 0 {
+            *self.cover.entry("swa_evict freed SWA pages").or_default() += 1;
+        }
+        st
+    }
+
+    /// struct_size 56, free_kv_segment NULL: a copy of a first-turn req gets a cursor the window
+    /// moved (so said; the engine keeps no SWA pool here), then a tail free, a trim or an abort.
+    /// A free with a full-only piece must be SKV_ERR_UNSUPPORTED, nothing changed.
+    pub(super) fn op_no_segment(&mut self, s: usize) -> skv_status {
+        if self.sides[s].pools != Pools::NoSegment {
+            return self.op_swa_evict(s);
+        }
+        let i = self.pick_req(s, true);
+        let side = &self.sides[s];
+        let (c, ps, fr) = (side.c, side.ps(), side.reqs[i]);
+        // A slot would keep the cursor, and refuse every later release.
+        if fr.r.req_pool_idx < 0 || fr.hit.is_some() {
+            return SKV_OK;
+        }
+        let mut q = fr.r;
+        if self.rng.chance(300) {
+            q.swa_evict_floor = self.rng.upto(q.kv_allocated_len);
+        }
+        let dl = dead_lo(&q, ps);
+        q.swa_evicted_seqlen = dl + self.rng.upto(q.kv_allocated_len.max(dl) - dl) / ps * ps;
+        let (alloc, prot) = (q.kv_allocated_len, q.cache_protected_len);
+        let qp: *mut skv_req = &mut q;
+        let floor_if_past = |t: u32| if ps > 1 && q.swa_evicted_seqlen > t { t / ps * ps } else { t };
+        let (range, st) = match self.rng.below(3) {
+            0 => {
+                let p = prot + self.rng.upto(alloc - prot);
+                // Without free_kv_segment a tail free keeps its boundary (only a trim floors it).
+                let start = align_up(p as u64, ps) as u32;
+                let needs = full_only(&q, ps, start, alloc);
+                let want = if needs { Expect::Is(SKV_ERR_UNSUPPORTED) } else { Expect::Any };
+                let desc = format!("skv_free_tail(cursor set, {}, prefix_len {p})", super::show(&q));
+                // SAFETY: c is the side's live handle; qp points at the local q.
+                (needs, self.call(s, desc, qp, want, || unsafe { skv_free_tail(c, qp, p) }))
+            }
+            1 => {
+                let fl = self.rng.upto(q.output_len);
+                let t = q.origin_input_len as u64 + fl as u64;
+                let valid = t >= prot as u64 && t <= u32::MAX as u64;
+                let start = if valid { align_up(floor_if_past(t as u32) as u64, ps) as u32 } else { alloc };
+                let needs = valid && full_only(&q, ps, start, alloc);
+                let want = if needs { Expect::Is(SKV_ERR_UNSUPPORTED) } else { Expect::Any };
+                let desc = format!("skv_trim_overshoot(cursor set, {}, finished_len {fl})", super::show(&q));
+                // SAFETY: c is the side's live handle; qp points at the local q.
+                (needs, self.call(s, desc, qp, want, || unsafe { skv_trim_overshoot(c, qp, fl) }))
+            }
+            _ => {
+                let (sid, b) = (self.session(), self.branch());
+                // A first turn's abort releases a throwaway slot made from the req: only where
+                // the key has no slot.
+                if self.usage_slots(s, sid, b) != 0 {
+                    return SKV_OK;
+                }
+                let needs = full_only(&q, ps, prot, alloc);
+                let want = if needs { Expect::Is(SKV_ERR_UNSUPPORTED) } else { Expect::Any };
+                let desc = format!("skv_cache_finished_req(cursor set, {}, s {sid} b {b}, aborted)", super::show(&q));
+                // SAFETY: c is the side's live handle; qp points at the local q.
+                (needs, self.call(s, desc, qp, want, || unsafe { skv_cache_finished_req(c, sid, b, qp, 1) }))
+            }
+        };
+        if range && st == SKV_ERR_UNSUPPORTED {
+            *self.cover.entry("full-only free refused without free_kv_segment").or_default() += 1;
+        }
+        if self.completed(st) {
+            // The engine keeps no SWA pool: it takes its cursor back.
+            (q.swa_evicted_seqlen, q.swa_evict_floor) = (fr.r.swa_evicted_seqlen, fr.r.swa_evict_floor);
+            let epoch = if q.req_pool_idx >= 0 { fr.epoch } else { 0 };
+            self.sides[s].reqs[i] = FReq { r: q, epoch, hit: None, matched: None };
+        }
+        st
+    }
+
+    fn usage_slots(&self, s: usize, sid: u64, b: u64) -> u64 {
+        let mut u = skv_usage {
+            slots: 0,
+            in_flight: 0,
+            allocated_tokens: 0,
+            committed_tokens: 0,
+            protected_tokens: 0,
+            pages: 0,
+            freeable_pages: 0,
+        };
+        // SAFETY: a live handle and a local.
+        assert_eq!(unsafe { skv_branch_usage(self.sides[s].c, sid, b, &mut u) }, SKV_OK);
+        u.slots
+    }
+}
