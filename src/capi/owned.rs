@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
-use super::session::on_req;
+use super::session::{on_req, req_export};
 use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
 use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 
@@ -14,18 +14,8 @@ use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            t.req("req", req);
-        },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.alloc_row(r), |()| {}) },
-        |t| {
-            t.req("req_out", req);
-        },
-    )
+    // SAFETY: the caller's contract, passed on.
+    unsafe { req_export(c, this_export!(), req, &[], |c, r| c.alloc_row(r)) }
 }
 
 /// Maps n_tokens more positions of the req's row: the partial last page is filled first,
@@ -221,18 +211,8 @@ pub unsafe extern "C" fn skv_commit_batch(
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            t.req("req", req);
-        },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.free_req(r), |()| {}) },
-        |t| {
-            t.req("req_out", req);
-        },
-    )
+    // SAFETY: the caller's contract, passed on.
+    unsafe { req_export(c, this_export!(), req, &[], |c, r| c.free_req(r)) }
 }
 
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
@@ -353,18 +333,12 @@ pub unsafe extern "C" fn skv_publish_prefix(
     req: *mut skv_req,
     new_protected_len: u32,
 ) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            t.req("req", req).num("new_protected_len", new_protected_len);
-        },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.publish_prefix(r, new_protected_len), |()| {}) },
-        |t| {
-            t.req("req_out", req);
-        },
-    )
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        req_export(c, this_export!(), req, &[("new_protected_len", new_protected_len)], |c, r| {
+            c.publish_prefix(r, new_protected_len)
+        })
+    }
 }
 
 /// Copies req_to_token[row, start:end) into out (end-start values). External mode:

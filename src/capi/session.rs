@@ -1,6 +1,6 @@
 //! The request record and the session operations (both modes).
 
-use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice, traced};
+use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice, traced, ExportName};
 use crate::core::{Error, Held, Match, Req, Window};
 
 /// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
@@ -186,6 +186,35 @@ pub(crate) unsafe fn on_req<T>(
     store(req, r);
     write(value);
     c.take_deferred()
+}
+
+/// The export that changes one req and nothing else it returns: traces the req (and the
+/// numbers in `args`) in and out, and runs `op` on it through `on_req`.
+///
+/// # Safety
+/// `c` must be NULL or a live handle, `req` NULL or a valid skv_req.
+pub(crate) unsafe fn req_export(
+    c: *mut skv_cache,
+    function: ExportName,
+    req: *mut skv_req,
+    args: &[(&str, u32)],
+    op: impl FnOnce(&mut crate::core::Cache, &mut Req) -> crate::core::Result<()>,
+) -> skv_status {
+    traced(
+        c,
+        function,
+        |t| {
+            t.req("req", req);
+            for &(name, v) in args {
+                t.num(name, v);
+            }
+        },
+        // SAFETY: c and req are NULL or valid (this function's contract); on_req refuses NULL.
+        || unsafe { on_req(c, req, op, |()| {}) },
+        |t| {
+            t.req("req_out", req);
+        },
+    )
 }
 
 /// The req `skv_req_init` writes, for Rust programs driving the C ABI.
@@ -445,18 +474,10 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            t.req("req", req).num("finished_len", finished_len);
-        },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.trim_overshoot(r, finished_len), |()| {}) },
-        |t| {
-            t.req("req_out", req);
-        },
-    )
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        req_export(c, this_export!(), req, &[("finished_len", finished_len)], |c, r| c.trim_overshoot(r, finished_len))
+    }
 }
 
 /// Frees what lies past a reused prefix (the match path's tail free). A session row's rules
@@ -465,18 +486,8 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            t.req("req", req).num("prefix_len", prefix_len);
-        },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.free_tail(r, prefix_len), |()| {}) },
-        |t| {
-            t.req("req_out", req);
-        },
-    )
+    // SAFETY: the caller's contract, passed on.
+    unsafe { req_export(c, this_export!(), req, &[("prefix_len", prefix_len)], |c, r| c.free_tail(r, prefix_len)) }
 }
 
 /// What idle session slots hold. Rows listed in active_rows belong to running requests and

@@ -8,7 +8,7 @@ use super::mirror::Dirty;
 use super::owned::{EngineHooks, OwnedPool};
 use super::page::{pages_for, token_slot};
 use super::pool::Effect;
-use super::req::{swa_dead, Req};
+use super::req::{keep_protected, swa_dead, Req};
 
 fn external_mode() -> Error {
     Error::Unsupported("not available in external mode (the engine owns the pools)".into())
@@ -194,13 +194,7 @@ impl Cache {
             );
         }
         self.check_record(req)?;
-        if new_protected < req.protected {
-            bail!(
-                State,
-                "new_protected_len {new_protected} < cache_protected_len {}: a prefix never shrinks",
-                req.protected
-            );
-        }
+        keep_protected("new_protected_len", new_protected, req.protected, "a prefix never shrinks")?;
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
         let r = pool.row_mut(row);

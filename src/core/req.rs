@@ -101,6 +101,16 @@ impl Default for Req {
     }
 }
 
+/// `SKV_ERR_STATE` unless `len` keeps the tree's prefix `protected`: `name` and `rule` say
+/// which length and why (libskv never frees, or lets a session shrink below, the prefix the
+/// engine's tree owns).
+pub fn keep_protected(name: &str, len: u32, protected: u32, rule: &str) -> Result<()> {
+    if len < protected {
+        bail!(State, "{name} {len} < cache_protected_len {protected}: {rule}");
+    }
+    Ok(())
+}
+
 /// sglang's `ReqKvInfo.swa_dead_lo`: the lowest position whose SWA slot a request frees
 /// itself, above the tree's prefix and the eviction floor, page-aligned upward.
 pub fn swa_dead_lo(protected: u32, swa_floor: u32, ps: u32) -> u32 {

@@ -5,7 +5,7 @@
 use super::cache::{free_aligned_effect, push_release, Cache};
 use super::error::{bail, Result};
 use super::page::{ceil_align, floor_align};
-use super::req::{swa_dead, swa_dead_lo, Req};
+use super::req::{keep_protected, swa_dead, swa_dead_lo, Req};
 use super::slots::Slot;
 
 /// The result of `match_prefix`.
@@ -70,13 +70,7 @@ impl Cache {
         }
         self.check_record(req)?;
         self.check_floor(req)?;
-        if prefix_len < req.protected {
-            bail!(
-                State,
-                "prefix_len {prefix_len} < cache_protected_len {}: the tree's prefix is never freed",
-                req.protected
-            );
-        }
+        keep_protected("prefix_len", prefix_len, req.protected, "the tree's prefix is never freed")?;
         // Where frees split at the SWA cursor, a boundary inside the window-freed range floors to
         // a page, as a trim's: a cursor clamped inside a page there would refuse every later free
         // of the row, its release included.
@@ -157,13 +151,7 @@ impl Cache {
             }
         }
         let prefix_len = slot.committed.min(key_len);
-        if prefix_len < slot.protected {
-            bail!(
-                State,
-                "reusable prefix {prefix_len} < cache_protected_len {}: sessions are append-only",
-                slot.protected
-            );
-        }
+        keep_protected("reusable prefix", prefix_len, slot.protected, "sessions are append-only")?;
         // The SWA cursor must stay page-aligned, so a window past the prefix floors it.
         Ok(Some(match ps > 1 && (self.cfg.aligned_reuse || slot.swa > prefix_len) {
             true => floor_align(prefix_len, ps),
