@@ -72,7 +72,7 @@ impl Cache {
         if hi > lo && lifted > lo {
             bail!(
                 InvalidArg,
-                "swa_evict_floor {} lifts swa_dead_lo from {lo} to {lifted}, over positions {lo}..{} whose \
+                "swa_evict_floor {} lifts swa_dead_lo from {lo} to {lifted}, over positions [{lo}, {}) whose \
                  SWA slots the window already freed: a floor rises only before the window moves",
                 req.swa_floor,
                 hi.min(lifted)
