@@ -245,7 +245,14 @@ pub unsafe extern "C" fn skv_cache_new_external(
         cfg.validate()?;
         // Page frees matter only where a page holds more than one token.
         let page_frees = raw.flags & SKV_FLAG_PAGE_FREES != 0 && cfg.page_size > 1;
-        let pool = ExternalPool { ops, user_data, ps: cfg.page_size, staging: Vec::new(), page_frees };
+        let pool = ExternalPool {
+            ops,
+            user_data,
+            ps: cfg.page_size,
+            staging: Vec::new(),
+            page_frees,
+            page_starts: Vec::new(),
+        };
         *slot = boxed(Cache::new(cfg, Box::new(pool))?)?;
         Ok(())
     })
@@ -297,6 +304,9 @@ struct ExternalPool {
     staging: Vec<i32>,
     /// `SKV_FLAG_PAGE_FREES`: each free hands one index per page (the page's first position).
     page_frees: bool,
+    /// With page frees, the page-start indices of the piece being handed (kept to reuse the
+    /// allocation).
+    page_starts: Vec<i32>,
 }
 
 // SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
@@ -357,7 +367,7 @@ impl ExternalPool {
     /// Hands one staged row range back (positions `start..` of `row`), split by pools when
     /// free_kv_segment is set; returns how many indices the engine received.
     fn free_range(
-        &self,
+        &mut self,
         row: u32,
         start: u32,
         idx: &[i32],
@@ -406,17 +416,19 @@ impl ExternalPool {
 
     /// Calls `free` with the indices of positions `start..` (every one, or with page frees the
     /// one at each page's first position); never with an empty list. Returns how many it got.
-    fn hand(&self, start: u32, idx: &[i32], free: impl FnOnce(&[i32])) -> usize {
+    fn hand(&mut self, start: u32, idx: &[i32], free: impl FnOnce(&[i32])) -> usize {
         if !self.page_frees {
             free(idx);
             return idx.len();
         }
         let end = start + idx.len() as u32;
         let first = crate::core::ceil_align(start, self.ps).min(end as u64) as u32;
-        let pages: Vec<i32> = (first..end).step_by(self.ps as usize).map(|p| idx[(p - start) as usize]).collect();
+        let pages = &mut self.page_starts;
+        pages.clear();
+        pages.extend((first..end).step_by(self.ps as usize).map(|p| idx[(p - start) as usize]));
         // A range of only a page's tail has no page start: its page is not freed.
         if !pages.is_empty() {
-            free(&pages);
+            free(pages);
         }
         pages.len()
     }
@@ -447,6 +459,8 @@ impl Pool for ExternalPool {
         let _scope = CallbackScope::enter();
         let mut failures = Vec::new();
         let (mut at, mut handed) = (0usize, 0usize);
+        // Taken out for the loop, so handing a range back may use the pool's other buffers.
+        let staging = std::mem::take(&mut self.staging);
         for e in effects {
             let rc = match *e {
                 Effect::DecLockRef { node, receipt } => match self.ops.dec_lock_ref {
@@ -458,7 +472,7 @@ impl Pool for ExternalPool {
                     if start >= end {
                         continue;
                     }
-                    let idx = &self.staging[at..at + (end - start) as usize];
+                    let idx = &staging[at..at + (end - start) as usize];
                     at += idx.len();
                     let dead = match *e {
                         Effect::FreeKv { dead_lo, dead_hi, .. } => Some((dead_lo, dead_hi)),
@@ -482,6 +496,7 @@ impl Pool for ExternalPool {
                 failures.push(format!("{} returned {rc}", describe(e)));
             }
         }
+        self.staging = staging;
         if failures.is_empty() {
             Ok(())
         } else {
