@@ -52,7 +52,7 @@ impl Cache {
             u.committed_tokens += s.committed as u64;
             u.protected_tokens += s.protected as u64;
             u.pages += pages;
-            u.freeable_pages += pages.saturating_sub((s.protected / ps) as u64);
+            u.freeable_pages += freeable(pages, s.protected, ps);
         }
         u
     }
@@ -106,7 +106,7 @@ impl Cache {
         match self.reusable_prefix(slot, key_len)? {
             None => Ok(Admission {
                 pages_needed: whole,
-                pages_freed: held.saturating_sub((slot.protected / ps) as u64),
+                pages_freed: freeable(held, slot.protected, ps),
                 ..Admission::default()
             }),
             Some(prefix_len) => {
@@ -120,4 +120,9 @@ impl Cache {
             }
         }
     }
+}
+
+/// Of a slot's `pages`, those releasing it would free: all but its protected prefix's.
+fn freeable(pages: u64, protected: u32, ps: u32) -> u64 {
+    pages.saturating_sub((protected / ps) as u64)
 }
