@@ -118,6 +118,7 @@ impl Bed {
             num_rows: n as u32 + 16,
             max_context_len: 2 * TOKENS,
             flags: 0,
+            swa_num_token_slots: 0,
         };
         let mut c = std::ptr::null_mut();
         // SAFETY: cfg and c are locals.

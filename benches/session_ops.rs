@@ -121,6 +121,7 @@ impl Bed {
             num_rows: u32::try_from(sessions).unwrap() + (CHUNK + DECODE_BATCH) as u32 + 16,
             max_context_len: MAX_CONTEXT,
             flags: 0,
+            swa_num_token_slots: 0,
         };
         let mut cache: *mut skv_cache = std::ptr::null_mut();
         // SAFETY: cfg and cache are locals.

@@ -38,7 +38,7 @@ static uint32_t turn(skv_cache *c, uint64_t session, uint32_t prompt_len, uint32
 }
 
 int main(void) {
-  skv_cache_config cfg = {sizeof cfg, 16, 1u << 16, 64, 8192, 0};
+  skv_cache_config cfg = {sizeof cfg, 16, 1u << 16, 64, 8192, 0, 0};
   skv_cache *c;
   skv_stats s;
   skv_check_report rep;

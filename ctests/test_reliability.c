@@ -61,18 +61,28 @@ static void versioned_config(void) {
   CHECK_OK(skv_cache_new(&v.s, &c));
   skv_cache_free(c);
   c = NULL;
-  /* a newer header's longer struct whose unknown tail is zero */
+  /* this header's size */
   v.s.struct_size = 40;
   CHECK_OK(skv_cache_new(&v.s, &c));
   skv_cache_free(c);
   c = NULL;
+  /* a size between two published ones would cut swa_num_token_slots in two */
+  v.s.struct_size = 36;
+  CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("struct_size 36 is no published sizeof(skv_cache_config) (32, 40)");
+  CHECK(c == NULL);
+  /* a newer header's longer struct whose unknown tail is zero */
+  v.s.struct_size = 48;
+  CHECK_OK(skv_cache_new(&v.s, &c));
+  skv_cache_free(c);
+  c = NULL;
   /* a field this library does not know */
-  v.bytes[36] = 1;
+  v.bytes[44] = 1;
   CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);
   CHECK_MSG_HAS("skv_cache_new");
-  CHECK_MSG_HAS("byte 36");
+  CHECK_MSG_HAS("byte 44");
   CHECK(c == NULL);
-  v.bytes[36] = 0;
+  v.bytes[44] = 0;
   /* shorter than any published struct */
   v.s.struct_size = 16;
   CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);

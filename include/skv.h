@@ -149,8 +149,9 @@ typedef struct skv_cache skv_cache;
  */
 typedef struct skv_cache_config {
   /**
-   * sizeof(skv_cache_config) of the header the caller was built with: 32 so far (ABI 1
-   * to 3). Accepted from 32 up; see "Versioned structs" at the top of this header.
+   * sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
+   * 40 from ABI 3 (swa_num_token_slots). Accepted from 32 up; see "Versioned structs" at
+   * the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -175,6 +176,14 @@ typedef struct skv_cache_config {
    * SKV_FLAG_* values, OR-ed.
    */
   uint32_t flags;
+  /**
+   * Owned mode: the sliding-window (SWA) pool's capacity in token slots, a multiple of
+   * page_size of at least 2 pages and at most 2^31 (its page 0 is padding too); 0 = no
+   * SWA pool. With one, every page a row maps gets an SWA page while its positions are
+   * inside the window, skv_swa_evict gives the window's pages back, and every free returns
+   * each side it holds (docs/hybrid.md). Ignored in external mode; 0 when struct_size is 32.
+   */
+  uint64_t swa_num_token_slots;
 } skv_cache_config;
 
 /**
@@ -317,7 +326,9 @@ typedef struct skv_req {
    */
   uint32_t cache_protected_len;
   /**
-   * Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none.
+   * Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none. Owned mode
+   * with an SWA pool records it per row and only skv_swa_evict (and the frees that cut a
+   * row below it) moves it: a req disagreeing with the record is SKV_ERR_INVALID_ARG.
    */
   uint32_t swa_evicted_seqlen;
   /**
@@ -477,9 +488,10 @@ typedef struct skv_admission {
 /**
  * Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
  * free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
- * used_pages == total_pages - 1 - free_pages. External mode (the engine owns the pools):
- * total_rows (num_rows), sessions, trimmed_tokens and tail_freed_tokens are filled;
- * total_pages, free_pages, used_pages and free_rows are 0.
+ * used_pages == total_pages - 1 - free_pages. The swa_* fields say the same of the SWA pool
+ * (swa_total_pages = swa_num_token_slots / page_size), and are 0 without one. External mode
+ * (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens and
+ * tail_freed_tokens are filled; every page count and free_rows are 0.
  */
 typedef struct skv_stats {
   /**
@@ -514,6 +526,18 @@ typedef struct skv_stats {
    * Tokens released by free_tail since creation.
    */
   uint64_t tail_freed_tokens;
+  /**
+   * Pages in the SWA pool, its page 0 included (0: no SWA pool).
+   */
+  uint64_t swa_total_pages;
+  /**
+   * SWA pages free to allocate.
+   */
+  uint64_t swa_free_pages;
+  /**
+   * SWA pages mapped by rows or held by the engine.
+   */
+  uint64_t swa_used_pages;
 } skv_stats;
 
 /**
@@ -532,6 +556,14 @@ typedef struct skv_check_report {
    * Pages held by the engine (from skv_pool_alloc or inside a protected prefix).
    */
   uint64_t pages_engine_held;
+  /**
+   * SWA pages on the SWA pool's free list (0 without an SWA pool).
+   */
+  uint64_t swa_pages_free;
+  /**
+   * SWA pages in use: each named by exactly one page a row owns or the engine holds.
+   */
+  uint64_t swa_pages_in_use;
   /**
    * 0 when every invariant holds.
    */
@@ -833,6 +865,25 @@ typedef struct skv_api {
                                int64_t retain_floor,
                                uint32_t flags,
                                uint32_t *freed);
+  /**
+   * Same as skv_row_swa_indices.
+   */
+  enum skv_status (*row_swa_indices)(const struct skv_cache *c,
+                                     int32_t row,
+                                     uint32_t start,
+                                     uint32_t end,
+                                     int32_t *out);
+  /**
+   * Same as skv_build_flashinfer_swa.
+   */
+  enum skv_status (*build_flashinfer_swa)(const struct skv_cache *c,
+                                          const int32_t *rows,
+                                          size_t n,
+                                          int32_t *kv_indptr,
+                                          int32_t *kv_indices,
+                                          int32_t *kv_last_page_len,
+                                          size_t cap,
+                                          size_t *needed);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1047,10 +1098,12 @@ enum skv_status skv_session_held(const struct skv_cache *c,
  * cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
  * (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
  * ignored without prefix sharing), never back, floored to a page; the positions it passed
- * go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
- * (NULL allowed) is the number of positions handed back. A req holding no row changes
- * nothing. Errors: owned mode, or external mode without free_kv_segment, is
- * SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
+ * go back to the SWA pool only: external mode through free_kv_segment(..., SKV_POOL_SWA),
+ * owned mode to its SWA pool (the row keeps its full-pool pages). `*freed` (NULL allowed)
+ * is the number of positions handed back. A req holding no row changes nothing. Errors:
+ * owned mode without an SWA pool (swa_num_token_slots 0), or external mode without
+ * free_kv_segment, is SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong;
+ * window 0, pre_len >
  * kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
  * cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
  * SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
@@ -1245,6 +1298,21 @@ enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t *out);
 
 /**
+ * skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position
+ * of req_to_token[row, start:end) (the slot its page's SWA page holds it at), 0 for a
+ * position the window has passed (skv_swa_evict gave its SWA page back; 0 is in the padding
+ * page). SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external
+ * mode.
+ *
+ * The caller must pass out holding end-start values.
+ */
+enum skv_status skv_row_swa_indices(const struct skv_cache *c,
+                                    int32_t row,
+                                    uint32_t start,
+                                    uint32_t end,
+                                    int32_t *out);
+
+/**
  * Reads the pool's occupancy and counters. Both modes; in external mode only what libskv
  * knows there (see skv_stats).
  *
@@ -1256,7 +1324,10 @@ enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out
  * Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
  * engine-held == total_pages - 1, no page in two rows' owned ranges, no free page mapped by
  * a row, every engine-held page's map count equal to the rows that map it, idle session
- * slots agreeing with their rows.
+ * slots agreeing with their rows. With an SWA pool, also: every SWA page is free or named by
+ * exactly one row-owned or engine-held page (free + in use == swa_total_pages - 1), a row's
+ * protected prefix names its held pages' SWA pages, and an idle slot's row has no SWA page
+ * where the window passed ([swa_dead_lo, swa_evicted_seqlen)) and one everywhere else.
  *
  * The caller must pass every pointer as NULL or valid.
  */
@@ -1291,6 +1362,23 @@ enum skv_status skv_build_flashinfer(const struct skv_cache *c,
                                      int32_t *kv_last_page_len,
                                      size_t cap,
                                      size_t *needed);
+
+/**
+ * skv_build_flashinfer for the sliding-window layers: the same kv_indptr and
+ * kv_last_page_len, and in kv_indices the SWA pool's page id of each page (0, the padding
+ * page, where the window has passed: a sliding-window kernel never reads it).
+ * SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
+ *
+ * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
+ */
+enum skv_status skv_build_flashinfer_swa(const struct skv_cache *c,
+                                         const int32_t *rows,
+                                         size_t n,
+                                         int32_t *kv_indptr,
+                                         int32_t *kv_indices,
+                                         int32_t *kv_last_page_len,
+                                         size_t cap,
+                                         size_t *needed);
 
 /**
  * Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout

@@ -534,6 +534,12 @@ class Cache {
     detail::call([&] { return skv_row_indices(handle_, row, start, end, out.data()); });
     return out;
   }
+  /// The SWA pool's token slots of req_to_token[row, start:end) (0 where the window passed).
+  std::vector<int32_t> row_swa_indices(int32_t row, uint32_t start, uint32_t end) const {
+    std::vector<int32_t> out(end > start ? end - start : 0);
+    detail::call([&] { return skv_row_swa_indices(handle_, row, start, end, out.data()); });
+    return out;
+  }
   /// skv_cache_check, the audit; report.violations == 0 when every invariant holds.
   skv_check_report check() const {
     skv_check_report out{};
@@ -561,6 +567,25 @@ class Cache {
   }
   /// Sizes the buffers itself (asking again if another thread grows a row meanwhile).
   FlashInferBatch build_flashinfer(const std::vector<int32_t> &rows) const {
+    return flashinfer_batch(rows, skv_build_flashinfer);
+  }
+  /// build_flashinfer for the sliding-window layers: SWA page ids (0 where the window passed).
+  void build_flashinfer_swa(const int32_t *rows, std::size_t n, int32_t *kv_indptr,
+                            int32_t *kv_indices, int32_t *kv_last_page_len, std::size_t cap,
+                            std::size_t &needed) const {
+    detail::call([&] {
+      return skv_build_flashinfer_swa(handle_, rows, n, kv_indptr, kv_indices, kv_last_page_len,
+                                      cap, &needed);
+    });
+  }
+  FlashInferBatch build_flashinfer_swa(const std::vector<int32_t> &rows) const {
+    return flashinfer_batch(rows, skv_build_flashinfer_swa);
+  }
+
+ private:
+  using FlashInferFn = skv_status (*)(const skv_cache *, const int32_t *, std::size_t, int32_t *,
+                                      int32_t *, int32_t *, std::size_t, std::size_t *);
+  FlashInferBatch flashinfer_batch(const std::vector<int32_t> &rows, FlashInferFn build) const {
     FlashInferBatch batch;
     batch.kv_indptr.resize(rows.size() + 1);
     batch.kv_last_page_len.resize(rows.size());
@@ -569,8 +594,10 @@ class Cache {
       std::size_t needed = 0;
       int32_t *indices = batch.kv_indices.empty() ? &none : batch.kv_indices.data();
       try {
-        build_flashinfer(rows.data(), rows.size(), batch.kv_indptr.data(), indices,
-                         batch.kv_last_page_len.data(), batch.kv_indices.size(), needed);
+        detail::call([&] {
+          return build(handle_, rows.data(), rows.size(), batch.kv_indptr.data(), indices,
+                       batch.kv_last_page_len.data(), batch.kv_indices.size(), &needed);
+        });
         batch.kv_indices.resize(needed);
         return batch;
       } catch (const Error &e) {
@@ -581,6 +608,7 @@ class Cache {
     }
   }
 
+ public:
   // Handle settings (both modes)
 
   /// skv_cache_set_trace: appends every later call on this handle to a JSON-lines file;

@@ -21,6 +21,7 @@ fn device_copy_equals_the_host_rows() {
         num_rows: 8,
         max_context_len: 512,
         flags: 0,
+        swa_num_token_slots: 0,
     };
     let mut reqs = [skv_req::default(); 3];
     // SAFETY: c is created here and freed once on every way out; the reqs, dptr, stride, copy

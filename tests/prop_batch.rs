@@ -22,6 +22,7 @@ fn new_cache(ps: u32, pages: u64) -> *mut skv_cache {
         num_rows: ROWS as u32,
         max_context_len: MAX_CTX,
         flags: 0,
+        swa_num_token_slots: 0,
     };
     let mut c = std::ptr::null_mut();
     // SAFETY: cfg and c are locals.

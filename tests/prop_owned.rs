@@ -139,6 +139,7 @@ impl Sim {
             num_rows: case.rows,
             max_context_len: case.max_ctx,
             flags: if case.aligned { SKV_FLAG_ALIGNED_REUSE } else { 0 },
+            swa_num_token_slots: 0,
         };
         let mut cache = std::ptr::null_mut();
         // SAFETY: valid pointers.
@@ -798,6 +799,8 @@ impl Sim {
             pages_free: 0,
             pages_in_rows: 0,
             pages_engine_held: 0,
+            swa_pages_free: 0,
+            swa_pages_in_use: 0,
             violations: 0,
             first_violation: [0; 256],
         };

@@ -326,6 +326,7 @@ impl Sim {
             num_rows: ROWS as u32,
             max_context_len: COLS,
             flags: 0,
+            swa_num_token_slots: 0,
         };
         let ops = skv_pool_ops {
             struct_size: std::mem::size_of::<skv_pool_ops>() as u32,

@@ -44,6 +44,7 @@ fn new_cache(rows: u32, pages: u64) -> Handle {
         num_rows: rows,
         max_context_len: 256,
         flags: 0,
+        swa_num_token_slots: 0,
     };
     let mut c = null_mut();
     // SAFETY: valid pointers.

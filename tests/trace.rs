@@ -18,6 +18,7 @@ fn cfg() -> skv_cache_config {
         num_rows: 4,
         max_context_len: 64,
         flags: 0,
+        swa_num_token_slots: 0,
     }
 }
 

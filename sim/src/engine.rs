@@ -169,6 +169,7 @@ impl<'a> Engine<'a> {
             num_rows: cfg.num_rows,
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
+            swa_num_token_slots: 0,
         };
         let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
         let check_every = a.check_every;

@@ -118,6 +118,7 @@ fn a_hand_back_and_the_queries_replay() {
         num_rows: 4,
         max_context_len: 64,
         flags: 0,
+        swa_num_token_slots: 0,
     };
     let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
     // SAFETY: valid pointers throughout; the handle is freed last.

@@ -41,8 +41,9 @@ const KNOWN_FLAGS: u32 = SKV_FLAG_ALIGNED_REUSE | SKV_FLAG_PAGE_FREES;
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_cache_config {
-    /// sizeof(skv_cache_config) of the header the caller was built with: 32 so far (ABI 1
-    /// to 3). Accepted from 32 up; see "Versioned structs" at the top of this header.
+    /// sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
+    /// 40 from ABI 3 (swa_num_token_slots). Accepted from 32 up; see "Versioned structs" at
+    /// the top of this header.
     pub struct_size: u32,
     /// Tokens per KV page, >= 1.
     pub page_size: u32,
@@ -56,6 +57,12 @@ pub struct skv_cache_config {
     pub max_context_len: u32,
     /// SKV_FLAG_* values, OR-ed.
     pub flags: u32,
+    /// Owned mode: the sliding-window (SWA) pool's capacity in token slots, a multiple of
+    /// page_size of at least 2 pages and at most 2^31 (its page 0 is padding too); 0 = no
+    /// SWA pool. With one, every page a row maps gets an SWA page while its positions are
+    /// inside the window, skv_swa_evict gives the window's pages back, and every free returns
+    /// each side it holds (docs/hybrid.md). Ignored in external mode; 0 when struct_size is 32.
+    pub swa_num_token_slots: u64,
 }
 
 /// skv_pool_ops.read_row: copies req_to_token[row, start:end) into `out`, which has room for
@@ -152,13 +159,14 @@ pub struct skv_pool_ops {
     pub free_kv_segment: skv_free_kv_segment_fn,
 }
 
-/// The first published sizes of the versioned structs (ABI 1); every later size is accepted.
-pub(crate) const CONFIG_SIZE_V1: u32 = 32;
-pub(crate) const POOL_OPS_SIZE_V1: u32 = 48;
+/// Every published sizeof of the versioned structs, oldest first; the last is this
+/// library's (`read_versioned`).
+pub(crate) const CONFIG_SIZES: [u32; 2] = [32, 40];
+pub(crate) const POOL_OPS_SIZES: [u32; 2] = [48, POOL_OPS_SIZE_SEGMENTS];
 /// The first size holding free_kv_segment: a caller built with it knows about hybrid frees.
 pub(crate) const POOL_OPS_SIZE_SEGMENTS: u32 = 56;
-const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 >= CONFIG_SIZE_V1);
-const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZE_V1);
+const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 == CONFIG_SIZES[1]);
+const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 == POOL_OPS_SIZES[1]);
 
 /// The caller's config, read up to its struct_size.
 ///
@@ -166,7 +174,7 @@ const _: () = assert!(std::mem::size_of::<skv_pool_ops>() as u32 >= POOL_OPS_SIZ
 /// `cfg` must be NULL or point at a config of struct_size readable bytes.
 unsafe fn read_config(cfg: *const skv_cache_config) -> Result<skv_cache_config> {
     // SAFETY: arg refuses NULL; any other cfg has struct_size readable bytes, by contract.
-    unsafe { super::read_versioned(arg(cfg, "cfg")?, CONFIG_SIZE_V1, "cfg") }
+    unsafe { super::read_versioned(arg(cfg, "cfg")?, &CONFIG_SIZES, "cfg") }
 }
 
 fn config(cfg: &skv_cache_config) -> Result<Config> {
@@ -179,6 +187,7 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
         num_rows: cfg.num_rows,
         max_context_len: cfg.max_context_len,
         aligned_reuse: cfg.flags & SKV_FLAG_ALIGNED_REUSE != 0,
+        swa_num_token_slots: cfg.swa_num_token_slots,
     })
 }
 
@@ -224,7 +233,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
         arg(cfg, "cfg")?;
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
-        let ops = super::read_versioned(ops, POOL_OPS_SIZE_V1, "ops")?;
+        let ops = super::read_versioned(ops, &POOL_OPS_SIZES, "ops")?;
         let missing: Vec<&str> = [
             ("ops->read_row", ops.read_row.is_none()),
             ("ops->free_kv", ops.free_kv.is_none() && ops.free_kv_segment.is_none()),

@@ -159,22 +159,31 @@ pub(crate) fn nonnull<T>(p: *const T, n: usize, name: &str) -> Result<()> {
 }
 
 /// A caller's versioned struct (one whose first field is `uint32_t struct_size`), read as
-/// the struct grows: every size from `first_size` (the first published sizeof) up is
-/// accepted; only `struct_size` bytes are read, and fields past them keep their zero default
-/// (NULL callbacks, zero numbers). A larger struct than this library's is accepted only when
+/// the struct grows: every published sizeof (`sizes`, oldest first, the last this library's)
+/// is accepted; only `struct_size` bytes are read, and fields past them keep their zero
+/// default (NULL callbacks, zero numbers). A size between two published ones would cut a
+/// field in two, and is refused. A larger struct than this library's is accepted only when
 /// every byte past `sizeof(T)` is zero: a non-zero one is a field this library cannot honour.
 ///
 /// # Safety
 /// `p` must be non-NULL and point at `struct_size` readable bytes, and an all-zero `T` must be
 /// a valid value.
-pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, first_size: u32, name: &str) -> Result<T> {
+pub(crate) unsafe fn read_versioned<T: Copy>(p: *const T, sizes: &[u32], name: &str) -> Result<T> {
     let ty = std::any::type_name::<T>().rsplit("::").next().unwrap_or("?");
     // SAFETY: p is not NULL and its struct_size (the first 4 bytes) is readable, by contract.
     let size = unsafe { p.cast::<u32>().read_unaligned() };
     let full = std::mem::size_of::<T>();
-    if size < first_size {
+    if size < sizes[0] {
         return Err(Error::InvalidArg(format!(
-            "{name}->struct_size {size} < {first_size}, the first published sizeof({ty})"
+            "{name}->struct_size {size} < {}, the first published sizeof({ty})",
+            sizes[0]
+        )));
+    }
+    if (size as usize) < full && !sizes.contains(&size) {
+        let list: Vec<String> = sizes.iter().map(u32::to_string).collect();
+        return Err(Error::InvalidArg(format!(
+            "{name}->struct_size {size} is no published sizeof({ty}) ({}): it would cut a field in two",
+            list.join(", ")
         )));
     }
     let bytes = p.cast::<u8>();

@@ -5,7 +5,9 @@ use std::ffi::{c_char, c_int, c_void};
 
 use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
 use super::session::{on_req, req_export};
-use super::{lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope};
+use super::{
+    lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope, ExportName,
+};
 use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
@@ -353,9 +355,45 @@ pub unsafe extern "C" fn skv_row_indices(
     end: u32,
     out: *mut i32,
 ) -> skv_status {
+    // SAFETY: this call's contract is row_indices_of's.
+    unsafe { row_indices_of(this_export!(), c, row, start, end, false, out) }
+}
+
+/// skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position
+/// of req_to_token[row, start:end) (the slot its page's SWA page holds it at), 0 for a
+/// position the window has passed (skv_swa_evict gave its SWA page back; 0 is in the padding
+/// page). SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external
+/// mode.
+///
+/// The caller must pass out holding end-start values.
+#[no_mangle]
+pub unsafe extern "C" fn skv_row_swa_indices(
+    c: *const skv_cache,
+    row: i32,
+    start: u32,
+    end: u32,
+    out: *mut i32,
+) -> skv_status {
+    // SAFETY: this call's contract is row_indices_of's.
+    unsafe { row_indices_of(this_export!(), c, row, start, end, true, out) }
+}
+
+/// skv_row_indices (`swa` false) and skv_row_swa_indices.
+///
+/// # Safety
+/// `c` must be NULL or a live handle, `out` NULL or hold end-start values.
+unsafe fn row_indices_of(
+    function: ExportName,
+    c: *const skv_cache,
+    row: i32,
+    start: u32,
+    end: u32,
+    swa: bool,
+    out: *mut i32,
+) -> skv_status {
     traced(
         c,
-        this_export!(),
+        function,
         |t| {
             t.num("row", row).num("start", start).num("end", end);
         },
@@ -370,7 +408,7 @@ pub unsafe extern "C" fn skv_row_indices(
             let Ok(row) = u32::try_from(row) else {
                 return Err(Error::InvalidArg(format!("row {row} out of range [0, {})", c.config().num_rows)));
             };
-            c.row_indices(row, start, end, out)
+            c.row_indices(row, start, end, swa, out)
         },
         |t| {
             t.list("out", out.cast_const(), end.saturating_sub(start) as usize);
@@ -380,9 +418,10 @@ pub unsafe extern "C" fn skv_row_indices(
 
 /// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
 /// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
-/// used_pages == total_pages - 1 - free_pages. External mode (the engine owns the pools):
-/// total_rows (num_rows), sessions, trimmed_tokens and tail_freed_tokens are filled;
-/// total_pages, free_pages, used_pages and free_rows are 0.
+/// used_pages == total_pages - 1 - free_pages. The swa_* fields say the same of the SWA pool
+/// (swa_total_pages = swa_num_token_slots / page_size), and are 0 without one. External mode
+/// (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens and
+/// tail_freed_tokens are filled; every page count and free_rows are 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct skv_stats {
@@ -402,6 +441,12 @@ pub struct skv_stats {
     pub trimmed_tokens: u64,
     /// Tokens released by free_tail since creation.
     pub tail_freed_tokens: u64,
+    /// Pages in the SWA pool, its page 0 included (0: no SWA pool).
+    pub swa_total_pages: u64,
+    /// SWA pages free to allocate.
+    pub swa_free_pages: u64,
+    /// SWA pages mapped by rows or held by the engine.
+    pub swa_used_pages: u64,
 }
 
 impl From<Stats> for skv_stats {
@@ -409,7 +454,11 @@ impl From<Stats> for skv_stats {
         let (total_pages, free_pages, used_pages) = (s.total_pages, s.free_pages, s.used_pages);
         let (total_rows, free_rows, sessions) = (s.total_rows, s.free_rows, s.sessions);
         let (trimmed_tokens, tail_freed_tokens) = (s.trimmed_tokens, s.tail_freed_tokens);
+        let (swa_total_pages, swa_free_pages, swa_used_pages) = (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages);
         skv_stats {
+            swa_total_pages,
+            swa_free_pages,
+            swa_used_pages,
             total_pages,
             free_pages,
             used_pages,
@@ -457,6 +506,10 @@ pub struct skv_check_report {
     pub pages_in_rows: u64,
     /// Pages held by the engine (from skv_pool_alloc or inside a protected prefix).
     pub pages_engine_held: u64,
+    /// SWA pages on the SWA pool's free list (0 without an SWA pool).
+    pub swa_pages_free: u64,
+    /// SWA pages in use: each named by exactly one page a row owns or the engine holds.
+    pub swa_pages_in_use: u64,
     /// 0 when every invariant holds.
     pub violations: u64,
     /// The first violation as text, NUL-terminated ("" when none).
@@ -466,7 +519,10 @@ pub struct skv_check_report {
 /// Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
 /// engine-held == total_pages - 1, no page in two rows' owned ranges, no free page mapped by
 /// a row, every engine-held page's map count equal to the rows that map it, idle session
-/// slots agreeing with their rows.
+/// slots agreeing with their rows. With an SWA pool, also: every SWA page is free or named by
+/// exactly one row-owned or engine-held page (free + in use == swa_total_pages - 1), a row's
+/// protected prefix names its held pages' SWA pages, and an idle slot's row has no SWA page
+/// where the window passed ([swa_dead_lo, swa_evicted_seqlen)) and one everywhere else.
 ///
 /// The caller must pass every pointer as NULL or valid.
 #[no_mangle]
@@ -487,6 +543,8 @@ pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_chec
                 pages_free: r.pages_free,
                 pages_in_rows: r.pages_in_rows,
                 pages_engine_held: r.pages_engine_held,
+                swa_pages_free: r.swa_pages_free,
+                swa_pages_in_use: r.swa_pages_in_use,
                 violations: r.violations,
                 first_violation: text,
             };
@@ -517,9 +575,9 @@ pub struct skv_engine_hooks {
     pub free_aux: skv_free_aux_fn,
 }
 
-/// The first published sizeof(skv_engine_hooks) (ABI 1); every later size is accepted.
-pub(crate) const HOOKS_SIZE_V1: u32 = 24;
-const _: () = assert!(std::mem::size_of::<skv_engine_hooks>() as u32 >= HOOKS_SIZE_V1);
+/// Every published sizeof(skv_engine_hooks) (`read_versioned`).
+pub(crate) const HOOKS_SIZES: [u32; 1] = [24];
+const _: () = assert!(std::mem::size_of::<skv_engine_hooks>() as u32 == HOOKS_SIZES[0]);
 
 struct Hooks {
     hooks: skv_engine_hooks,
@@ -570,7 +628,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
         |t| {
             // SAFETY: NULL or a struct of struct_size bytes by the call's contract; read as
             // the body reads it.
-            match (!hooks.is_null()).then(|| unsafe { super::read_versioned(hooks, HOOKS_SIZE_V1, "hooks") }) {
+            match (!hooks.is_null()).then(|| unsafe { super::read_versioned(hooks, &HOOKS_SIZES, "hooks") }) {
                 None => {
                     t.num("hooks", 0);
                 }
@@ -592,7 +650,7 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
             let hooks = match hooks.is_null() {
                 true => None,
                 false => {
-                    let hooks = super::read_versioned(hooks, HOOKS_SIZE_V1, "hooks")?;
+                    let hooks = super::read_versioned(hooks, &HOOKS_SIZES, "hooks")?;
                     Some(Box::new(Hooks { hooks, user_data }) as Box<dyn EngineHooks>)
                 }
             };
@@ -621,9 +679,53 @@ pub unsafe extern "C" fn skv_build_flashinfer(
     cap: usize,
     needed: *mut usize,
 ) -> skv_status {
+    // SAFETY: this call's contract is flashinfer_of's.
+    unsafe { flashinfer_of(this_export!(), c, rows, n, false, kv_indptr, kv_indices, kv_last_page_len, cap, needed) }
+}
+
+/// skv_build_flashinfer for the sliding-window layers: the same kv_indptr and
+/// kv_last_page_len, and in kv_indices the SWA pool's page id of each page (0, the padding
+/// page, where the window has passed: a sliding-window kernel never reads it).
+/// SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
+///
+/// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn skv_build_flashinfer_swa(
+    c: *const skv_cache,
+    rows: *const i32,
+    n: usize,
+    kv_indptr: *mut i32,
+    kv_indices: *mut i32,
+    kv_last_page_len: *mut i32,
+    cap: usize,
+    needed: *mut usize,
+) -> skv_status {
+    // SAFETY: this call's contract is flashinfer_of's.
+    unsafe { flashinfer_of(this_export!(), c, rows, n, true, kv_indptr, kv_indices, kv_last_page_len, cap, needed) }
+}
+
+/// skv_build_flashinfer (`swa` false) and skv_build_flashinfer_swa.
+///
+/// # Safety
+/// `c` must be NULL or a live handle, `rows` NULL or n values, `kv_indptr` NULL or n+1,
+/// `kv_indices` NULL or cap, `kv_last_page_len` NULL or n, `needed` NULL or valid.
+#[allow(clippy::too_many_arguments)]
+unsafe fn flashinfer_of(
+    function: ExportName,
+    c: *const skv_cache,
+    rows: *const i32,
+    n: usize,
+    swa: bool,
+    kv_indptr: *mut i32,
+    kv_indices: *mut i32,
+    kv_last_page_len: *mut i32,
+    cap: usize,
+    needed: *mut usize,
+) -> skv_status {
     traced(
         c,
-        this_export!(),
+        function,
         |t| {
             t.list("rows", rows, n).num("cap", cap as u64);
         },
@@ -643,12 +745,12 @@ pub unsafe extern "C" fn skv_build_flashinfer(
             let indptr = slice_mut(kv_indptr, n_ptr, "kv_indptr")?;
             let indices = slice_mut(kv_indices, cap, "kv_indices")?;
             let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
-            let total = c.flashinfer_len(rows)?;
+            let total = c.flashinfer_len(rows, swa)?;
             *needed = total;
             if total > cap || total > i32::MAX as usize {
                 return Err(Error::InvalidArg(format!("the rows need {total} page ids, cap is {cap}")));
             }
-            c.flashinfer_fill(rows, indptr, &mut indices[..total], last);
+            c.flashinfer_fill(rows, swa, indptr, &mut indices[..total], last);
             Ok(())
         },
         |t| {

@@ -22,7 +22,9 @@ pub struct skv_req {
     pub kv_allocated_len: u32,
     /// Prefix owned by the engine's prefix tree: never freed here. A multiple of page_size.
     pub cache_protected_len: u32,
-    /// Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none.
+    /// Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none. Owned mode
+    /// with an SWA pool records it per row and only skv_swa_evict (and the frees that cut a
+    /// row below it) moves it: a req disagreeing with the record is SKV_ERR_INVALID_ARG.
     pub swa_evicted_seqlen: u32,
     /// Eviction floor of sliding-window layers (sglang's swa_evict_floor): [0, this) is
     /// never window-evicted; 0 = none. The engine sets it (at a prefill, to the prefill's
@@ -531,10 +533,12 @@ pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 /// cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
 /// (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
 /// ignored without prefix sharing), never back, floored to a page; the positions it passed
-/// go back to the SWA pool only, through free_kv_segment(..., SKV_POOL_SWA). `*freed`
-/// (NULL allowed) is the number of positions handed back. A req holding no row changes
-/// nothing. Errors: owned mode, or external mode without free_kv_segment, is
-/// SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong; window 0, pre_len >
+/// go back to the SWA pool only: external mode through free_kv_segment(..., SKV_POOL_SWA),
+/// owned mode to its SWA pool (the row keeps its full-pool pages). `*freed` (NULL allowed)
+/// is the number of positions handed back. A req holding no row changes nothing. Errors:
+/// owned mode without an SWA pool (swa_num_token_slots 0), or external mode without
+/// free_kv_segment, is SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong;
+/// window 0, pre_len >
 /// kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
 /// cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
 /// SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.

@@ -277,6 +277,7 @@ mod tests {
             num_rows: 4,
             max_context_len: 32,
             flags: 0,
+            swa_num_token_slots: 0,
         };
         let mut c = std::ptr::null_mut();
         let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();

@@ -145,6 +145,59 @@ impl PageAllocator {
     }
 }
 
+/// The sliding-window pool's pages (owned mode with an SWA pool). Each SWA page is either
+/// on the free stack or named by exactly one full page's entry (a row's `swa_pages`, or the
+/// engine-held table): those entries are the record, and clearing one as its page goes back
+/// is what keeps a page from being freed twice, so no per-page state is kept. Same policy
+/// as `PageAllocator`: a LIFO stack starting `1, 2, 3, ...`, page 0 never handed out.
+pub struct SwaAllocator {
+    total: u32,
+    free: Vec<u32>,
+}
+
+impl SwaAllocator {
+    pub fn new(total_pages: u32) -> Result<Self> {
+        let n = total_pages as usize;
+        let free = try_vec(n - 1, "the free SWA-page stack", |i| (n - 1 - i) as u32)?;
+        Ok(SwaAllocator { total: total_pages, free })
+    }
+
+    #[inline]
+    pub fn total_pages(&self) -> u32 {
+        self.total
+    }
+
+    #[inline]
+    pub fn free_pages(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// Pops `n` pages into `out`; the caller has checked `n <= free_pages()` and reserved
+    /// room in `out`.
+    #[inline]
+    pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) {
+        let at = self.free.len() - n as usize;
+        out.extend(self.free[at..].iter().rev().copied());
+        self.free.truncate(at);
+    }
+
+    /// Returns the pages `ids` names, skipping 0 (an entry the window already emptied), and
+    /// empties every entry.
+    #[inline]
+    pub fn free_entries(&mut self, ids: &mut [u32]) {
+        for id in ids {
+            if *id != 0 {
+                self.free.push(std::mem::take(id));
+            }
+        }
+    }
+
+    /// The free stack, for the audit.
+    pub fn free_list(&self) -> &[u32] {
+        &self.free
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +244,20 @@ mod tests {
         a.alloc(2, PageState::Owned, &mut got).unwrap();
         assert_eq!(got, [4, 3], "LIFO, as one-by-one frees would give");
         assert_eq!(a.states().filter(|s| *s == PageState::Free).count(), 2);
+    }
+
+    #[test]
+    fn swa_pages_lifo_and_emptied_entries() {
+        let mut a = SwaAllocator::new(5).unwrap();
+        let mut ids = Vec::new();
+        a.alloc(3, &mut ids);
+        assert_eq!(ids, [1, 2, 3]);
+        ids[1] = 0;
+        a.free_entries(&mut ids);
+        assert_eq!(ids, [0, 0, 0], "every entry emptied");
+        assert_eq!(a.free_pages(), 3, "the emptied entry gave nothing back");
+        let mut got = Vec::new();
+        a.alloc(1, &mut got);
+        assert_eq!(got, [3], "the last page freed is the next handed out");
     }
 }

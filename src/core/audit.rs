@@ -4,14 +4,17 @@
 use super::alloc::{PageAllocator, PageState};
 use super::cache::Cache;
 use super::error::{try_vec, Result};
-use super::owned::OwnedPool;
+use super::owned::{OwnedPool, SwaSide};
 use super::page::pages_for;
+use super::req::swa_dead;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     pub pages_free: u64,
     pub pages_in_rows: u64,
     pub pages_engine_held: u64,
+    pub swa_pages_free: u64,
+    pub swa_pages_in_use: u64,
     pub violations: u64,
     pub first_violation: String,
 }
@@ -33,7 +36,38 @@ impl Cache {
         check_page_states(pool.allocator(), &maps, &owners, &mut rep);
         check_free_list(pool.allocator(), &mut rep)?;
         self.check_slots(pool, &mut rep);
+        if let Some(s) = pool.swa.as_ref() {
+            check_swa(pool, s, &mut rep)?;
+            self.check_slot_windows(pool, s, &mut rep);
+        }
         Ok(rep)
+    }
+
+    /// An idle slot's row has no SWA page where its window passed (`swa_dead`) and one at
+    /// every other position past its protected prefix.
+    fn check_slot_windows(&self, pool: &OwnedPool, s: &SwaSide, rep: &mut Report) {
+        let ps = self.cfg.page_size;
+        for (row, slot) in self.slots.iter().filter(|(_, s)| !s.in_flight) {
+            let Some(r) = pool.rows.get(row as usize).and_then(|r| r.as_ref()) else { continue };
+            let (lo, hi) = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
+            let ids = &s.rows[row as usize];
+            let shared = (r.protected / ps) as usize;
+            for (i, &id) in ids.iter().enumerate().take(r.pages.len()).skip(shared) {
+                let first = i as u32 * ps;
+                let passed = first >= lo && first < hi;
+                if passed != (id == 0) {
+                    rep.violation(|| {
+                        format!(
+                            "row {row} page {i} (positions from {first}) {} an SWA page, but session {} branch {} \
+                             has the window past [{lo}, {hi})",
+                            if passed { "still has" } else { "lacks" },
+                            slot.session,
+                            slot.branch
+                        )
+                    });
+                }
+            }
+        }
     }
 
     /// Every slot's row is in use, an idle slot's record matches its row, and the slot holds
@@ -129,6 +163,68 @@ fn check_page_states(alloc: &PageAllocator, maps: &[u32], owners: &[u32], rep: &
     if free + owned + held != total - 1 {
         rep.violation(|| format!("free {free} + row-owned {owned} + engine-held {held} != {total} pages - 1"));
     }
+}
+
+/// Every SWA page is on the free list or named by one row-owned or engine-held page, once;
+/// a row names the SWA pages of its pages, its protected prefix those the engine's pages hold.
+fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
+    let total = s.alloc.total_pages();
+    let mut seen = try_vec(total as usize, "the audit's SWA-page marks", |_| false)?;
+    let mut mark = |id: u32, what: &dyn Fn() -> String, rep: &mut Report| {
+        if id == 0 {
+            return;
+        }
+        match seen.get_mut(id as usize).map(|m| std::mem::replace(m, true)) {
+            None => rep.violation(|| format!("{} names SWA page {id}, outside the SWA pool", what())),
+            Some(true) => rep.violation(|| format!("SWA page {id} is named twice (again by {})", what())),
+            Some(false) => {}
+        }
+    };
+    for &id in s.alloc.free_list() {
+        mark(id, &|| "the SWA free list".into(), rep);
+    }
+    rep.swa_pages_free = s.alloc.free_pages() as u64;
+    let mut in_use = 0u64;
+    for (p, state) in pool.allocator().states().enumerate() {
+        let id = s.held[p];
+        match state {
+            PageState::Held { .. } => {
+                mark(id, &|| format!("engine-held page {p}"), rep);
+                in_use += (id != 0) as u64;
+            }
+            _ if id != 0 => rep.violation(|| format!("page {p} ({state:?}) keeps an engine-held SWA page {id}")),
+            _ => {}
+        }
+    }
+    for (row, r) in pool.rows.iter().enumerate() {
+        let ids = &s.rows[row];
+        let Some(r) = r else {
+            if !ids.is_empty() {
+                rep.violation(|| format!("unused row {row} names {} SWA pages", ids.len()));
+            }
+            continue;
+        };
+        if ids.len() != r.pages.len() {
+            rep.violation(|| format!("row {row} maps {} pages but names {} SWA pages", r.pages.len(), ids.len()));
+        }
+        let shared = (r.protected / pool.ps) as usize;
+        for (i, (&p, &id)) in r.pages.iter().zip(ids).enumerate() {
+            if i < shared {
+                if s.held.get(p as usize) != Some(&id) {
+                    rep.violation(|| format!("row {row} prefix page {p} names SWA page {id}, not its engine-held one"));
+                }
+            } else {
+                mark(id, &|| format!("row {row} page {p}"), rep);
+                in_use += (id != 0) as u64;
+            }
+        }
+    }
+    rep.swa_pages_in_use = in_use;
+    let free = rep.swa_pages_free;
+    if free + in_use != total as u64 - 1 {
+        rep.violation(|| format!("SWA free {free} + in use {in_use} != {total} SWA pages - 1 (a page leaked)"));
+    }
+    Ok(())
 }
 
 /// The free list holds each free page once and nothing else.

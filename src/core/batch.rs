@@ -3,7 +3,6 @@
 //! plus no row twice — and the pool's capacity for the whole batch, before the first change.
 //! An error names the request's position (`reqs[17]: ...`).
 
-use super::alloc::PageState;
 use super::cache::Cache;
 use super::error::{bail, try_vec, Error, Result};
 use super::owned::OwnedPool;
@@ -73,10 +72,7 @@ impl Cache {
         let have = pool.row(row)?.pages.len() as u32;
         let need = pages_for(new_len, ps) - have;
         if need > 0 {
-            let r = pool.rows[row as usize].as_mut().expect("row checked in use");
-            pool.pages
-                .alloc(need, PageState::Owned, &mut r.pages)
-                .map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))?;
+            pool.grow(row, need).map_err(|e| e.at(format_args!("n_tokens {n}")))?;
         }
         let r = pool.rows[row as usize].as_mut().expect("row checked in use");
         r.len = new_len;
@@ -124,14 +120,20 @@ impl Cache {
                     pool.pages.free_pages()
                 );
             }
+            if let Some(s) = pool.swa.as_ref() {
+                s.check_room(pages).map_err(|e| e.at(format_args!("reqs[{i}]: n_tokens {n}: the batch up to here")))?;
+            }
         }
         let pool = self.pool.owned_mut().expect("owned checked");
         // Reserving changes nothing observable, and leaves nothing to fail below. (A pass of
         // its own: the checks above read the pool, this needs it mutable.)
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let r = pool.row_mut(req.row as u32);
+            let r = pool.rows[req.row as usize].as_mut().expect("checked in use");
             let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
-            if r.pages.try_reserve_exact(need as usize).is_err() {
+            let swa_ids = pool.swa.as_mut().map(|s| &mut s.rows[req.row as usize]);
+            if r.pages.try_reserve_exact(need as usize).is_err()
+                || swa_ids.is_some_and(|ids| ids.try_reserve_exact(need as usize).is_err())
+            {
                 bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
             }
         }
@@ -140,11 +142,11 @@ impl Cache {
         for (req, &n) in reqs.iter_mut().zip(n_tokens) {
             let row = req.row as u32;
             let new_len = req.allocated + n;
-            let r = pool.rows[row as usize].as_mut().expect("checked in use");
-            let need = pages_for(new_len, ps) - r.pages.len() as u32;
+            let need = pages_for(new_len, ps) - pool.row_mut(row).pages.len() as u32;
             if need > 0 {
-                pool.pages.alloc(need, PageState::Owned, &mut r.pages).expect("pages and list room checked");
+                pool.grow(row, need).expect("pages and list room checked");
             }
+            let r = pool.row_mut(row);
             r.len = new_len;
             if let Some(out) = out.as_deref_mut() {
                 write_slots(&r.pages, ps, req.allocated, &mut out[at..at + n as usize]);
@@ -223,8 +225,14 @@ mod tests {
     use super::*;
 
     fn cache(pages: u64) -> Cache {
-        let cfg =
-            Config { page_size: 4, num_token_slots: pages * 4, num_rows: 4, max_context_len: 64, aligned_reuse: false };
+        let cfg = Config {
+            page_size: 4,
+            num_token_slots: pages * 4,
+            num_rows: 4,
+            max_context_len: 64,
+            aligned_reuse: false,
+            swa_num_token_slots: 0,
+        };
         Cache::new_owned(cfg).unwrap()
     }
 
@@ -247,8 +255,8 @@ mod tests {
         c.alloc_extend_batch(&mut reqs, &[2, 3], Some(&mut out)).unwrap();
         assert_eq!((reqs[0].allocated, reqs[1].allocated), (5, 3));
         let mut want = [0i32; 5];
-        c.row_indices(reqs[0].row as u32, 3, 5, &mut want[..2]).unwrap();
-        c.row_indices(reqs[1].row as u32, 0, 3, &mut want[2..]).unwrap();
+        c.row_indices(reqs[0].row as u32, 3, 5, false, &mut want[..2]).unwrap();
+        c.row_indices(reqs[1].row as u32, 0, 3, false, &mut want[2..]).unwrap();
         assert_eq!(out, want);
         c.commit_batch(&mut reqs, &[5, 1]).unwrap();
         assert_eq!((reqs[0].committed, reqs[1].committed), (5, 1));

@@ -4,8 +4,12 @@
 //! `pages[p / ps] * ps + p % ps`. A row's first `protected / ps` pages are engine-held
 //! (shared with the engine's prefix tree, possibly by many rows); the rest are owned by the
 //! row alone.
+//!
+//! With an SWA pool (a hybrid model's sliding-window layers), every page a row maps also has
+//! an SWA page until the window passes it: `SwaSide` keeps those ids beside the rows, so a
+//! model without one pays nothing for it.
 
-use super::alloc::{PageAllocator, PageState};
+use super::alloc::{PageAllocator, PageState, SwaAllocator};
 use super::error::{bail, try_vec, Error, Result};
 use super::mirror::Dirty;
 use super::page::pages_for;
@@ -29,10 +33,46 @@ pub struct Row {
     pub protected: u32,
 }
 
+/// The sliding-window pool and what maps it.
+pub struct SwaSide {
+    pub(crate) alloc: SwaAllocator,
+    /// Per row: the SWA page of each page the row maps (`Row::pages`, same positions); 0 once
+    /// the window freed it. Entries inside a protected prefix copy `held`'s.
+    pub(crate) rows: Vec<Vec<u32>>,
+    /// Per row: its SWA cursor (sglang's `swa_evicted_seqlen`); a req must agree with it.
+    pub(crate) cursors: Vec<u32>,
+    /// Per full page: the SWA page of an engine-held page, 0 for every other page. A held
+    /// page's SWA page goes back with it (`pool_free`), never with a row.
+    pub(crate) held: Vec<u32>,
+}
+
+impl SwaSide {
+    fn new(cfg: &Config, full_pages: u32) -> Result<Self> {
+        let n = cfg.num_rows as usize;
+        Ok(SwaSide {
+            alloc: SwaAllocator::new((cfg.swa_num_token_slots / cfg.page_size as u64) as u32)?,
+            rows: try_vec(n, "rows' SWA pages", |_| Vec::new())?,
+            cursors: try_vec(n, "rows' SWA cursors", |_| 0)?,
+            held: try_vec(full_pages as usize, "engine-held pages' SWA pages", |_| 0)?,
+        })
+    }
+
+    /// `OutOfMemory` unless `n` more SWA pages are free.
+    #[inline]
+    pub(crate) fn check_room(&self, n: u64) -> Result<()> {
+        if n > self.alloc.free_pages() as u64 {
+            bail!(OutOfMemory, "{n} SWA pages needed, {} free", self.alloc.free_pages());
+        }
+        Ok(())
+    }
+}
+
 pub struct OwnedPool {
     pub(crate) ps: u32,
     pub(crate) pages: PageAllocator,
     pub(crate) rows: Vec<Option<Row>>,
+    /// The SWA pool, when the config sizes one.
+    pub(crate) swa: Option<SwaSide>,
     free_rows: Vec<u32>,
     hooks: Option<Box<dyn EngineHooks>>,
     /// Page lists a call sorts to find duplicates, kept to reuse the allocation.
@@ -45,10 +85,15 @@ impl OwnedPool {
     pub fn new(cfg: &Config) -> Result<Self> {
         let total = (cfg.num_token_slots / cfg.page_size as u64) as u32;
         let n = cfg.num_rows as usize;
+        let swa = match cfg.swa_num_token_slots {
+            0 => None,
+            _ => Some(SwaSide::new(cfg, total)?),
+        };
         Ok(OwnedPool {
             ps: cfg.page_size,
             pages: PageAllocator::new(total)?,
             rows: try_vec(n, "rows", |_| None)?,
+            swa,
             free_rows: try_vec(n, "the free-row stack", |i| (n - 1 - i) as u32)?,
             hooks: None,
             scratch: Vec::new(),
@@ -100,7 +145,8 @@ impl OwnedPool {
         Some(row)
     }
 
-    /// Gives a row back: its owned pages go free, its engine-held pages lose one map.
+    /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
+    /// pages lose one map.
     fn free_row(&mut self, row: u32) {
         let r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
@@ -108,7 +154,49 @@ impl OwnedPool {
             self.unmap_held(page);
         }
         self.pages.free_owned(&r.pages[shared..]);
+        if let Some(s) = self.swa.as_mut() {
+            let ids = &mut s.rows[row as usize];
+            s.alloc.free_entries(&mut ids[shared..]);
+            ids.clear();
+            s.cursors[row as usize] = 0;
+        }
         self.free_rows.push(row);
+    }
+
+    /// Maps `n` more pages at the end of `row`, in both pools; all or nothing.
+    #[inline]
+    pub(crate) fn grow(&mut self, row: u32, n: u32) -> Result<()> {
+        let r = self.rows[row as usize].as_mut().expect("row checked in use");
+        let Some(s) = self.swa.as_mut() else {
+            return self.pages.alloc(n, PageState::Owned, &mut r.pages);
+        };
+        s.check_room(n as u64)?;
+        let ids = &mut s.rows[row as usize];
+        if ids.try_reserve_exact(n as usize).is_err() {
+            bail!(OutOfMemory, "no host memory for a list of {n} more SWA pages");
+        }
+        self.pages.alloc(n, PageState::Owned, &mut r.pages)?;
+        s.alloc.alloc(n, ids);
+        Ok(())
+    }
+
+    /// Gives back the SWA pages of `row`'s positions `[start, end)`, both page-aligned (a
+    /// window step's are): the window moved past them.
+    fn free_swa(&mut self, row: u32, start: u32, end: u32) {
+        let Some(s) = self.swa.as_mut() else { return };
+        let ids = &mut s.rows[row as usize];
+        let (lo, hi) = ((start / self.ps) as usize, ((end / self.ps) as usize).min(ids.len()));
+        if lo < hi {
+            s.alloc.free_entries(&mut ids[lo..hi]);
+        }
+    }
+
+    /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
+    #[inline]
+    pub(crate) fn set_cursor(&mut self, row: u32, swa: u32) {
+        if let Some(s) = self.swa.as_mut() {
+            s.cursors[row as usize] = swa;
+        }
     }
 
     fn unmap_held(&mut self, page: u32) {
@@ -124,6 +212,15 @@ impl OwnedPool {
         let r = self.rows[row as usize].as_mut().expect("row in use");
         let kept = (pages_for(keep, ps) as usize).min(r.pages.len());
         r.len = r.len.min(keep);
+        if let Some(s) = self.swa.as_mut() {
+            let cursor = &mut s.cursors[row as usize];
+            *cursor = (*cursor).min(keep);
+            let ids = &mut s.rows[row as usize];
+            if kept < ids.len() {
+                s.alloc.free_entries(&mut ids[kept..]);
+                ids.truncate(kept);
+            }
+        }
         if kept == r.pages.len() {
             return;
         }
@@ -166,6 +263,17 @@ impl Pool for OwnedPool {
         if req.protected != r.protected {
             bail!(InvalidArg, "cache_protected_len {} != {} recorded for row {row}", req.protected, r.protected);
         }
+        if let Some(s) = self.swa.as_ref() {
+            let cursor = s.cursors[row as usize];
+            if req.swa != cursor {
+                bail!(
+                    InvalidArg,
+                    "swa_evicted_seqlen {} != {cursor} recorded for row {row} (with an SWA pool only \
+                     skv_swa_evict moves the window)",
+                    req.swa
+                );
+            }
+        }
         Ok(())
     }
 
@@ -190,8 +298,7 @@ impl Pool for OwnedPool {
                     || format!("dec_lock_ref({node}, {receipt})"),
                 ),
                 Effect::FreeKv { row, keep, .. } => self.truncate(row, keep),
-                // Refused before planning (`frees_swa`): owned mode has one pool.
-                Effect::FreeSwa { .. } => {}
+                Effect::FreeSwa { row, start, end } => self.free_swa(row, start, end),
                 Effect::FreeRow { row } => self.free_row(row),
                 Effect::FreeAux { aux } => self.hook(&mut failures, |h| h.free_aux(aux), || format!("free_aux({aux})")),
             }
@@ -200,6 +307,13 @@ impl Pool for OwnedPool {
             Ok(())
         } else {
             Err(Error::Callback(format!("{}; every page and row was still released", failures.join(", "))))
+        }
+    }
+
+    fn frees_swa(&self) -> std::result::Result<(), String> {
+        match self.swa {
+            Some(_) => Ok(()),
+            None => Err("owned mode without an SWA pool (swa_num_token_slots 0): the engine runs the window".into()),
         }
     }
 

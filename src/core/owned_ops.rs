@@ -5,7 +5,7 @@ use super::alloc::PageState;
 use super::cache::Cache;
 use super::error::{bail, Error, Result};
 use super::mirror::Dirty;
-use super::owned::{EngineHooks, OwnedPool};
+use super::owned::{EngineHooks, OwnedPool, SwaSide};
 use super::page::{pages_for, token_slot};
 use super::pool::Effect;
 use super::req::{keep_protected, swa_dead, Req};
@@ -25,6 +25,10 @@ pub struct Stats {
     pub sessions: u64,
     pub trimmed_tokens: u64,
     pub tail_freed_tokens: u64,
+    /// The SWA pool's pages (page 0 included), free pages and pages in use; 0 without one.
+    pub swa_total_pages: u64,
+    pub swa_free_pages: u64,
+    pub swa_used_pages: u64,
 }
 
 impl Cache {
@@ -102,12 +106,23 @@ impl Cache {
             bail!(InvalidArg, "n_tokens {n} is not a multiple of page_size {ps}");
         }
         let need = (n / ps as usize) as u32;
+        if let Some(s) = pool.swa.as_ref() {
+            s.check_room(need as u64).map_err(|e| e.at(format_args!("n_tokens {n}")))?;
+        }
         let mut pages = std::mem::take(&mut pool.scratch);
         pages.clear();
         let got = pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages);
         if got.is_ok() {
             for (i, slot) in out.iter_mut().enumerate() {
                 *slot = token_slot(&pages, ps, i as u32);
+            }
+            if let Some(s) = pool.swa.as_mut() {
+                // One SWA page each, recorded against the full page: it goes back with it.
+                let mut ids = Vec::with_capacity(need as usize);
+                s.alloc.alloc(need, &mut ids);
+                for (&p, id) in pages.iter().zip(ids) {
+                    s.held[p as usize] = id;
+                }
             }
         }
         pool.scratch = pages;
@@ -123,6 +138,11 @@ impl Cache {
         if checked.is_ok() {
             for &p in &pages {
                 pool.pages.free(p);
+            }
+            if let Some(s) = pool.swa.as_mut() {
+                for &p in &pages {
+                    s.alloc.free_entries(std::slice::from_mut(&mut s.held[p as usize]));
+                }
             }
         }
         pool.scratch = pages;
@@ -174,6 +194,11 @@ impl Cache {
             }
         }
         let n = n as u32;
+        if let Some(s) = pool.swa.as_mut() {
+            let ids = &mut s.rows[row as usize];
+            ids.clear();
+            ids.extend(pages.iter().map(|&p| s.held[p as usize]));
+        }
         *pool.row_mut(row) = super::owned::Row { pages, len: n, protected: n };
         pool.mapped(row, 0, n);
         (req.allocated, req.committed, req.protected) = (n, n, n);
@@ -198,18 +223,27 @@ impl Cache {
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
         let r = pool.row_mut(row);
-        let newly: Vec<u32> = r.pages[(r.protected / ps) as usize..(new_protected / ps) as usize].to_vec();
+        let (lo, hi) = ((r.protected / ps) as usize, (new_protected / ps) as usize);
+        let newly: Vec<u32> = r.pages[lo..hi].to_vec();
         r.protected = new_protected;
-        for p in newly {
+        for &p in &newly {
             pool.pages.set_state(p, PageState::Held { maps: 1 });
+        }
+        if let Some(s) = pool.swa.as_mut() {
+            // The SWA pages go to the engine with their full pages (0 where the window passed).
+            for (&p, &id) in newly.iter().zip(&s.rows[row as usize][lo..hi]) {
+                s.held[p as usize] = id;
+            }
         }
         req.protected = new_protected;
         Ok(())
     }
 
-    /// Copies `req_to_token[row, start..end)`.
-    pub fn row_indices(&self, row: u32, start: u32, end: u32, out: &mut [i32]) -> Result<()> {
+    /// Copies `req_to_token[row, start..end)`: the full pool's token slots, or with `swa`
+    /// the SWA pool's (0 for a position the window passed).
+    pub fn row_indices(&self, row: u32, start: u32, end: u32, swa: bool, out: &mut [i32]) -> Result<()> {
         let pool = self.owned_pool()?;
+        let side = swa_side(pool, swa)?;
         if start > end {
             bail!(InvalidArg, "range [{start}, {end}) runs backwards");
         }
@@ -218,8 +252,18 @@ impl Cache {
             bail!(InvalidArg, "range [{start}, {end}) outside the {} tokens row {row} maps", r.len);
         }
         let ps = self.cfg.page_size;
+        let Some(s) = side else {
+            for (o, p) in out.iter_mut().zip(start..end) {
+                *o = token_slot(&r.pages, ps, p);
+            }
+            return Ok(());
+        };
+        let ids = &s.rows[row as usize];
         for (o, p) in out.iter_mut().zip(start..end) {
-            *o = token_slot(&r.pages, ps, p);
+            *o = match ids[(p / ps) as usize] {
+                0 => 0,
+                _ => token_slot(ids, ps, p),
+            };
         }
         Ok(())
     }
@@ -248,6 +292,7 @@ impl Cache {
             sessions: self.slots.len() as u64,
             trimmed_tokens: self.trimmed_tokens,
             tail_freed_tokens: self.tail_freed_tokens,
+            ..swa_stats(pool)
         })
     }
 
@@ -291,8 +336,9 @@ impl Cache {
     }
 
     /// FlashInfer's paged-KV layout for `rows`: how many page ids it takes.
-    pub fn flashinfer_len(&self, rows: &[i32]) -> Result<usize> {
+    pub fn flashinfer_len(&self, rows: &[i32], swa: bool) -> Result<usize> {
         let pool = self.owned_pool()?;
+        swa_side(pool, swa)?;
         if let Some(bad) = rows.iter().find(|&&r| r < 0 || r as u32 >= pool.total_rows()) {
             bail!(InvalidArg, "row {bad} out of range [0, {})", pool.total_rows());
         }
@@ -303,16 +349,26 @@ impl Cache {
         Ok(total)
     }
 
-    /// Fills the layout; the slices are sized by the caller from `flashinfer_len`.
-    pub fn flashinfer_fill(&self, rows: &[i32], indptr: &mut [i32], indices: &mut [i32], last_page_len: &mut [i32]) {
+    /// Fills the layout (with `swa`, the SWA pool's page ids, 0 where the window passed); the
+    /// slices are sized by the caller from `flashinfer_len`.
+    pub fn flashinfer_fill(
+        &self,
+        rows: &[i32],
+        swa: bool,
+        indptr: &mut [i32],
+        indices: &mut [i32],
+        last_page_len: &mut [i32],
+    ) {
         let pool = self.owned_pool().expect("checked by flashinfer_len");
+        let side = swa_side(pool, swa).expect("checked by flashinfer_len");
         let ps = self.cfg.page_size;
         let mut at = 0usize;
         indptr[0] = 0;
         for (i, &row) in rows.iter().enumerate() {
             let r = pool.row(row as u32).expect("checked by flashinfer_len");
             let n = pages_for(r.len, ps) as usize;
-            for (o, &p) in indices[at..at + n].iter_mut().zip(&r.pages) {
+            let ids = side.map_or(&r.pages, |s| &s.rows[row as usize]);
+            for (o, &p) in indices[at..at + n].iter_mut().zip(ids) {
                 *o = p as i32;
             }
             at += n;
@@ -322,8 +378,23 @@ impl Cache {
     }
 }
 
-/// The distinct pages of `indices`, ascending, into `pages`; every one must be engine-held
-/// and mapped by no row.
+/// The SWA side a view asks for: `None` for the full pool; `Unsupported` for the SWA pool of
+/// a cache without one.
+fn swa_side(pool: &OwnedPool, swa: bool) -> Result<Option<&SwaSide>> {
+    match (swa, pool.swa.as_ref()) {
+        (false, _) => Ok(None),
+        (true, Some(s)) => Ok(Some(s)),
+        (true, None) => bail!(Unsupported, "no SWA pool: the cache was created with swa_num_token_slots 0"),
+    }
+}
+
+/// The SWA pool's occupancy; zeros without one.
+fn swa_stats(pool: &OwnedPool) -> Stats {
+    let Some(s) = pool.swa.as_ref() else { return Stats::default() };
+    let (total, free) = (s.alloc.total_pages() as u64, s.alloc.free_pages() as u64);
+    Stats { swa_total_pages: total, swa_free_pages: free, swa_used_pages: total - 1 - free, ..Stats::default() }
+}
+
 /// The pages of a prefix given as token indices: whole pages, position `k` at offset
 /// `k % ps` of its page, each page once.
 fn prefix_pages(pool: &mut OwnedPool, ps: u32, indices: &[i32]) -> Result<Vec<u32>> {
@@ -350,6 +421,8 @@ fn prefix_pages(pool: &mut OwnedPool, ps: u32, indices: &[i32]) -> Result<Vec<u3
     Ok(pages)
 }
 
+/// The distinct pages of `indices`, ascending, into `pages`; every one must be engine-held
+/// and mapped by no row.
 fn distinct_held_pages(pool: &OwnedPool, indices: &[i32], pages: &mut Vec<u32>) -> Result<()> {
     pages.clear();
     for &i in indices {

@@ -17,6 +17,9 @@ pub struct Config {
     pub max_context_len: u32,
     /// A session prefix is reused only in whole pages.
     pub aligned_reuse: bool,
+    /// Owned mode: the sliding-window pool's capacity in token slots (page 0 is its padding
+    /// page); 0 = no SWA pool (the engine runs any window itself).
+    pub swa_num_token_slots: u64,
 }
 
 impl Config {
@@ -47,6 +50,14 @@ impl Config {
         }
         if slots > 1 << 31 {
             bail!(InvalidArg, "num_token_slots {slots} exceeds 2^31 (indices are int32)");
+        }
+        let swa = self.swa_num_token_slots;
+        if swa != 0 && (!swa.is_multiple_of(ps) || swa / ps < 2 || swa > 1 << 31) {
+            bail!(
+                InvalidArg,
+                "swa_num_token_slots {swa}: must be 0 (no SWA pool) or a multiple of page_size {ps} of at least \
+                 2 pages (page 0 is padding) and at most 2^31"
+            );
         }
         Ok(())
     }
@@ -219,7 +230,14 @@ mod tests {
     use super::*;
 
     fn cfg() -> Config {
-        Config { page_size: 16, num_token_slots: 1024, num_rows: 8, max_context_len: 256, aligned_reuse: false }
+        Config {
+            page_size: 16,
+            num_token_slots: 1024,
+            num_rows: 8,
+            max_context_len: 256,
+            aligned_reuse: false,
+            swa_num_token_slots: 0,
+        }
     }
 
     fn held(committed: u32, allocated: u32) -> Req {
@@ -279,5 +297,9 @@ mod tests {
         assert!(Config { num_rows: 0, ..cfg() }.validate().is_err());
         assert!(Config { num_token_slots: 1000, ..cfg() }.validate_owned().is_err());
         assert!(Config { num_token_slots: 16, ..cfg() }.validate_owned().is_err());
+        assert!(Config { swa_num_token_slots: 512, ..cfg() }.validate_owned().is_ok());
+        for bad in [16, 24, (1 << 31) + 16] {
+            assert!(Config { swa_num_token_slots: bad, ..cfg() }.validate_owned().is_err(), "{bad}");
+        }
     }
 }

@@ -469,6 +469,16 @@ impl Cache {
         if u32::try_from(req.finished_len).is_ok_and(|f| f > req.output_len) {
             req.finished_len = req.output_len as i32;
         }
+        self.sync_cursor(req);
+    }
+
+    /// An owned SWA pool records each row's cursor: it follows the req's wherever an
+    /// operation moves it (a trim, a tail free, a match, a window step).
+    #[inline]
+    pub(crate) fn sync_cursor(&mut self, req: &Req) {
+        if let (Some(row), Some(p)) = (req.row(), self.pool.owned_mut()) {
+            p.set_cursor(row, req.swa);
+        }
     }
 
     /// A running session's slot takes the SWA cursor and floor of a window step, so a later
@@ -477,6 +487,7 @@ impl Cache {
         if let Some(s) = self.slots.of_row_mut(row) {
             (s.swa, s.swa_floor) = (req.swa, req.swa_floor);
         }
+        self.sync_cursor(req);
     }
 
     fn apply_free_tail(&mut self, req: &mut Req, prefix_len: u32) {
@@ -484,6 +495,7 @@ impl Cache {
         req.allocated = prefix_len;
         req.committed = req.committed.min(prefix_len);
         req.swa = req.swa.min(prefix_len);
+        self.sync_cursor(req);
     }
 }
 

@@ -71,7 +71,14 @@ impl std::ops::DerefMut for Engine {
 }
 
 fn external(ps: u32, cols: i32, aligned_reuse: bool) -> Engine {
-    let cfg = Config { page_size: ps, num_token_slots: 0, num_rows: 8, max_context_len: cols as u32, aligned_reuse };
+    let cfg = Config {
+        page_size: ps,
+        num_token_slots: 0,
+        num_rows: 8,
+        max_context_len: cols as u32,
+        aligned_reuse,
+        swa_num_token_slots: 0,
+    };
     let rec = Recorder { cols, ..Recorder::default() };
     let log = rec.log.clone();
     Engine { cache: Cache::new(cfg, Box::new(rec)).unwrap(), log }
@@ -573,13 +580,14 @@ fn owned(ps: u32, pages: u64) -> Cache {
         num_rows: 4,
         max_context_len: 1024,
         aligned_reuse: false,
+        swa_num_token_slots: 0,
     })
     .unwrap()
 }
 
 fn indices(c: &Cache, r: &Req) -> Vec<i32> {
     let mut out = vec![0; r.allocated as usize];
-    c.row_indices(r.row as u32, 0, r.allocated, &mut out).unwrap();
+    c.row_indices(r.row as u32, 0, r.allocated, false, &mut out).unwrap();
     out
 }
 
@@ -715,9 +723,9 @@ fn flashinfer_layout() {
     c.alloc_extend(&mut a, 6, None).unwrap();
     c.alloc_extend(&mut b, 4, None).unwrap();
     let rows = [a.row, e.row, b.row];
-    assert_eq!(c.flashinfer_len(&rows).unwrap(), 3);
+    assert_eq!(c.flashinfer_len(&rows, false).unwrap(), 3);
     let (mut indptr, mut idx, mut last) = ([0; 4], [0; 3], [0; 3]);
-    c.flashinfer_fill(&rows, &mut indptr, &mut idx, &mut last);
+    c.flashinfer_fill(&rows, false, &mut indptr, &mut idx, &mut last);
     assert_eq!((indptr, idx, last), ([0, 2, 2, 3], [1, 2, 3], [2, 0, 4]));
 }
 
@@ -1120,4 +1128,193 @@ fn free_aligned_refuses_a_backwards_range() {
         matches!(c.session_held(&[8]), Err(Error::InvalidArg(m)) if m.contains("active_rows[0] = 8 out of range [0, 8)"))
     );
     assert!(c.session_held(&[0, -7]).is_err());
+}
+
+// ---- owned mode with an SWA pool ----
+
+fn hybrid(ps: u32, pages: u64, swa_pages: u64) -> Cache {
+    Cache::new_owned(Config {
+        page_size: ps,
+        num_token_slots: pages * ps as u64,
+        num_rows: 4,
+        max_context_len: 1024,
+        aligned_reuse: false,
+        swa_num_token_slots: swa_pages * ps as u64,
+    })
+    .unwrap()
+}
+
+fn swa_indices(c: &Cache, r: &Req) -> Vec<i32> {
+    let mut out = vec![-1; r.allocated as usize];
+    c.row_indices(r.row as u32, 0, r.allocated, true, &mut out).unwrap();
+    out
+}
+
+fn swa_pages(c: &Cache) -> (u64, u64) {
+    let s = c.stats().unwrap();
+    (s.swa_free_pages, s.swa_used_pages)
+}
+
+/// A running request's row: `len` tokens mapped and committed, as a turn of `origin` prompt
+/// tokens and `len - origin` outputs leaves it.
+fn hybrid_turn(c: &mut Cache, origin: u32, len: u32) -> Req {
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, len, None).unwrap();
+    c.commit(&mut r, len).unwrap();
+    (r.origin_input_len, r.output_len) = (origin, len - origin);
+    r
+}
+
+#[test]
+fn hybrid_pages_map_both_pools_and_the_window_frees_the_swa_side_only() {
+    let mut c = hybrid(4, 32, 16);
+    let mut r = hybrid_turn(&mut c, 20, 22);
+    assert_eq!(c.stats().unwrap().used_pages, 6);
+    assert_eq!(swa_pages(&c), (15 - 6, 6), "one SWA page per page the row maps");
+    let w = Window { size: 8, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    assert_eq!(c.swa_evict(&mut r, 22, &w).unwrap(), 12, "[0, 12): 22 - 8 floored to a page");
+    assert_eq!(r.swa, 12);
+    assert_eq!(c.stats().unwrap().used_pages, 6, "the full side keeps every page");
+    assert_eq!(swa_pages(&c), (12, 3));
+    let ids = swa_indices(&c, &r);
+    assert_eq!(&ids[..12], &[0; 12], "the window passed these");
+    assert!(ids[12..].iter().all(|&i| i > 0) && ids[12] % 4 == 0 && ids[13] == ids[12] + 1);
+    clean(&c);
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    assert_eq!(swa_pages(&c), (12, 3), "no overshoot: nothing trimmed");
+    clean(&c);
+    c.release_session(1).unwrap();
+    assert_eq!(swa_pages(&c), (15, 0));
+    assert_eq!(c.stats().unwrap().used_pages, 0);
+    clean(&c);
+}
+
+#[test]
+fn hybrid_trim_match_and_abort_free_each_side_once() {
+    let mut c = hybrid(4, 64, 32);
+    let mut r = hybrid_turn(&mut c, 10, 30);
+    let w = Window { size: 6, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    c.swa_evict(&mut r, 30, &w).unwrap();
+    assert_eq!(r.swa, 24);
+    // The turn really ended at 10 + 12 = 22: the trim floors to 20 (the cursor stays on a page).
+    r.finished_len = 12;
+    c.cache_finished_req(7, 0, &mut r, false).unwrap();
+    clean(&c);
+    let u = c.stats().unwrap();
+    assert_eq!((u.used_pages, u.swa_used_pages), (5, 0), "pages 0..5 stay; the window had passed all of them");
+    let mut next = Req { origin_input_len: 40, ..Req::default() };
+    let m = c.match_prefix(7, 0, &mut next, 40, false).unwrap();
+    assert_eq!((m.hit, m.prefix_len, next.swa), (true, 20, 20));
+    c.alloc_extend(&mut next, 20, None).unwrap();
+    assert_eq!(swa_pages(&c).1, 5, "new pages take SWA pages");
+    assert_eq!(&swa_indices(&c, &next)[..20], &[0; 20]);
+    clean(&c);
+    c.cache_finished_req(7, 0, &mut next, true).unwrap();
+    let s = c.stats().unwrap();
+    assert_eq!((s.used_pages, s.swa_used_pages, s.sessions), (0, 0, 0));
+    clean(&c);
+}
+
+#[test]
+fn hybrid_cursor_moves_only_through_the_window() {
+    let mut c = hybrid(4, 32, 16);
+    let mut r = hybrid_turn(&mut c, 8, 16);
+    let mut lied = Req { swa: 8, ..r };
+    let e = c.alloc_extend(&mut lied, 1, None).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArg(m) if m.contains("swa_evicted_seqlen 8 != 0 recorded for row")), "{e}");
+    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    c.swa_evict(&mut r, 16, &w).unwrap();
+    assert_eq!(r.swa, 12);
+    let stale = Req { swa: 0, ..r };
+    assert!(c.commit(&mut stale.clone(), 0).is_err(), "a copy from before the step is refused");
+    c.free_req(&mut r).unwrap();
+    assert_eq!(swa_pages(&c), (15, 0));
+    clean(&c);
+}
+
+#[test]
+fn hybrid_out_of_swa_pages_changes_nothing() {
+    let mut c = hybrid(4, 32, 4); // 3 usable SWA pages
+    let mut r = hybrid_turn(&mut c, 4, 8);
+    let before = (r, c.stats().unwrap());
+    let e = c.alloc_extend(&mut r, 8, None).unwrap_err();
+    assert!(matches!(&e, Error::OutOfMemory(m) if m.contains("SWA pages needed")), "{e}");
+    assert_eq!((r, c.stats().unwrap()), before);
+    let mut reqs = [r];
+    let e = c.alloc_extend_batch(&mut reqs, &[8], None).unwrap_err();
+    assert!(matches!(&e, Error::OutOfMemory(m) if m.starts_with("reqs[0]: ")), "{e}");
+    assert_eq!((reqs[0], c.stats().unwrap()), before);
+    let mut tree = [0i32; 8];
+    assert!(matches!(c.pool_alloc(&mut tree), Err(Error::OutOfMemory(_))));
+    assert_eq!(c.stats().unwrap(), before.1);
+    // The window frees room for the next page.
+    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    c.swa_evict(&mut r, 8, &w).unwrap();
+    c.alloc_extend(&mut r, 4, None).unwrap();
+    clean(&c);
+}
+
+#[test]
+fn hybrid_prefix_pages_keep_their_swa_pages_with_the_engine() {
+    let mut c = hybrid(2, 32, 32);
+    let mut tree = [0i32; 4];
+    c.pool_alloc(&mut tree).unwrap();
+    assert_eq!(swa_pages(&c).1, 2);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.map_prefix(&mut r, &tree).unwrap();
+    assert_eq!(swa_indices(&c, &r), [2, 3, 4, 5], "the prefix reads the engine's SWA pages");
+    c.alloc_extend(&mut r, 4, None).unwrap();
+    c.commit(&mut r, 4).unwrap();
+    c.publish_prefix(&mut r, 6).unwrap();
+    let published = indices(&c, &r)[4..6].to_vec();
+    assert!(swa_indices(&c, &r)[4..].iter().all(|&i| i > 0));
+    clean(&c);
+    c.free_req(&mut r).unwrap();
+    assert_eq!(swa_pages(&c).1, 3, "the published page's SWA page stays with the engine");
+    clean(&c);
+    c.pool_free(&tree).unwrap();
+    assert_eq!(swa_pages(&c).1, 1, "the tree's pages take their SWA pages back");
+    c.pool_free(&published).unwrap();
+    assert_eq!(swa_pages(&c), (31, 0));
+    clean(&c);
+}
+
+#[test]
+fn views_of_a_missing_swa_pool_are_unsupported() {
+    let mut c = owned(4, 16);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 4, None).unwrap();
+    let mut out = [0i32; 4];
+    assert!(matches!(c.row_indices(r.row as u32, 0, 4, true, &mut out), Err(Error::Unsupported(_))));
+    assert!(matches!(c.flashinfer_len(&[r.row], true), Err(Error::Unsupported(_))));
+    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    let e = c.swa_evict(&mut r, 4, &w).unwrap_err();
+    assert!(matches!(&e, Error::Unsupported(m) if m.contains("swa_num_token_slots 0")), "{e}");
+    assert_eq!(c.stats().unwrap().swa_total_pages, 0);
+}
+
+#[test]
+fn the_audit_sees_both_pools() {
+    let corrupt = |f: &dyn Fn(&mut super::owned::SwaSide, u32)| {
+        let mut c = hybrid(4, 32, 16);
+        let mut r = hybrid_turn(&mut c, 8, 16);
+        let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+        c.swa_evict(&mut r, 16, &w).unwrap();
+        let row = r.row as u32;
+        c.cache_finished_req(1, 0, &mut r, false).unwrap();
+        clean(&c);
+        f(c.pool.owned_mut().unwrap().swa.as_mut().unwrap(), row);
+        let rep = c.check().unwrap();
+        assert!(rep.violations > 0);
+        rep.first_violation
+    };
+    let m = corrupt(&|s, row| s.rows[row as usize][3] = 0);
+    assert!(m.contains("lacks an SWA page") || m.contains("leaked"), "{m}");
+    let m = corrupt(&|s, row| s.rows[row as usize][0] = s.rows[row as usize][3]);
+    assert!(m.contains("named twice") || m.contains("still has"), "{m}");
+    let m = corrupt(&|s, _| s.held[5] = 9);
+    assert!(m.contains("keeps an engine-held SWA page"), "{m}");
 }

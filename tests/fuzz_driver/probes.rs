@@ -52,6 +52,7 @@ fn cfg() -> skv_cache_config {
         num_rows: 2,
         max_context_len: 32,
         flags: 0,
+        swa_num_token_slots: 0,
     }
 }
 

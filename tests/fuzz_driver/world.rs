@@ -192,6 +192,7 @@ fn config(rng: &mut Rng) -> skv_cache_config {
         num_rows: 2 + rng.below(7) as u32,
         max_context_len: ps * (2 + rng.below(12) as u32) + rng.below(ps as u64) as u32,
         flags: rng.pick(&[0, 0, SKV_FLAG_ALIGNED_REUSE]),
+        swa_num_token_slots: 0,
     }
 }
 
@@ -1478,6 +1479,9 @@ impl World {
             sessions: 0,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,
+            swa_total_pages: 0,
+            swa_free_pages: 0,
+            swa_used_pages: 0,
         };
         let sp: *mut skv_stats = &mut st_;
         match self.rng.below(7) {
