@@ -38,7 +38,9 @@ static uint32_t turn(skv_cache *c, uint64_t session, uint32_t prompt_len, uint32
 }
 
 int main(void) {
-  skv_cache_config cfg = {sizeof cfg, 16, 1u << 16, 64, 8192, 0, 0};
+  skv_cache_config cfg = {sizeof cfg, /*page_size*/ 16, /*num_token_slots*/ 1u << 16,
+                          /*num_rows*/ 64, /*max_context_len*/ 8192, /*flags*/ 0,
+                          /*swa_num_token_slots*/ 0};
   skv_cache *c;
   skv_stats s;
   skv_check_report rep;
