@@ -142,7 +142,8 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
         num_rows: num("num_rows")? as u32,
         max_context_len: num("max_context_len")? as u32,
         flags: if v["aligned_reuse"] == true { SKV_FLAG_ALIGNED_REUSE } else { 0 },
-        swa_num_token_slots: 0,
+        // Absent from a trace written before the SWA pool existed: none.
+        swa_num_token_slots: v["swa_num_token_slots"].as_u64().unwrap_or(0),
     };
     if v["version"].as_str() != Some(env!("CARGO_PKG_VERSION")) {
         eprintln!(
@@ -509,17 +510,20 @@ impl Call<'_> {
                         self.check_list("out_counts", &out)?;
                     }
                 }
-                "skv_row_indices" => {
+                f @ ("skv_row_indices" | "skv_row_swa_indices") => {
+                    let view = if f == "skv_row_indices" { skv_row_indices } else { skv_row_swa_indices };
                     let (start, end) = (u32_("start")?, u32_("end")?);
                     // No row maps more than max_context_len tokens: a longer range is refused
                     // before anything is written.
                     let mut out = vec![0i32; (end.saturating_sub(start) as usize).min(1 << 24)];
                     let p = if self.is_null("out") { null_mut() } else { out.as_mut_ptr() };
-                    if self.check_status(skv_row_indices(c, self.num("row")? as i32, start, end, p))? {
+                    if self.check_status(view(c, self.num("row")? as i32, start, end, p))? {
                         self.check_list("out", &out)?;
                     }
                 }
-                "skv_build_flashinfer" => {
+                f @ ("skv_build_flashinfer" | "skv_build_flashinfer_swa") => {
+                    let build =
+                        if f == "skv_build_flashinfer" { skv_build_flashinfer } else { skv_build_flashinfer_swa };
                     let rows = self.list("rows")?;
                     let (p, n) = rows.as_ref().map_or((null(), 0), |v| (v.as_ptr(), v.len()));
                     let cap = self.num("cap")? as usize;
@@ -527,16 +531,7 @@ impl Call<'_> {
                     let mut idx = vec![0i32; cap.min(1 << 24)];
                     let mut needed = 0usize;
                     let np = if self.is_null("needed") { null_mut() } else { &mut needed as *mut usize };
-                    let st = skv_build_flashinfer(
-                        c,
-                        p,
-                        n,
-                        indptr.as_mut_ptr(),
-                        idx.as_mut_ptr(),
-                        last.as_mut_ptr(),
-                        cap,
-                        np,
-                    );
+                    let st = build(c, p, n, indptr.as_mut_ptr(), idx.as_mut_ptr(), last.as_mut_ptr(), cap, np);
                     if self.check_status(st)? {
                         self.check_num("needed", needed as i128)?;
                         self.check_list("kv_indptr", &indptr)?;
@@ -551,6 +546,7 @@ impl Call<'_> {
                         self.check_num("free_pages", s.free_pages.into())?;
                         self.check_num("free_rows", s.free_rows.into())?;
                         self.check_num("sessions", s.sessions.into())?;
+                        self.check_num("swa_free_pages", s.swa_free_pages.into())?;
                     }
                 }
                 "skv_cache_check" => {

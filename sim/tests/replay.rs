@@ -153,3 +153,61 @@ fn a_hand_back_and_the_queries_replay() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("11 calls"), "{}", text(&out));
 }
+
+/// Owned mode's SWA pool, traced from the C ABI, replays exactly: the window step, both views,
+/// the stats and the audit; the trace records the pool's size.
+#[test]
+fn an_swa_pool_replays() {
+    use skv::*;
+    let path = tmp("swa_pool.jsonl");
+    let _ = std::fs::remove_file(&path);
+    let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 4,
+        num_token_slots: 256,
+        num_rows: 4,
+        max_context_len: 64,
+        flags: 0,
+        swa_num_token_slots: 64,
+    };
+    let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
+    // SAFETY: valid pointers throughout; the handle is freed last.
+    unsafe {
+        let mut c = std::ptr::null_mut();
+        ok(skv_cache_new(&cfg, &mut c));
+        ok(skv_cache_set_trace(c, cpath.as_ptr()));
+        let mut r = std::mem::zeroed::<skv_req>();
+        ok(skv_req_init(&mut r));
+        ok(skv_alloc_row(c, &mut r));
+        ok(skv_alloc_extend(c, &mut r, 22, std::ptr::null_mut()));
+        let mut freed = 0u32;
+        ok(skv_swa_evict(c, &mut r, 22, 8, 1, -1, SKV_SWA_NO_PREFIX_SHARING, &mut freed));
+        assert_eq!(freed, 12);
+        let mut ids = [0i32; 22];
+        ok(skv_row_swa_indices(c, r.req_pool_idx, 0, 22, ids.as_mut_ptr()));
+        let (rows, mut indptr, mut idx, mut last, mut needed) = ([r.req_pool_idx], [0i32; 2], [0i32; 8], [0i32; 1], 0);
+        ok(skv_build_flashinfer_swa(
+            c,
+            rows.as_ptr(),
+            1,
+            indptr.as_mut_ptr(),
+            idx.as_mut_ptr(),
+            last.as_mut_ptr(),
+            8,
+            &mut needed,
+        ));
+        let mut s = std::mem::zeroed::<skv_stats>();
+        ok(skv_cache_stats(c, &mut s));
+        assert_eq!(s.swa_used_pages, 3);
+        let mut rep = std::mem::zeroed::<skv_check_report>();
+        ok(skv_cache_check(c, &mut rep));
+        ok(skv_free_req(c, &mut r));
+        skv_cache_free(c);
+    }
+    let trace = std::fs::read_to_string(&path).unwrap();
+    assert!(trace.lines().next().unwrap().contains("\"swa_num_token_slots\":64"), "{trace}");
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("8 calls"), "{}", text(&out));
+}

@@ -492,6 +492,7 @@ pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stat
             // SAFETY: written by the call that just succeeded.
             let s = unsafe { &*out };
             t.num("free_pages", s.free_pages).num("free_rows", s.free_rows).num("sessions", s.sessions);
+            t.num("swa_free_pages", s.swa_free_pages);
         },
     )
 }

@@ -62,12 +62,13 @@ pub(crate) fn opening_line(id: u64, cache: &Cache) -> String {
     let mode = if cache.pool().owned().is_some() { "owned" } else { "external" };
     format!(
         "{{\"h\":{id},\"fn\":\"trace_start\",\"mode\":\"{mode}\",\"page_size\":{},\"num_token_slots\":{},\
-         \"num_rows\":{},\"max_context_len\":{},\"aligned_reuse\":{},\"version\":\"{}\"}}\n",
+         \"num_rows\":{},\"max_context_len\":{},\"aligned_reuse\":{},\"swa_num_token_slots\":{},\"version\":\"{}\"}}\n",
         cfg.page_size,
         cfg.num_token_slots,
         cfg.num_rows,
         cfg.max_context_len,
         cfg.aligned_reuse,
+        cfg.swa_num_token_slots,
         env!("CARGO_PKG_VERSION")
     )
 }
