@@ -285,6 +285,17 @@ impl Pool for OwnedPool {
         if target < r.protected {
             bail!(State, "target {target} < protected prefix {} of row {row}", r.protected);
         }
+        // The page holding `target - 1` stays; if the window passed it, positions grown into
+        // it later would have no SWA slot (a trim floors its target to a page for this).
+        let passed = |s: &SwaSide| s.rows[row as usize].get((target / self.ps) as usize) == Some(&0);
+        if target < r.len && !target.is_multiple_of(self.ps) && self.swa.as_ref().is_some_and(passed) {
+            bail!(
+                InvalidArg,
+                "target {target} lies inside a page of row {row} the window has passed: the kept page would \
+                 hold positions without SWA slots (free from a page boundary, {})",
+                target - target % self.ps
+            );
+        }
         Ok(())
     }
 

@@ -1318,3 +1318,22 @@ fn the_audit_sees_both_pools() {
     let m = corrupt(&|s, _| s.held[5] = 9);
     assert!(m.contains("keeps an engine-held SWA page"), "{m}");
 }
+
+#[test]
+fn hybrid_free_aligned_keeps_no_page_the_window_passed() {
+    let mut c = hybrid(4, 32, 16);
+    let mut r = hybrid_turn(&mut c, 8, 16);
+    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    c.swa_evict(&mut r, 16, &w).unwrap();
+    assert_eq!(r.swa, 12);
+    let row = r.row as u32;
+    let before = c.stats().unwrap();
+    let e = c.free_aligned(row, 10, 16).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArg(m) if m.contains("free from a page boundary, 8")), "{e}");
+    assert_eq!(c.stats().unwrap(), before);
+    c.free_aligned(row, 8, 16).unwrap();
+    (r.allocated, r.committed, r.swa) = (8, 8, 8);
+    c.alloc_extend(&mut r, 8, None).unwrap();
+    assert!(swa_indices(&c, &r)[8..].iter().all(|&i| i > 0), "the new pages take SWA pages");
+    clean(&c);
+}
