@@ -22,6 +22,34 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
+/// An owned cache of page size 4 tracing to `name` (an SWA pool of `swa_slots`, 0 for none),
+/// and the trace's path.
+///
+/// # Safety
+/// The caller frees the handle.
+unsafe fn traced_cache(name: &str, swa_slots: u64) -> (*mut skv::skv_cache, PathBuf) {
+    use skv::*;
+    let path = tmp(name);
+    let _ = std::fs::remove_file(&path);
+    let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 4,
+        num_token_slots: 256,
+        num_rows: 4,
+        max_context_len: 64,
+        flags: 0,
+        swa_num_token_slots: swa_slots,
+    };
+    let mut c = std::ptr::null_mut();
+    // SAFETY: cfg, c and cpath are valid for the calls.
+    unsafe {
+        assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
+        assert_eq!(skv_cache_set_trace(c, cpath.as_ptr()), skv_status::SKV_OK);
+    }
+    (c, path)
+}
+
 /// A small simulator run, traced.
 fn record(path: &Path) -> String {
     let _ = std::fs::remove_file(path);
@@ -108,24 +136,10 @@ fn an_external_trace_is_refused() {
 #[test]
 fn a_hand_back_and_the_queries_replay() {
     use skv::*;
-    let path = tmp("hand_back.jsonl");
-    let _ = std::fs::remove_file(&path);
-    let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    let cfg = skv_cache_config {
-        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: 4,
-        num_token_slots: 256,
-        num_rows: 4,
-        max_context_len: 64,
-        flags: 0,
-        swa_num_token_slots: 0,
-    };
     let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
     // SAFETY: valid pointers throughout; the handle is freed last.
-    unsafe {
-        let mut c = std::ptr::null_mut();
-        ok(skv_cache_new(&cfg, &mut c));
-        ok(skv_cache_set_trace(c, cpath.as_ptr()));
+    let path = unsafe {
+        let (c, path) = traced_cache("hand_back.jsonl", 0);
         let mut r = std::mem::zeroed::<skv_req>();
         ok(skv_req_init(&mut r));
         ok(skv_alloc_row(c, &mut r));
@@ -148,7 +162,8 @@ fn a_hand_back_and_the_queries_replay() {
         let mut a = std::mem::zeroed::<skv_admission>();
         ok(skv_admission_pages(c, 1, 0, 9, 20, &mut a));
         skv_cache_free(c);
-    }
+        path
+    };
     let out = replay(&path);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("11 calls"), "{}", text(&out));
@@ -159,24 +174,10 @@ fn a_hand_back_and_the_queries_replay() {
 #[test]
 fn an_swa_pool_replays() {
     use skv::*;
-    let path = tmp("swa_pool.jsonl");
-    let _ = std::fs::remove_file(&path);
-    let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
-    let cfg = skv_cache_config {
-        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: 4,
-        num_token_slots: 256,
-        num_rows: 4,
-        max_context_len: 64,
-        flags: 0,
-        swa_num_token_slots: 64,
-    };
     let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
     // SAFETY: valid pointers throughout; the handle is freed last.
-    unsafe {
-        let mut c = std::ptr::null_mut();
-        ok(skv_cache_new(&cfg, &mut c));
-        ok(skv_cache_set_trace(c, cpath.as_ptr()));
+    let path = unsafe {
+        let (c, path) = traced_cache("swa_pool.jsonl", 64);
         let mut r = std::mem::zeroed::<skv_req>();
         ok(skv_req_init(&mut r));
         ok(skv_alloc_row(c, &mut r));
@@ -204,7 +205,8 @@ fn an_swa_pool_replays() {
         ok(skv_cache_check(c, &mut rep));
         ok(skv_free_req(c, &mut r));
         skv_cache_free(c);
-    }
+        path
+    };
     let trace = std::fs::read_to_string(&path).unwrap();
     assert!(trace.lines().next().unwrap().contains("\"swa_num_token_slots\":64"), "{trace}");
     let out = replay(&path);

@@ -574,15 +574,7 @@ fn split_matches_free_kv_row_segments() {
 // ---- owned mode ----
 
 fn owned(ps: u32, pages: u64) -> Cache {
-    Cache::new_owned(Config {
-        page_size: ps,
-        num_token_slots: pages * ps as u64,
-        num_rows: 4,
-        max_context_len: 1024,
-        aligned_reuse: false,
-        swa_num_token_slots: 0,
-    })
-    .unwrap()
+    hybrid(ps, pages, 0)
 }
 
 fn indices(c: &Cache, r: &Req) -> Vec<i32> {
