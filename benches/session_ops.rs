@@ -259,8 +259,8 @@ impl Bed {
                     // SAFETY: the bed's live handle and one of its reqs.
                     time_calls(batch, lat.as_deref_mut(), |id, req| unsafe { skv_cache_finished_req(c, id, 0, req, 0) })
                 }
-                // SAFETY: the bed's live handle and one of its reqs; m is a local.
                 Op::MatchTailFree | Op::MatchTailFreeHybrid => {
+                    // SAFETY: the bed's live handle and one of its reqs; m is a local.
                     time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
                         let mut m = skv_match { hit: 0, prefix_len: 0 };
                         let st = skv_match_prefix(c, id, 0, req, HELD_TOKENS, 0, &mut m);
@@ -271,8 +271,8 @@ impl Bed {
                         }
                     })
                 }
-                // SAFETY: the bed's live handle.
                 Op::Release | Op::ReleaseHybrid => {
+                    // SAFETY: the bed's live handle.
                     time_calls(batch, lat.as_deref_mut(), |id, _| unsafe { skv_release_session(c, id) })
                 }
                 Op::Extend => unreachable!(),
