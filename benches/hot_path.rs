@@ -8,10 +8,22 @@
 //! groups of `GROUP` consecutive calls (the median of the group means, free of clock cost).
 //! Batch calls are timed per call and reported per request.
 //!
+//! The hybrid ops (`match_hybrid`, `finish_hybrid`, `release_hybrid`) make the same calls on a
+//! second bed whose cache also has an SWA pool (a hybrid model's sliding-window layers): each
+//! session's first turn ended with a window step (`skv_swa_evict`, window `WINDOW` = 1,024
+//! tokens), so its row keeps the SWA pages of its last 1,024 positions (64 pages) and the
+//! window has given the other 192 back. A release then frees `[0, 3072)` full-side only and
+//! `[3072, 4096)` to both pools; a finish's or a match's 4-page tail lies inside the window and
+//! goes back to both pools (no window step runs during the turn, so the bed's state after a
+//! round is the one before it). Each hybrid op runs right after its full-attention op, on its
+//! own bed of the same size, and the table gives the ratio of their medians (`vs full`), so
+//! the machine's drift between the two mostly cancels. A filter selecting a hybrid op also
+//! runs its full-attention op.
+//!
 //! `cargo bench --bench hot_path` runs 1,000 and 100,000 sessions (`SKV_BENCH_SESSIONS=1000`
 //! chooses; `SKV_BENCH_CALLS` sets the calls per operation, default 400,000). Without
 //! `--bench` (`cargo test --benches`) it runs every operation for a few rounds on 64 sessions
-//! and checks the pool's audit.
+//! and checks both beds' audits.
 
 // As in the library: every unsafe block says why it is sound.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -32,6 +44,9 @@ const TOKENS: u32 = 4096;
 const TAIL: u32 = 4 * PS;
 /// Consecutive calls timed together for the median.
 const GROUP: usize = 32;
+/// The hybrid bed's sliding window, in tokens: an idle session keeps the SWA pages of its last
+/// `WINDOW` positions.
+const WINDOW: u32 = 1024;
 
 /// The targets at 1,000 sessions, ns per call (per request for batches).
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -41,13 +56,26 @@ enum Op {
     Extend,
     Release,
     Stats,
+    MatchHybrid,
+    FinishHybrid,
+    ReleaseHybrid,
     ExtendBatch(usize),
     CommitBatch(usize),
 }
 
 impl Op {
     fn all(batches: bool) -> Vec<Op> {
-        let mut v = vec![Op::MatchTailFree, Op::FinishTrim, Op::Extend, Op::Release, Op::Stats];
+        // Each hybrid op right after its full-attention op: the two medians are compared.
+        let mut v = vec![
+            Op::MatchTailFree,
+            Op::MatchHybrid,
+            Op::FinishTrim,
+            Op::FinishHybrid,
+            Op::Extend,
+            Op::Release,
+            Op::ReleaseHybrid,
+            Op::Stats,
+        ];
         if batches {
             for b in [64, 256] {
                 v.extend([Op::ExtendBatch(b), Op::CommitBatch(b)]);
@@ -65,17 +93,32 @@ impl Op {
             Op::Stats => "skv_cache_stats (boundary)".into(),
             Op::ExtendBatch(b) => format!("alloc_extend_batch {b}, per req"),
             Op::CommitBatch(b) => format!("commit_batch {b}, per req"),
+            Op::MatchHybrid => "match_hybrid, hit freeing a 4-page tail".into(),
+            Op::FinishHybrid => "finish_hybrid, trimming a 4-page overshoot".into(),
+            Op::ReleaseHybrid => "release_hybrid, 4096-token session".into(),
         }
     }
 
-    fn target_ns(self) -> f64 {
+    /// The target, ns; a hybrid op's is relative (`HYBRID_LIMIT`).
+    fn target(self) -> String {
         match self {
-            Op::MatchTailFree | Op::FinishTrim => 120.0,
-            Op::Extend => 40.0,
-            Op::Release => 300.0,
-            Op::Stats => 12.0,
-            Op::ExtendBatch(_) => 15.0,
-            Op::CommitBatch(_) => 8.0,
+            Op::MatchTailFree | Op::FinishTrim => "120".into(),
+            Op::Extend => "40".into(),
+            Op::Release => "300".into(),
+            Op::Stats => "12".into(),
+            Op::ExtendBatch(_) => "15".into(),
+            Op::CommitBatch(_) => "8".into(),
+            Op::MatchHybrid | Op::FinishHybrid | Op::ReleaseHybrid => format!("{HYBRID_LIMIT}x full"),
+        }
+    }
+
+    /// The full-attention op a hybrid op is compared with; `None` for the others.
+    fn full(self) -> Option<Op> {
+        match self {
+            Op::MatchHybrid => Some(Op::MatchTailFree),
+            Op::FinishHybrid => Some(Op::FinishTrim),
+            Op::ReleaseHybrid => Some(Op::Release),
+            _ => None,
         }
     }
 
@@ -99,18 +142,28 @@ impl Op {
     }
 }
 
+/// The bound on a hybrid op's median, as a multiple of its full-attention op's.
+const HYBRID_LIMIT: f64 = 1.5;
+
 /// N idle sessions of `TOKENS` tokens, and one req per session for the running turns.
 struct Bed {
     c: *mut skv_cache,
     n: usize,
+    /// The cache has an SWA pool, and every session's window has passed all but its last
+    /// `WINDOW` positions.
+    hybrid: bool,
     reqs: Vec<skv_req>,
     ones: Vec<u32>,
     out_loc: Vec<i32>,
 }
 
 impl Bed {
-    fn new(n: usize) -> Bed {
+    fn new(n: usize, hybrid: bool) -> Bed {
         let pages = n as u64 * u64::from(TOKENS / PS + TAIL / PS + 1) + 1024;
+        // An idle session holds `WINDOW / PS` SWA pages, a running one a tail's more; the 1,024
+        // spare pages also cover a session's first turn, which maps all `TOKENS / PS` before its
+        // window step gives most back.
+        let swa_pages = if hybrid { n as u64 * u64::from(WINDOW / PS + TAIL / PS + 1) + 1024 } else { 0 };
         let cfg = skv_cache_config {
             struct_size: std::mem::size_of::<skv_cache_config>() as u32,
             page_size: PS,
@@ -118,21 +171,25 @@ impl Bed {
             num_rows: n as u32 + 16,
             max_context_len: 2 * TOKENS,
             flags: 0,
-            swa_num_token_slots: 0,
+            swa_num_token_slots: swa_pages * u64::from(PS),
         };
         let mut c = std::ptr::null_mut();
         // SAFETY: cfg and c are locals.
         check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
-        let mut bed = Bed { c, n, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256] };
+        let mut bed =
+            Bed { c, n, hybrid, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256] };
         let t = Instant::now();
         for id in 0..n {
             bed.hold(id);
         }
-        eprintln!("setup: {n} sessions of {TOKENS} tokens in {:.2} s", t.elapsed().as_secs_f64());
+        let window = if hybrid { format!(", SWA window {WINDOW}") } else { String::new() };
+        eprintln!("setup: {n} sessions of {TOKENS} tokens{window} in {:.2} s", t.elapsed().as_secs_f64());
         bed
     }
 
-    /// A first turn of `TOKENS` prompt tokens, finished: session `id` holds its row idle.
+    /// A first turn of `TOKENS` prompt tokens, finished: session `id` holds its row idle. On
+    /// the hybrid bed the turn's window step first gives back the SWA pages of every position
+    /// but the last `WINDOW` (the row records the cursor, `TOKENS - WINDOW`).
     fn hold(&mut self, id: usize) {
         let c = self.c;
         let mut req = skv_req::default();
@@ -141,6 +198,11 @@ impl Bed {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, TOKENS, std::ptr::null_mut()), "skv_alloc_extend");
             check(skv_commit(c, &mut req, TOKENS), "skv_commit");
+            if self.hybrid {
+                let mut freed = 0;
+                check(skv_swa_evict(c, &mut req, TOKENS, WINDOW, 0, -1, 0, &mut freed), "skv_swa_evict");
+                assert_eq!((freed, req.swa_evicted_seqlen), (TOKENS - WINDOW, TOKENS - WINDOW));
+            }
             req.origin_input_len = TOKENS;
             check(skv_cache_finished_req(c, id as u64, 0, &mut req, 0), "skv_cache_finished_req");
         }
@@ -153,6 +215,8 @@ impl Bed {
         // SAFETY: the bed's live handle; req and m are locals.
         check(unsafe { skv_match_prefix(self.c, id as u64, 0, &mut req, TOKENS, 0, &mut m) }, "skv_match_prefix");
         assert_eq!((m.hit, m.prefix_len), (1, TOKENS));
+        // The hit restores the slot's cursor, which only the window step moved.
+        assert_eq!(req.swa_evicted_seqlen, if self.hybrid { TOKENS - WINDOW } else { 0 });
         self.reqs[id] = req;
     }
 
@@ -177,12 +241,13 @@ impl Bed {
     }
 
     fn prepare(&mut self, op: Op, id: usize) {
+        debug_assert_eq!(op.full().is_some(), self.hybrid, "{op:?} on the wrong bed");
         match op {
-            Op::MatchTailFree => {
+            Op::MatchTailFree | Op::MatchHybrid => {
                 self.restore(id);
                 self.extend(id, TAIL);
             }
-            Op::FinishTrim => {
+            Op::FinishTrim | Op::FinishHybrid => {
                 self.restore(id);
                 self.extend(id, TAIL);
                 let req = &mut self.reqs[id];
@@ -197,15 +262,17 @@ impl Bed {
                 self.restore(id);
                 self.extend(id, 1);
             }
-            Op::Release | Op::Stats => {}
+            Op::Release | Op::ReleaseHybrid | Op::Stats => {}
         }
     }
 
     fn put_back(&mut self, op: Op, id: usize) {
         match op {
-            Op::MatchTailFree | Op::Extend | Op::ExtendBatch(_) | Op::CommitBatch(_) => self.finish_back(id),
-            Op::FinishTrim => assert_eq!(self.reqs[id].req_pool_idx, -1),
-            Op::Release => self.hold(id),
+            Op::MatchTailFree | Op::MatchHybrid | Op::Extend | Op::ExtendBatch(_) | Op::CommitBatch(_) => {
+                self.finish_back(id)
+            }
+            Op::FinishTrim | Op::FinishHybrid => assert_eq!(self.reqs[id].req_pool_idx, -1),
+            Op::Release | Op::ReleaseHybrid => self.hold(id),
             Op::Stats => {}
         }
     }
@@ -218,7 +285,7 @@ impl Bed {
         // op.batch() <= 256 sessions, the length of ones.
         unsafe {
             match op {
-                Op::MatchTailFree => {
+                Op::MatchTailFree | Op::MatchHybrid => {
                     let mut m = skv_match { hit: 0, prefix_len: 0 };
                     let st = skv_match_prefix(c, lo as u64, 0, &mut self.reqs[lo], TOKENS, 0, &mut m);
                     if st == skv_status::SKV_OK && m.prefix_len != TOKENS {
@@ -226,9 +293,9 @@ impl Bed {
                     }
                     st
                 }
-                Op::FinishTrim => skv_cache_finished_req(c, lo as u64, 0, &mut self.reqs[lo], 0),
+                Op::FinishTrim | Op::FinishHybrid => skv_cache_finished_req(c, lo as u64, 0, &mut self.reqs[lo], 0),
                 Op::Extend => skv_alloc_extend(c, &mut self.reqs[lo], 1, std::ptr::null_mut()),
-                Op::Release => skv_release_session(c, lo as u64),
+                Op::Release | Op::ReleaseHybrid => skv_release_session(c, lo as u64),
                 Op::Stats => {
                     let mut s = std::mem::MaybeUninit::<skv_stats>::uninit();
                     skv_cache_stats(c, s.as_mut_ptr())
@@ -282,7 +349,8 @@ impl Bed {
         }
     }
 
-    /// Every page is back where the setup left it, and the audit is clean.
+    /// Every page of both pools is back where the setup left it, and the audit (which checks
+    /// both pools) is clean.
     fn audit(&self) {
         // SAFETY: the bed's live handle; report and stats are locals; libskv NUL-terminates
         // first_violation.
@@ -294,6 +362,9 @@ impl Bed {
             let mut stats: skv_stats = std::mem::zeroed();
             check(skv_cache_stats(self.c, &mut stats), "skv_cache_stats");
             assert_eq!(stats.used_pages, (self.n as u64) * u64::from(TOKENS / PS), "pages leaked");
+            let swa_held = if self.hybrid { (self.n as u64) * u64::from(WINDOW / PS) } else { 0 };
+            assert_eq!(stats.swa_used_pages, swa_held, "SWA pages leaked");
+            assert_eq!(report.swa_pages_in_use, swa_held);
             assert_eq!(stats.sessions, self.n as u64);
         }
     }
@@ -343,21 +414,32 @@ fn main() {
         None => vec![64],
     };
     let calls: usize = env("SKV_BENCH_CALLS").map_or(400_000, |s| s.parse().expect("SKV_BENCH_CALLS"));
+    let ops = Op::all(true);
+    // A hybrid op brings its full-attention op along: its ratio needs both.
+    let named = |op: Op| filter.as_deref().is_none_or(|f| op.name().contains(f));
+    let selected = |op: Op| named(op) || ops.iter().any(|&h| h.full() == Some(op) && named(h));
     let overhead = clock_overhead_ns() as f64;
     if bench {
         println!("hot path, owned mode, page size {PS}, sessions of {TOKENS} tokens, round-robin");
+        println!("hybrid ops: SWA pool, window {WINDOW} tokens; vs full = median / the full-attention op's");
         println!("clock overhead {overhead} ns (subtracted from p50/p99)");
         println!(
-            "{:<38} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9}",
-            "call", "sessions", "median", "p50", "p99", "target", "vs C"
+            "{:<42} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8}",
+            "call", "sessions", "median", "p50", "p99", "target", "vs C", "vs full"
         );
     }
     for &n in &sizes {
-        let mut bed = Bed::new(n);
-        for op in Op::all(true) {
-            if filter.as_deref().is_some_and(|f| !op.name().contains(f)) {
+        // Built on first use, so a filter leaving one bed's ops out costs nothing.
+        let (mut full, mut hybrid): (Option<Bed>, Option<Bed>) = (None, None);
+        let mut medians: Vec<(Op, f64)> = Vec::new();
+        for &op in &ops {
+            if !selected(op) {
                 continue;
             }
+            let bed = match op.full() {
+                Some(_) => hybrid.get_or_insert_with(|| Bed::new(n, true)),
+                None => full.get_or_insert_with(|| Bed::new(n, false)),
+            };
             let rounds = if bench { (calls / n).max(4) } else { 2 };
             let (mut each, mut groups) = (Vec::new(), Vec::new());
             bed.round(op, None, Some(&mut Vec::new()), overhead); // warm-up
@@ -374,17 +456,23 @@ fn main() {
             let median = percentile(&mut groups, 0.5);
             let (p50, p99) = (percentile(&mut each, 0.5), percentile(&mut each, 0.99));
             let vs_c = op.plain_c_ns().map_or("-".into(), |c| format!("{:.2}x", median / c));
+            let full_median = op.full().and_then(|f| medians.iter().find(|m| m.0 == f)).map(|m| m.1);
+            let vs_full = full_median.map_or("-".into(), |f| format!("{:.2}x", median / f));
+            medians.push((op, median));
             println!(
-                "{:<38} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>8} {:>9}",
+                "{:<42} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>8}",
                 op.name(),
                 n,
                 median,
                 p50,
                 p99,
-                op.target_ns(),
-                vs_c
+                op.target(),
+                vs_c,
+                vs_full
             );
         }
-        bed.audit();
+        for bed in [&full, &hybrid].into_iter().flatten() {
+            bed.audit();
+        }
     }
 }

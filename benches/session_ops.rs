@@ -14,6 +14,14 @@
 //! This machine is shared: a chunk that took far longer than any chunk runs (the thread
 //! was descheduled) is timed again, and the count of those is printed.
 //!
+//! The `_hybrid` groups make the finish, match and release calls on a second bed of the same
+//! size whose cache also has an SWA pool (a hybrid model's sliding-window layers), window
+//! `WINDOW` = 1,024 tokens: every page a row maps also holds an SWA page until the window
+//! passes it. The held sessions (3 pages) lie inside the window, so a finish's or a match's
+//! 4-page tail goes back to both pools; a released 4096-token session had its window step
+//! (`skv_swa_evict`) at the end of its turn, so its release frees `[0, 3072)` full-side only
+//! and `[3072, 4096)` to both. A hybrid row's target is 1.5x its full-attention op's median.
+//!
 //! `SKV_BENCH_SESSIONS=1000,100000` limits the session counts.
 
 // As in the library: every unsafe block says why it is sound.
@@ -50,6 +58,10 @@ const DECODE_STEPS: u32 = 128;
 const DESCHEDULED: Duration = Duration::from_micros(250);
 
 const DEFAULT_SIZES: [u64; 3] = [1_000, 100_000, 1_000_000];
+/// The hybrid bed's sliding window, in tokens.
+const WINDOW: u32 = 1024;
+/// The bound on a hybrid op's median, as a multiple of its full-attention op's.
+const HYBRID_LIMIT: f64 = 1.5;
 
 #[derive(Clone, Copy, PartialEq)]
 enum Op {
@@ -57,10 +69,21 @@ enum Op {
     MatchTailFree,
     Release,
     Extend,
+    FinishTrimHybrid,
+    MatchTailFreeHybrid,
+    ReleaseHybrid,
 }
 
 impl Op {
-    const ALL: [Op; 4] = [Op::FinishTrim, Op::MatchTailFree, Op::Release, Op::Extend];
+    const ALL: [Op; 7] = [
+        Op::FinishTrim,
+        Op::FinishTrimHybrid,
+        Op::MatchTailFree,
+        Op::MatchTailFreeHybrid,
+        Op::Release,
+        Op::ReleaseHybrid,
+        Op::Extend,
+    ];
 
     fn group(self) -> &'static str {
         match self {
@@ -68,21 +91,36 @@ impl Op {
             Op::MatchTailFree => "match_prefix_hit_tail_free",
             Op::Release => "release_session_4096_tokens",
             Op::Extend => "alloc_extend_1_token",
+            Op::FinishTrimHybrid => "finished_req_trim_4_pages_hybrid",
+            Op::MatchTailFreeHybrid => "match_prefix_hit_tail_free_hybrid",
+            Op::ReleaseHybrid => "release_session_4096_tokens_hybrid",
         }
     }
 
-    fn target_ns(self) -> f64 {
+    /// The target for a full-attention op; `None` for a hybrid one (see `full`).
+    fn target_ns(self) -> Option<f64> {
         match self {
-            Op::FinishTrim | Op::MatchTailFree => 150.0,
-            Op::Release => 1000.0,
-            Op::Extend => 50.0,
+            Op::FinishTrim | Op::MatchTailFree => Some(150.0),
+            Op::Release => Some(1000.0),
+            Op::Extend => Some(50.0),
+            _ => None,
+        }
+    }
+
+    /// The full-attention op a hybrid op is compared with; `None` for the others.
+    fn full(self) -> Option<Op> {
+        match self {
+            Op::FinishTrimHybrid => Some(Op::FinishTrim),
+            Op::MatchTailFreeHybrid => Some(Op::MatchTailFree),
+            Op::ReleaseHybrid => Some(Op::Release),
+            _ => None,
         }
     }
 
     /// Calls timed one by one in the percentile pass.
     fn latency_calls(self) -> u64 {
         match self {
-            Op::Release => 20_000,
+            Op::Release | Op::ReleaseHybrid => 20_000,
             Op::Extend => 400_000,
             _ => 200_000,
         }
@@ -93,6 +131,8 @@ impl Op {
 struct Bed {
     cache: *mut skv_cache,
     sessions: u64,
+    /// The cache has an SWA pool, and every turn ends with a window step.
+    hybrid: bool,
     /// Round-robin cursor over the held sessions.
     next: u64,
     /// Ids of the sessions the release benchmark creates, past the held ones.
@@ -106,22 +146,25 @@ struct Bed {
 }
 
 impl Bed {
-    fn new(sessions: u64) -> Bed {
+    fn new(sessions: u64, hybrid: bool) -> Bed {
         let held_pages = sessions * u64::from(HELD_TOKENS / PAGE_SIZE);
         let page = |tokens: u32| u64::from(tokens.div_ceil(PAGE_SIZE));
         let spare_pages = CHUNK as u64 * page(RELEASE_TOKENS)
             + DECODE_BATCH as u64 * (page(DECODE_STEPS) + 1)
             + CHUNK as u64 * page(TAIL_TOKENS)
             + 1024;
+        // + 1: page 0 is the padding page
+        let slots = (1 + held_pages + spare_pages) * u64::from(PAGE_SIZE);
         let cfg = skv_cache_config {
             struct_size: std::mem::size_of::<skv_cache_config>() as u32,
             page_size: PAGE_SIZE,
-            // + 1: page 0 is the padding page
-            num_token_slots: (1 + held_pages + spare_pages) * u64::from(PAGE_SIZE),
+            num_token_slots: slots,
             num_rows: u32::try_from(sessions).unwrap() + (CHUNK + DECODE_BATCH) as u32 + 16,
             max_context_len: MAX_CONTEXT,
             flags: 0,
-            swa_num_token_slots: 0,
+            // A turn maps its SWA pages before its window step gives any back: as many as
+            // full-side pages.
+            swa_num_token_slots: if hybrid { slots } else { 0 },
         };
         let mut cache: *mut skv_cache = std::ptr::null_mut();
         // SAFETY: cfg and cache are locals.
@@ -129,6 +172,7 @@ impl Bed {
         let mut bed = Bed {
             cache,
             sessions,
+            hybrid,
             next: 0,
             fresh: 1 << 40,
             batch: vec![(0, skv_req::default()); CHUNK],
@@ -146,7 +190,9 @@ impl Bed {
         bed
     }
 
-    /// A first turn of `tokens` prompt tokens, finished: the session holds its row idle.
+    /// A first turn of `tokens` prompt tokens, finished: the session holds its row idle. On
+    /// the hybrid bed the turn ends with a window step, which gives back the SWA pages of the
+    /// positions before the last `WINDOW`, if any.
     fn hold_new(&mut self, id: u64, tokens: u32) {
         let c = self.cache;
         let mut req = skv_req::default();
@@ -155,6 +201,11 @@ impl Bed {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, tokens, std::ptr::null_mut()), "skv_alloc_extend");
             check(skv_commit(c, &mut req, tokens), "skv_commit");
+            if self.hybrid {
+                let mut freed = 0;
+                check(skv_swa_evict(c, &mut req, tokens, WINDOW, 0, -1, 0, &mut freed), "skv_swa_evict");
+                assert_eq!(freed, tokens.saturating_sub(WINDOW));
+            }
             req.origin_input_len = tokens;
             check(skv_cache_finished_req(c, id, 0, &mut req, 0), "skv_cache_finished_req");
         }
@@ -204,22 +255,26 @@ impl Bed {
             let c = self.cache;
             let batch = &mut self.batch[..n];
             let elapsed = match op {
-                Op::FinishTrim => {
+                Op::FinishTrim | Op::FinishTrimHybrid => {
                     // SAFETY: the bed's live handle and one of its reqs.
                     time_calls(batch, lat.as_deref_mut(), |id, req| unsafe { skv_cache_finished_req(c, id, 0, req, 0) })
                 }
-                // SAFETY: the bed's live handle and one of its reqs; m is a local.
-                Op::MatchTailFree => time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
-                    let mut m = skv_match { hit: 0, prefix_len: 0 };
-                    let st = skv_match_prefix(c, id, 0, req, HELD_TOKENS, 0, &mut m);
-                    if m.hit == 1 && m.prefix_len == HELD_TOKENS {
-                        st
-                    } else {
-                        skv_status::SKV_ERR_INTERNAL
-                    }
-                }),
-                // SAFETY: the bed's live handle.
-                Op::Release => time_calls(batch, lat.as_deref_mut(), |id, _| unsafe { skv_release_session(c, id) }),
+                Op::MatchTailFree | Op::MatchTailFreeHybrid => {
+                    // SAFETY: the bed's live handle and one of its reqs; m is a local.
+                    time_calls(batch, lat.as_deref_mut(), |id, req| unsafe {
+                        let mut m = skv_match { hit: 0, prefix_len: 0 };
+                        let st = skv_match_prefix(c, id, 0, req, HELD_TOKENS, 0, &mut m);
+                        if m.hit == 1 && m.prefix_len == HELD_TOKENS {
+                            st
+                        } else {
+                            skv_status::SKV_ERR_INTERNAL
+                        }
+                    })
+                }
+                Op::Release | Op::ReleaseHybrid => {
+                    // SAFETY: the bed's live handle.
+                    time_calls(batch, lat.as_deref_mut(), |id, _| unsafe { skv_release_session(c, id) })
+                }
                 Op::Extend => unreachable!(),
             };
             for k in 0..n {
@@ -244,9 +299,10 @@ impl Bed {
     }
 
     fn prepare(&mut self, op: Op, k: usize) {
+        debug_assert!(op.full().is_none() || self.hybrid, "a hybrid op on the full-attention bed");
         match op {
             // A turn whose speculative rounds ran 4 pages past origin + finished_len.
-            Op::FinishTrim => {
+            Op::FinishTrim | Op::FinishTrimHybrid => {
                 let id = self.next_session();
                 let mut req = self.restore(id);
                 // SAFETY: the bed's live handle; req is a local.
@@ -261,14 +317,14 @@ impl Bed {
             }
             // A turn that extended its prompt and was then rejected by the scheduler:
             // its retried match frees the 4 pages the first try extended.
-            Op::MatchTailFree => {
+            Op::MatchTailFree | Op::MatchTailFreeHybrid => {
                 let id = self.next_session();
                 let mut req = self.restore(id);
                 // SAFETY: the bed's live handle; req is a local, out_loc NULL.
                 check(unsafe { skv_alloc_extend(self.cache, &mut req, TAIL_TOKENS, std::ptr::null_mut()) }, "extend");
                 self.batch[k] = (id, req);
             }
-            Op::Release => {
+            Op::Release | Op::ReleaseHybrid => {
                 let id = self.fresh;
                 self.fresh += 1;
                 self.hold_new(id, RELEASE_TOKENS);
@@ -281,15 +337,15 @@ impl Bed {
     fn after(&mut self, op: Op, k: usize) {
         let (id, mut req) = self.batch[k];
         match op {
-            Op::FinishTrim => {
+            Op::FinishTrim | Op::FinishTrimHybrid => {
                 assert_eq!(req.kv_allocated_len, 0);
                 assert_eq!(req.output_len, 8);
             }
-            Op::MatchTailFree => {
+            Op::MatchTailFree | Op::MatchTailFreeHybrid => {
                 assert_eq!(req.kv_allocated_len, HELD_TOKENS);
                 self.finish_back(id, &mut req);
             }
-            Op::Release => {}
+            Op::Release | Op::ReleaseHybrid => {}
             Op::Extend => unreachable!(),
         }
     }
@@ -354,6 +410,10 @@ impl Bed {
             check(skv_cache_stats(self.cache, &mut stats), "skv_cache_stats");
             let held = self.sessions * u64::from(HELD_TOKENS / PAGE_SIZE);
             assert_eq!(stats.used_pages, held, "pages leaked by the benchmark loop");
+            // The held sessions lie inside the window: every page keeps its SWA page.
+            let swa_held = if self.hybrid { held } else { 0 };
+            assert_eq!(stats.swa_used_pages, swa_held, "SWA pages leaked by the benchmark loop");
+            assert_eq!(report.swa_pages_in_use, swa_held);
             assert_eq!(stats.sessions, self.sessions);
         }
     }
@@ -493,18 +553,20 @@ fn main() {
     let mut rows = Vec::new();
     for &n in &sizes {
         // Built on first use, so listing or filtering out a session count costs nothing.
-        let mut bed: Option<Bed> = None;
+        let mut beds: [Option<Bed>; 2] = [None, None];
         for op in Op::ALL {
+            let hybrid = op.full().is_some();
+            let bed = &mut beds[usize::from(hybrid)];
             let mut group = c.benchmark_group(op.group());
             group.bench_function(BenchmarkId::from_parameter(n), |b| {
-                let bed = bed.get_or_insert_with(|| Bed::new(n));
+                let bed = bed.get_or_insert_with(|| Bed::new(n, hybrid));
                 b.iter_custom(|iters| bed.run(op, iters, None))
             });
             group.finish();
             if !(benchmarking && selected(op, n)) {
                 continue;
             }
-            let bed = bed.get_or_insert_with(|| Bed::new(n));
+            let bed = bed.get_or_insert_with(|| Bed::new(n, hybrid));
             bed.drain_decode();
             let mut lat = Vec::with_capacity(op.latency_calls() as usize);
             bed.run(op, op.latency_calls(), Some(&mut lat));
@@ -519,11 +581,12 @@ fn main() {
                 p999: percentile(&lat, 0.999),
             });
         }
-        if let Some(bed) = bed.as_mut() {
+        for bed in beds.iter_mut().flatten() {
             bed.drain_decode();
             bed.audit();
             if benchmarking {
-                eprintln!("{n} sessions: {} chunks timed again after a descheduling", bed.retimed);
+                let kind = if bed.hybrid { "hybrid bed" } else { "full-attention bed" };
+                eprintln!("{n} sessions, {kind}: {} chunks timed again after a descheduling", bed.retimed);
             }
         }
     }
@@ -534,23 +597,33 @@ fn main() {
     }
     println!();
     println!("per-call latency, ns (clock overhead of {overhead} ns subtracted from p50/p99/p99.9)");
+    println!("(a hybrid row's target is {HYBRID_LIMIT}x its full-attention op's median; vs full = the ratio)");
     println!(
-        "{:<30} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  median<=target",
-        "operation", "sessions", "median", "p50", "p99", "p99.9", "target"
+        "{:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  median<=target",
+        "operation", "sessions", "median", "p50", "p99", "p99.9", "target", "vs full"
     );
     for r in &rows {
         let median = criterion_median_ns(r.op.group(), r.sessions);
+        let full_median = r.op.full().and_then(|f| criterion_median_ns(f.group(), r.sessions));
+        let target = r.op.target_ns().or(full_median.map(|f| f * HYBRID_LIMIT));
         let shown = median.map_or("-".to_string(), |m| format!("{m:.1}"));
-        let verdict = median.map_or("-", |m| if m <= r.op.target_ns() { "yes" } else { "NO" });
+        let target_shown = target.map_or("-".to_string(), |t| format!("{t:.1}"));
+        let vs_full = median.zip(full_median).map_or("-".to_string(), |(m, f)| format!("{:.2}x", m / f));
+        let verdict = match median.zip(target) {
+            Some((m, t)) if m <= t => "yes",
+            Some(_) => "NO",
+            None => "-",
+        };
         println!(
-            "{:<30} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
+            "{:<34} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}  {}",
             r.op.group(),
             r.sessions,
             shown,
             r.p50,
             r.p99,
             r.p999,
-            r.op.target_ns(),
+            target_shown,
+            vs_full,
             verdict
         );
     }
@@ -562,7 +635,7 @@ fn main() {
             let p99 = |n: u64| rows.iter().find(|r| r.op == op && r.sessions == n).map(|r| r.p99);
             if let (Some(a), Some(b)) = (p99(*lo), p99(*hi)) {
                 let ratio = b as f64 / a.max(1) as f64;
-                println!("{:<30} p99 at {hi} / p99 at {lo} = {ratio:.2} (claim: <= 2)", op.group());
+                println!("{:<34} p99 at {hi} / p99 at {lo} = {ratio:.2} (claim: <= 2)", op.group());
             }
         }
     }
