@@ -50,7 +50,7 @@ impl Cache {
         for (row, slot) in self.slots.iter().filter(|(_, s)| !s.in_flight) {
             let Some(r) = pool.rows.get(row as usize).and_then(|r| r.as_ref()) else { continue };
             let (lo, hi) = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
-            let ids = &s.rows[row as usize];
+            let ids = &s.rows[row as usize].ids;
             let shared = (r.protected / ps) as usize;
             for (i, &id) in ids.iter().enumerate().take(r.pages.len()).skip(shared) {
                 let first = i as u32 * ps;
@@ -197,7 +197,12 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
         }
     }
     for (row, r) in pool.rows.iter().enumerate() {
-        let ids = &s.rows[row];
+        let sr = &s.rows[row];
+        let ids = &sr.ids;
+        let (lo, hi) = (sr.passed.0 as usize, sr.passed.1 as usize);
+        if lo < hi && ids.get(lo..hi).is_none_or(|run| run.iter().any(|&id| id != 0)) {
+            rep.violation(|| format!("row {row}'s SWA entries [{lo}, {hi}), which frees skip, are not all empty"));
+        }
         let Some(r) = r else {
             if !ids.is_empty() {
                 rep.violation(|| format!("unused row {row} names {} SWA pages", ids.len()));

@@ -130,7 +130,7 @@ impl Cache {
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let r = pool.rows[req.row as usize].as_mut().expect("checked in use");
             let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
-            let swa_ids = pool.swa.as_mut().map(|s| &mut s.rows[req.row as usize]);
+            let swa_ids = pool.swa.as_mut().map(|s| &mut s.rows[req.row as usize].ids);
             if r.pages.try_reserve_exact(need as usize).is_err()
                 || swa_ids.is_some_and(|ids| ids.try_reserve_exact(need as usize).is_err())
             {

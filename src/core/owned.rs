@@ -33,14 +33,67 @@ pub struct Row {
     pub protected: u32,
 }
 
+/// One row's side of the SWA pool, kept together so a call on the row reads one record.
+#[derive(Debug, Default)]
+pub struct SwaRow {
+    /// The SWA page of each page the row maps (`Row::pages`, same positions); 0 once the
+    /// window freed it. Entries inside a protected prefix copy `SwaSide::held`'s.
+    pub(crate) ids: Vec<u32>,
+    /// The row's SWA cursor (sglang's `swa_evicted_seqlen`); a req must agree with it.
+    pub(crate) cursor: u32,
+    /// Entries `[lo, hi)` the window emptied in one run: a free skips them, so a release
+    /// walks only the pages still holding an SWA page (a long row's window passed most).
+    pub(crate) passed: (u32, u32),
+}
+
+impl SwaRow {
+    /// Gives back the SWA pages of entries `from..` and drops those entries.
+    #[inline]
+    pub(crate) fn free_from(&mut self, alloc: &mut SwaAllocator, from: usize) {
+        let n = self.ids.len();
+        if from >= n {
+            return;
+        }
+        let (lo, hi) = (self.passed.0 as usize, self.passed.1 as usize);
+        let (a, b) = (lo.clamp(from, n), hi.clamp(from, n));
+        if b > a {
+            alloc.free_entries(&mut self.ids[from..a]);
+            alloc.free_entries(&mut self.ids[b..]);
+        } else {
+            alloc.free_entries(&mut self.ids[from..]);
+        }
+        self.ids.truncate(from);
+        let f = from as u32;
+        self.passed = match (lo as u32).min(f)..(hi as u32).min(f) {
+            r if r.is_empty() => (0, 0),
+            r => (r.start, r.end),
+        };
+    }
+
+    /// Gives back the SWA pages of entries `[lo, hi)`: the window passed them.
+    pub(crate) fn pass(&mut self, alloc: &mut SwaAllocator, lo: u32, hi: u32) {
+        let hi = hi.min(self.ids.len() as u32);
+        if lo >= hi {
+            return;
+        }
+        alloc.free_entries(&mut self.ids[lo as usize..hi as usize]);
+        let (plo, phi) = self.passed;
+        // Runs that touch make one; otherwise the longer is kept (either holds only zeros).
+        self.passed = if plo < phi && lo <= phi && hi >= plo {
+            (plo.min(lo), phi.max(hi))
+        } else if hi - lo >= phi.saturating_sub(plo) {
+            (lo, hi)
+        } else {
+            (plo, phi)
+        };
+    }
+}
+
 /// The sliding-window pool and what maps it.
 pub struct SwaSide {
     pub(crate) alloc: SwaAllocator,
-    /// Per row: the SWA page of each page the row maps (`Row::pages`, same positions); 0 once
-    /// the window freed it. Entries inside a protected prefix copy `held`'s.
-    pub(crate) rows: Vec<Vec<u32>>,
-    /// Per row: its SWA cursor (sglang's `swa_evicted_seqlen`); a req must agree with it.
-    pub(crate) cursors: Vec<u32>,
+    /// Per row: its SWA pages and cursor.
+    pub(crate) rows: Vec<SwaRow>,
     /// Per full page: the SWA page of an engine-held page, 0 for every other page. A held
     /// page's SWA page goes back with it (`pool_free`), never with a row.
     pub(crate) held: Vec<u32>,
@@ -51,8 +104,7 @@ impl SwaSide {
         let n = cfg.num_rows as usize;
         Ok(SwaSide {
             alloc: SwaAllocator::new((cfg.swa_num_token_slots / cfg.page_size as u64) as u32)?,
-            rows: try_vec(n, "rows' SWA pages", |_| Vec::new())?,
-            cursors: try_vec(n, "rows' SWA cursors", |_| 0)?,
+            rows: try_vec(n, "rows' SWA pages", |_| SwaRow::default())?,
             held: try_vec(full_pages as usize, "engine-held pages' SWA pages", |_| 0)?,
         })
     }
@@ -155,10 +207,10 @@ impl OwnedPool {
         }
         self.pages.free_owned(&r.pages[shared..]);
         if let Some(s) = self.swa.as_mut() {
-            let ids = &mut s.rows[row as usize];
-            s.alloc.free_entries(&mut ids[shared..]);
-            ids.clear();
-            s.cursors[row as usize] = 0;
+            let sr = &mut s.rows[row as usize];
+            sr.free_from(&mut s.alloc, shared);
+            (sr.cursor, sr.passed) = (0, (0, 0));
+            sr.ids.clear();
         }
         self.free_rows.push(row);
     }
@@ -171,7 +223,7 @@ impl OwnedPool {
             return self.pages.alloc(n, PageState::Owned, &mut r.pages);
         };
         s.check_room(n as u64)?;
-        let ids = &mut s.rows[row as usize];
+        let ids = &mut s.rows[row as usize].ids;
         if ids.try_reserve_exact(n as usize).is_err() {
             bail!(OutOfMemory, "no host memory for a list of {n} more SWA pages");
         }
@@ -184,18 +236,14 @@ impl OwnedPool {
     /// window step's are): the window moved past them.
     fn free_swa(&mut self, row: u32, start: u32, end: u32) {
         let Some(s) = self.swa.as_mut() else { return };
-        let ids = &mut s.rows[row as usize];
-        let (lo, hi) = ((start / self.ps) as usize, ((end / self.ps) as usize).min(ids.len()));
-        if lo < hi {
-            s.alloc.free_entries(&mut ids[lo..hi]);
-        }
+        s.rows[row as usize].pass(&mut s.alloc, start / self.ps, end / self.ps);
     }
 
     /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
     #[inline]
     pub(crate) fn set_cursor(&mut self, row: u32, swa: u32) {
         if let Some(s) = self.swa.as_mut() {
-            s.cursors[row as usize] = swa;
+            s.rows[row as usize].cursor = swa;
         }
     }
 
@@ -213,13 +261,9 @@ impl OwnedPool {
         let kept = (pages_for(keep, ps) as usize).min(r.pages.len());
         r.len = r.len.min(keep);
         if let Some(s) = self.swa.as_mut() {
-            let cursor = &mut s.cursors[row as usize];
-            *cursor = (*cursor).min(keep);
-            let ids = &mut s.rows[row as usize];
-            if kept < ids.len() {
-                s.alloc.free_entries(&mut ids[kept..]);
-                ids.truncate(kept);
-            }
+            let sr = &mut s.rows[row as usize];
+            sr.cursor = sr.cursor.min(keep);
+            sr.free_from(&mut s.alloc, kept);
         }
         if kept == r.pages.len() {
             return;
@@ -264,7 +308,7 @@ impl Pool for OwnedPool {
             bail!(InvalidArg, "cache_protected_len {} != {} recorded for row {row}", req.protected, r.protected);
         }
         if let Some(s) = self.swa.as_ref() {
-            let cursor = s.cursors[row as usize];
+            let cursor = s.rows[row as usize].cursor;
             if req.swa != cursor {
                 bail!(
                     InvalidArg,
@@ -287,7 +331,7 @@ impl Pool for OwnedPool {
         }
         // The page holding `target - 1` stays; if the window passed it, positions grown into
         // it later would have no SWA slot (a trim floors its target to a page for this).
-        let passed = |s: &SwaSide| s.rows[row as usize].get((target / self.ps) as usize) == Some(&0);
+        let passed = |s: &SwaSide| s.rows[row as usize].ids.get((target / self.ps) as usize) == Some(&0);
         if target < r.len && !target.is_multiple_of(self.ps) && self.swa.as_ref().is_some_and(passed) {
             bail!(
                 InvalidArg,

@@ -195,9 +195,10 @@ impl Cache {
         }
         let n = n as u32;
         if let Some(s) = pool.swa.as_mut() {
-            let ids = &mut s.rows[row as usize];
-            ids.clear();
-            ids.extend(pages.iter().map(|&p| s.held[p as usize]));
+            let sr = &mut s.rows[row as usize];
+            sr.ids.clear();
+            sr.ids.extend(pages.iter().map(|&p| s.held[p as usize]));
+            sr.passed = (0, 0);
         }
         *pool.row_mut(row) = super::owned::Row { pages, len: n, protected: n };
         pool.mapped(row, 0, n);
@@ -231,7 +232,7 @@ impl Cache {
         }
         if let Some(s) = pool.swa.as_mut() {
             // The SWA pages go to the engine with their full pages (0 where the window passed).
-            for (&p, &id) in newly.iter().zip(&s.rows[row as usize][lo..hi]) {
+            for (&p, &id) in newly.iter().zip(&s.rows[row as usize].ids[lo..hi]) {
                 s.held[p as usize] = id;
             }
         }
@@ -258,7 +259,7 @@ impl Cache {
             }
             return Ok(());
         };
-        let ids = &s.rows[row as usize];
+        let ids = &s.rows[row as usize].ids;
         for (o, p) in out.iter_mut().zip(start..end) {
             *o = match ids[(p / ps) as usize] {
                 0 => 0,
@@ -367,7 +368,7 @@ impl Cache {
         for (i, &row) in rows.iter().enumerate() {
             let r = pool.row(row as u32).expect("checked by flashinfer_len");
             let n = pages_for(r.len, ps) as usize;
-            let ids = side.map_or(&r.pages, |s| &s.rows[row as usize]);
+            let ids = side.map_or(&r.pages, |s| &s.rows[row as usize].ids);
             for (o, &p) in indices[at..at + n].iter_mut().zip(ids) {
                 *o = p as i32;
             }

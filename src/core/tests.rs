@@ -1303,12 +1303,14 @@ fn the_audit_sees_both_pools() {
         assert!(rep.violations > 0);
         rep.first_violation
     };
-    let m = corrupt(&|s, row| s.rows[row as usize][3] = 0);
+    let m = corrupt(&|s, row| s.rows[row as usize].ids[3] = 0);
     assert!(m.contains("lacks an SWA page") || m.contains("leaked"), "{m}");
-    let m = corrupt(&|s, row| s.rows[row as usize][0] = s.rows[row as usize][3]);
-    assert!(m.contains("named twice") || m.contains("still has"), "{m}");
+    let m = corrupt(&|s, row| s.rows[row as usize].ids[0] = s.rows[row as usize].ids[3]);
+    assert!(m.contains("named twice") || m.contains("still has") || m.contains("not all empty"), "{m}");
     let m = corrupt(&|s, _| s.held[5] = 9);
     assert!(m.contains("keeps an engine-held SWA page"), "{m}");
+    let m = corrupt(&|s, row| s.rows[row as usize].passed = (1, 4));
+    assert!(m.contains("which frees skip, are not all empty"), "{m}");
 }
 
 #[test]
@@ -1328,4 +1330,23 @@ fn hybrid_free_aligned_keeps_no_page_the_window_passed() {
     c.alloc_extend(&mut r, 8, None).unwrap();
     assert!(swa_indices(&c, &r)[8..].iter().all(|&i| i > 0), "the new pages take SWA pages");
     clean(&c);
+}
+
+#[test]
+fn a_row_skips_only_entries_the_window_emptied() {
+    use super::alloc::SwaAllocator;
+    let mut a = SwaAllocator::new(32).unwrap();
+    let mut sr = super::owned::SwaRow::default();
+    a.alloc(10, &mut sr.ids);
+    sr.pass(&mut a, 2, 4);
+    sr.pass(&mut a, 4, 6);
+    assert_eq!(sr.passed, (2, 6), "touching runs join");
+    sr.pass(&mut a, 8, 9);
+    assert_eq!(sr.passed, (2, 6), "a shorter run apart keeps the longer");
+    assert_eq!(a.free_pages(), 31 - 10 + 5);
+    sr.free_from(&mut a, 3);
+    assert_eq!((sr.ids.len(), sr.passed), (3, (2, 3)));
+    assert_eq!(a.free_pages(), 31 - 2, "the live entries 6, 7 and 9 went back, nothing twice");
+    sr.free_from(&mut a, 0);
+    assert_eq!((a.free_pages(), sr.passed), (31, (0, 0)));
 }
