@@ -202,6 +202,12 @@ impl OwnedPool {
     fn free_row(&mut self, row: u32) {
         let r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
+        if let Some(s) = self.swa.as_ref() {
+            // Loaded while the full pages go back: the first SWA entries the free reads.
+            let sr = &s.rows[row as usize];
+            let first = if sr.passed.0 as usize <= shared { sr.passed.1 as usize } else { shared };
+            prefetch(sr.ids.as_ptr().wrapping_add(first));
+        }
         for &page in &r.pages[..shared] {
             self.unmap_held(page);
         }
@@ -292,6 +298,18 @@ impl OwnedPool {
     }
 }
 
+/// A hint to load `p`'s cache line; `p` need not be valid (nothing is read through it).
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing and cannot fault, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 impl Pool for OwnedPool {
     fn mapped_len(&self, row: u32) -> Option<u32> {
         self.rows.get(row as usize)?.as_ref().map(|r| r.len)
@@ -308,7 +326,11 @@ impl Pool for OwnedPool {
             bail!(InvalidArg, "cache_protected_len {} != {} recorded for row {row}", req.protected, r.protected);
         }
         if let Some(s) = self.swa.as_ref() {
-            let cursor = s.rows[row as usize].cursor;
+            let sr = &s.rows[row as usize];
+            // The call goes on to the row's last SWA entries (a trim, a tail free, a grow):
+            // start that load now, behind the checks, rather than after them.
+            prefetch(sr.ids.as_ptr().wrapping_add(r.pages.len().saturating_sub(1)));
+            let cursor = sr.cursor;
             if req.swa != cursor {
                 bail!(
                     InvalidArg,
