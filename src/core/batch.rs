@@ -4,8 +4,8 @@
 //! An error names the request's position (`reqs[17]: ...`).
 
 use super::alloc::PageState;
-use super::cache::Cache;
-use super::error::{bail, try_vec, Error, Result};
+use super::cache::{Cache, RowMeta};
+use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
 use super::page::{pages_for, token_slot};
 use super::req::Req;
@@ -107,32 +107,31 @@ impl Cache {
             }
         }
         let ps = self.cfg.page_size;
-        let stamp = self.batch_marks.begin(self.cfg.num_rows)?;
+        let stamp = self.batch_marks.begin(&mut self.row_meta);
         let mut pages = 0u64;
+        // Whether some row's page list lacks room for its new pages (a turn's first extend).
+        let mut short = false;
         let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            if let Some(j) = self.batch_marks.mark(row, stamp, i as u32) {
-                bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
-            }
-            let need = pages_for(new_len, ps) - pool.row(row).expect("checked in use").pages.len() as u32;
+            mark_row(&self.row_meta, row, stamp, i)?;
+            let list = &pool.row(row).expect("checked in use").pages;
+            let need = pages_for(new_len, ps) - list.len() as u32;
             pages += need as u64;
+            short |= list.capacity() - list.len() < need as usize;
             if pages > pool.pages.free_pages() as u64 {
-                bail!(
-                    OutOfMemory,
-                    "reqs[{i}]: n_tokens {n}: the batch needs {pages} pages up to here, {} free",
-                    pool.pages.free_pages()
-                );
+                return Err(batch_short_of_pages(i, n, pages, pool.pages.free_pages()));
             }
         }
         let pool = self.pool.owned_mut().expect("owned checked");
-        // Reserving changes nothing observable, and leaves nothing to fail below. (A pass of
-        // its own: the checks above read the pool, this needs it mutable.)
-        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let r = pool.row_mut(req.row as u32);
-            let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
-            if r.pages.try_reserve_exact(need as usize).is_err() {
-                bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
+        if short {
+            // Reserving changes nothing observable, and leaves nothing to fail below.
+            for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
+                let r = pool.row_mut(req.row as u32);
+                let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
+                if r.pages.try_reserve_exact(need as usize).is_err() {
+                    bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
+                }
             }
         }
         let mut out = out;
@@ -159,13 +158,11 @@ impl Cache {
     /// `commit(reqs[i], n_tokens[i])` for every i, all or nothing.
     pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
         self.require_owned()?;
-        let stamp = self.batch_marks.begin(self.cfg.num_rows)?;
+        let stamp = self.batch_marks.begin(&mut self.row_meta);
         let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let (row, _) = self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            if let Some(j) = self.batch_marks.mark(row, stamp, i as u32) {
-                bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
-            }
+            mark_row(&self.row_meta, row, stamp, i)?;
         }
         for (req, &n) in reqs.iter_mut().zip(n_tokens) {
             req.committed += n;
@@ -174,39 +171,40 @@ impl Cache {
     }
 }
 
-/// Per row, the last batch call that named it and the position it had there (made on the
-/// first batch call), so a batch finds a row named twice in one pass. Kept beside the pool,
-/// not in it: the checks read the pool while the marks change.
+#[cold]
+#[inline(never)]
+fn batch_short_of_pages(i: usize, n: u32, pages: u64, free: u32) -> Error {
+    Error::OutOfMemory(format!("reqs[{i}]: n_tokens {n}: the batch needs {pages} pages up to here, {free} free"))
+}
+
+/// Marks `reqs[i]`'s row for batch `stamp`; refuses a row an earlier request named.
+#[inline(always)]
+fn mark_row(meta: &[RowMeta], row: u32, stamp: u32, i: usize) -> Result<()> {
+    let m = &meta[row as usize].batch;
+    let (seen, j) = m.get();
+    if seen == stamp {
+        bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
+    }
+    m.set((stamp, i as u32));
+    Ok(())
+}
+
+/// Numbers the batch calls, so a batch finds a row named twice in one pass: each row's
+/// `RowMeta::batch` holds the last batch call that named it and the row's position there.
 #[derive(Default)]
 pub(crate) struct BatchMarks {
-    marks: Vec<(u32, u32)>,
     stamp: u32,
 }
 
 impl BatchMarks {
-    /// Starts a batch call over `rows` rows: a stamp no row's mark holds yet.
-    fn begin(&mut self, rows: u32) -> Result<u32> {
-        if self.marks.is_empty() {
-            self.marks = try_vec(rows as usize, "the batch marks", |_| (0, 0))?;
-        }
+    /// Starts a batch call: a stamp no row's mark holds yet.
+    fn begin(&mut self, meta: &mut [RowMeta]) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
-            self.marks.iter_mut().for_each(|m| *m = (0, 0));
+            meta.iter_mut().for_each(|m| m.batch.set((0, 0)));
             self.stamp = 1;
         }
-        Ok(self.stamp)
-    }
-
-    /// Marks `row` as named at position `pos` of batch `stamp`; the earlier position when the
-    /// batch already named it.
-    #[inline]
-    fn mark(&mut self, row: u32, stamp: u32, pos: u32) -> Option<u32> {
-        let m = &mut self.marks[row as usize];
-        if m.0 == stamp {
-            return Some(m.1);
-        }
-        *m = (stamp, pos);
-        None
+        self.stamp
     }
 }
 
