@@ -32,6 +32,44 @@ impl Cache {
     /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
     #[inline(always)]
     fn check_extend(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+        let new_len = req.allocated as u64 + n as u64;
+        match self.plainly_current(pool, req, new_len <= self.cfg.max_context_len as u64) {
+            Some(row) => Ok((row, new_len as u32)),
+            None => self.check_extend_in_order(pool, req, n),
+        }
+    }
+
+    /// The checks `commit(req, n)` runs: the row, and the committed length after it.
+    #[inline(always)]
+    fn check_commit(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+        let committed = req.committed as u64 + n as u64;
+        match self.plainly_current(pool, req, committed <= req.allocated as u64) {
+            Some(row) => Ok((row, committed as u32)),
+            None => self.check_commit_in_order(pool, req, n),
+        }
+    }
+
+    /// Whether `req` passes every check of an extend or a commit, `fits` being the call's
+    /// own (the new length): all of them at once, for the rule that a request is fine. `None`
+    /// when any fails, or the answer needs more than one compare each: the checks then run in
+    /// their documented order, which also says what is wrong.
+    #[inline(always)]
+    fn plainly_current(&self, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
+        let row = u32::try_from(req.row).ok()?;
+        let r = pool.rows.get(row as usize)?.as_ref()?;
+        let meta = self.row_meta.get(row as usize)?;
+        let ok = fits
+            & req.plainly_valid(&self.cfg)
+            & ((req.generation == 0) | (req.generation == meta.generation))
+            & (req.allocated == r.len)
+            & (req.protected == r.protected)
+            & !meta.idle_slot;
+        ok.then_some(row)
+    }
+
+    /// `check_extend`, each check in turn.
+    #[inline(never)]
+    fn check_extend_in_order(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let max = self.cfg.max_context_len;
@@ -44,9 +82,9 @@ impl Cache {
         Ok((row, new_len))
     }
 
-    /// The checks `commit(req, n)` runs: the row, and the committed length after it.
-    #[inline(always)]
-    fn check_commit(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+    /// `check_commit`, each check in turn.
+    #[inline(never)]
+    fn check_commit_in_order(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let committed = match req.committed.checked_add(n) {
