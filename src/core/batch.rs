@@ -108,15 +108,13 @@ impl Cache {
         let (row, new_len) = self.check_extend(self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
-        let have = pool.row(row)?.pages.len() as u32;
-        let need = pages_for(new_len, ps) - have;
+        let r = pool.rows[row as usize].as_mut().expect("row checked in use");
+        let need = pages_for(new_len, ps) - r.pages.len() as u32;
         if need > 0 {
-            let r = pool.rows[row as usize].as_mut().expect("row checked in use");
             pool.pages
                 .alloc(need, PageState::Owned, &mut r.pages)
                 .map_err(|e| Error::OutOfMemory(format!("n_tokens {n}: {e}")))?;
         }
-        let r = pool.rows[row as usize].as_mut().expect("row checked in use");
         r.len = new_len;
         if let Some(out) = out {
             write_slots(&r.pages, ps, req.allocated, out);
