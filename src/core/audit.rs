@@ -41,9 +41,9 @@ impl Cache {
     fn check_slots(&self, pool: &OwnedPool, rep: &mut Report) {
         for (row, m) in self.row_meta.iter().enumerate() {
             let idle = self.slots.of_row(row as u32).is_some_and(|s| !s.in_flight);
-            if m.idle_slot() != idle {
+            if m.idle_slot != idle {
                 rep.violation(|| {
-                    format!("row {row} is flagged idle_slot {} but an idle slot holding it is {idle}", m.idle_slot())
+                    format!("row {row} is flagged idle_slot {} but an idle slot holding it is {idle}", m.idle_slot)
                 });
             }
         }

