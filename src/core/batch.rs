@@ -289,6 +289,21 @@ mod tests {
     }
 
     #[test]
+    fn the_batch_stamp_wraps_without_forgetting_a_row_named_twice() {
+        let mut c = cache(16);
+        let mut reqs = rows(&mut c, 2);
+        c.batch_marks.stamp = u32::MAX - 1;
+        c.commit_batch(&mut reqs, &[0, 0]).unwrap();
+        // The stamp wraps here: every row's mark starts again from 0.
+        c.commit_batch(&mut reqs, &[0, 0]).unwrap();
+        assert_eq!(c.batch_marks.stamp, 1);
+        reqs[1] = reqs[0];
+        let e = c.commit_batch(&mut reqs, &[0, 0]).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.contains("reqs[1]: row 0 is also reqs[0]'s")), "{e}");
+        assert_eq!(c.check().unwrap().violations, 0);
+    }
+
+    #[test]
     fn a_failing_batch_names_the_position_and_changes_nothing() {
         let mut c = cache(4); // 3 usable pages
         let mut reqs = rows(&mut c, 3);
