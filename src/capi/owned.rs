@@ -103,7 +103,14 @@ fn as_core_reqs(reqs: &mut [skv_req]) -> &mut [Req] {
     unsafe { std::slice::from_raw_parts_mut(reqs.as_mut_ptr().cast::<Req>(), reqs.len()) }
 }
 
-// `as_core_reqs` relies on these: one size, one alignment, each field at one offset.
+/// The caller's req as a core `Req`, without copying it (see `as_core_reqs`).
+pub(crate) fn as_core_req(req: &skv_req) -> &Req {
+    // SAFETY: Req and skv_req have one layout (asserted below) of plain integers, for which
+    // every bit pattern is valid; the result borrows the same memory for the same lifetime.
+    unsafe { &*std::ptr::from_ref(req).cast::<Req>() }
+}
+
+// `as_core_reqs` and `as_core_req` rely on these: one size, one alignment, each field at one offset.
 const _: () = {
     use std::mem::{align_of, offset_of, size_of};
     assert!(size_of::<Req>() == size_of::<skv_req>() && align_of::<Req>() == align_of::<skv_req>());

@@ -56,23 +56,9 @@ pub struct skv_req {
 }
 
 impl From<&skv_req> for Req {
+    /// A copy of the whole struct at once (one layout: see `as_core_req`), not field by field.
     fn from(r: &skv_req) -> Req {
-        Req {
-            row: r.req_pool_idx,
-            generation: r.row_generation,
-            committed: r.kv_committed_len,
-            allocated: r.kv_allocated_len,
-            protected: r.cache_protected_len,
-            swa: r.swa_evicted_seqlen,
-            origin_input_len: r.origin_input_len,
-            output_len: r.output_len,
-            finished_len: r.finished_len,
-            lock_node: r.lock_node,
-            lock_receipt: r.lock_receipt,
-            aux: r.aux_state,
-            track: r.aux_track,
-            swa_floor: r.swa_evict_floor,
-        }
+        *super::owned::as_core_req(r)
     }
 }
 

@@ -71,8 +71,16 @@ impl Cache {
     }
 
     /// Every slot's row is in use, an idle slot's record matches its row, and the slot holds
-    /// the row's current generation.
+    /// the row's current generation; each row's idle flag says whether an idle slot holds it.
     fn check_slots(&self, pool: &OwnedPool, rep: &mut Report) {
+        for (row, m) in self.row_meta.iter().enumerate() {
+            let idle = self.slots.of_row(row as u32).is_some_and(|s| !s.in_flight);
+            if m.idle_slot != idle {
+                rep.violation(|| {
+                    format!("row {row} is flagged idle_slot {} but an idle slot holding it is {idle}", m.idle_slot)
+                });
+            }
+        }
         for (row, s) in self.slots.iter() {
             match pool.rows.get(row as usize).and_then(|r| r.as_ref()) {
                 None => rep.violation(|| format!("session {} branch {} holds unused row {row}", s.session, s.branch)),
@@ -84,10 +92,13 @@ impl Cache {
                         )
                     })
                 }
-                Some(_) if s.generation != self.generations[row as usize] => rep.violation(|| {
+                Some(_) if s.generation != self.generation(row) => rep.violation(|| {
                     format!(
                         "slot of session {} branch {} records generation {} of row {row}, which is at {}",
-                        s.session, s.branch, s.generation, self.generations[row as usize]
+                        s.session,
+                        s.branch,
+                        s.generation,
+                        self.generation(row)
                     )
                 }),
                 Some(_) => {}

@@ -3,8 +3,8 @@
 //! plus no row twice — and the pool's capacity for the whole batch, before the first change.
 //! An error names the request's position (`reqs[17]: ...`).
 
-use super::cache::Cache;
-use super::error::{bail, try_vec, Error, Result};
+use super::cache::{Cache, RowMeta};
+use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
 use super::page::{pages_for, token_slot};
 use super::req::Req;
@@ -31,6 +31,45 @@ impl Cache {
     /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
     #[inline(always)]
     fn check_extend(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+        let new_len = req.allocated as u64 + n as u64;
+        match self.plainly_current(pool, req, new_len <= self.cfg.max_context_len as u64) {
+            Some(row) => Ok((row, new_len as u32)),
+            None => self.check_extend_in_order(pool, req, n),
+        }
+    }
+
+    /// The checks `commit(req, n)` runs: the row, and the committed length after it.
+    #[inline(always)]
+    fn check_commit(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+        let committed = req.committed as u64 + n as u64;
+        match self.plainly_current(pool, req, committed <= req.allocated as u64) {
+            Some(row) => Ok((row, committed as u32)),
+            None => self.check_commit_in_order(pool, req, n),
+        }
+    }
+
+    /// Whether `req` passes every check of an extend or a commit, `fits` being the call's
+    /// own (the new length): all of them at once, for the rule that a request is fine. `None`
+    /// when any fails, or the answer needs more than one compare each: the checks then run in
+    /// their documented order, which also says what is wrong.
+    #[inline(always)]
+    fn plainly_current(&self, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
+        let row = u32::try_from(req.row).ok()?;
+        let r = pool.rows.get(row as usize)?.as_ref()?;
+        let meta = self.row_meta.get(row as usize)?;
+        let ok = fits
+            & req.plainly_valid(&self.cfg)
+            & ((req.generation == 0) | (req.generation == meta.generation))
+            & (req.allocated == r.len)
+            & (req.protected == r.protected)
+            & pool.swa.as_ref().is_none_or(|s| s.rows[row as usize].cursor == req.swa)
+            & !meta.idle_slot;
+        ok.then_some(row)
+    }
+
+    /// `check_extend`, each check in turn.
+    #[inline(never)]
+    fn check_extend_in_order(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let max = self.cfg.max_context_len;
@@ -43,9 +82,9 @@ impl Cache {
         Ok((row, new_len))
     }
 
-    /// The checks `commit(req, n)` runs: the row, and the committed length after it.
-    #[inline(always)]
-    fn check_commit(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+    /// `check_commit`, each check in turn.
+    #[inline(never)]
+    fn check_commit_in_order(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let committed = match req.committed.checked_add(n) {
@@ -69,8 +108,8 @@ impl Cache {
         let (row, new_len) = self.check_extend(self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
-        let have = pool.row(row)?.pages.len() as u32;
-        let need = pages_for(new_len, ps) - have;
+        let need =
+            pages_for(new_len, ps) - pool.rows[row as usize].as_ref().expect("row checked in use").pages.len() as u32;
         if need > 0 {
             pool.grow(row, need).map_err(|e| e.at(format_args!("n_tokens {n}")))?;
         }
@@ -103,38 +142,41 @@ impl Cache {
             }
         }
         let ps = self.cfg.page_size;
-        let stamp = self.batch_marks.begin(self.cfg.num_rows)?;
+        let stamp = self.batch_marks.begin(&mut self.row_meta);
         let mut pages = 0u64;
+        // Whether some row's page list lacks room for its new pages (a turn's first extend).
+        let mut short = false;
         let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            if let Some(j) = self.batch_marks.mark(row, stamp, i as u32) {
-                bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
-            }
-            let need = pages_for(new_len, ps) - pool.row(row).expect("checked in use").pages.len() as u32;
+            mark_row(&self.row_meta, row, stamp, i)?;
+            let list = &pool.row(row).expect("checked in use").pages;
+            let need = pages_for(new_len, ps) - list.len() as u32;
             pages += need as u64;
+            short |= list.capacity() - list.len() < need as usize
+                || pool.swa.as_ref().is_some_and(|s| {
+                    let ids = &s.rows[row as usize].ids;
+                    ids.capacity() - ids.len() < need as usize
+                });
             if pages > pool.pages.free_pages() as u64 {
-                bail!(
-                    OutOfMemory,
-                    "reqs[{i}]: n_tokens {n}: the batch needs {pages} pages up to here, {} free",
-                    pool.pages.free_pages()
-                );
+                return Err(batch_short_of_pages(i, n, pages, pool.pages.free_pages()));
             }
             if let Some(s) = pool.swa.as_ref() {
                 s.check_room(pages).map_err(|e| e.at(format_args!("reqs[{i}]: n_tokens {n}: the batch up to here")))?;
             }
         }
         let pool = self.pool.owned_mut().expect("owned checked");
-        // Reserving changes nothing observable, and leaves nothing to fail below. (A pass of
-        // its own: the checks above read the pool, this needs it mutable.)
-        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let r = pool.rows[req.row as usize].as_mut().expect("checked in use");
-            let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
-            let swa_ids = pool.swa.as_mut().map(|s| &mut s.rows[req.row as usize].ids);
-            if r.pages.try_reserve_exact(need as usize).is_err()
-                || swa_ids.is_some_and(|ids| ids.try_reserve_exact(need as usize).is_err())
-            {
-                bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
+        if short {
+            // Reserving changes nothing observable, and leaves nothing to fail below.
+            for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
+                let r = pool.rows[req.row as usize].as_mut().expect("checked in use");
+                let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
+                let swa_ids = pool.swa.as_mut().map(|s| &mut s.rows[req.row as usize].ids);
+                if r.pages.try_reserve_exact(need as usize).is_err()
+                    || swa_ids.is_some_and(|ids| ids.try_reserve_exact(need as usize).is_err())
+                {
+                    bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
+                }
             }
         }
         let mut out = out;
@@ -161,13 +203,11 @@ impl Cache {
     /// `commit(reqs[i], n_tokens[i])` for every i, all or nothing.
     pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
         self.require_owned()?;
-        let stamp = self.batch_marks.begin(self.cfg.num_rows)?;
+        let stamp = self.batch_marks.begin(&mut self.row_meta);
         let pool = self.pool.owned().expect("owned checked");
         for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
             let (row, _) = self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            if let Some(j) = self.batch_marks.mark(row, stamp, i as u32) {
-                bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
-            }
+            mark_row(&self.row_meta, row, stamp, i)?;
         }
         for (req, &n) in reqs.iter_mut().zip(n_tokens) {
             req.committed += n;
@@ -176,39 +216,40 @@ impl Cache {
     }
 }
 
-/// Per row, the last batch call that named it and the position it had there (made on the
-/// first batch call), so a batch finds a row named twice in one pass. Kept beside the pool,
-/// not in it: the checks read the pool while the marks change.
+#[cold]
+#[inline(never)]
+fn batch_short_of_pages(i: usize, n: u32, pages: u64, free: u32) -> Error {
+    Error::OutOfMemory(format!("reqs[{i}]: n_tokens {n}: the batch needs {pages} pages up to here, {free} free"))
+}
+
+/// Marks `reqs[i]`'s row for batch `stamp`; refuses a row an earlier request named.
+#[inline(always)]
+fn mark_row(meta: &[RowMeta], row: u32, stamp: u32, i: usize) -> Result<()> {
+    let m = &meta[row as usize].batch;
+    let (seen, j) = m.get();
+    if seen == stamp {
+        bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
+    }
+    m.set((stamp, i as u32));
+    Ok(())
+}
+
+/// Numbers the batch calls, so a batch finds a row named twice in one pass: each row's
+/// `RowMeta::batch` holds the last batch call that named it and the row's position there.
 #[derive(Default)]
 pub(crate) struct BatchMarks {
-    marks: Vec<(u32, u32)>,
     stamp: u32,
 }
 
 impl BatchMarks {
-    /// Starts a batch call over `rows` rows: a stamp no row's mark holds yet.
-    fn begin(&mut self, rows: u32) -> Result<u32> {
-        if self.marks.is_empty() {
-            self.marks = try_vec(rows as usize, "the batch marks", |_| (0, 0))?;
-        }
+    /// Starts a batch call: a stamp no row's mark holds yet.
+    fn begin(&mut self, meta: &mut [RowMeta]) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
-            self.marks.iter_mut().for_each(|m| *m = (0, 0));
+            meta.iter_mut().for_each(|m| m.batch.set((0, 0)));
             self.stamp = 1;
         }
-        Ok(self.stamp)
-    }
-
-    /// Marks `row` as named at position `pos` of batch `stamp`; the earlier position when the
-    /// batch already named it.
-    #[inline]
-    fn mark(&mut self, row: u32, stamp: u32, pos: u32) -> Option<u32> {
-        let m = &mut self.marks[row as usize];
-        if m.0 == stamp {
-            return Some(m.1);
-        }
-        *m = (stamp, pos);
-        None
+        self.stamp
     }
 }
 
@@ -260,6 +301,21 @@ mod tests {
         assert_eq!(out, want);
         c.commit_batch(&mut reqs, &[5, 1]).unwrap();
         assert_eq!((reqs[0].committed, reqs[1].committed), (5, 1));
+    }
+
+    #[test]
+    fn the_batch_stamp_wraps_without_forgetting_a_row_named_twice() {
+        let mut c = cache(16);
+        let mut reqs = rows(&mut c, 2);
+        c.batch_marks.stamp = u32::MAX - 1;
+        c.commit_batch(&mut reqs, &[0, 0]).unwrap();
+        // The stamp wraps here: every row's mark starts again from 0.
+        c.commit_batch(&mut reqs, &[0, 0]).unwrap();
+        assert_eq!(c.batch_marks.stamp, 1);
+        reqs[1] = reqs[0];
+        let e = c.commit_batch(&mut reqs, &[0, 0]).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.contains("reqs[1]: row 0 is also reqs[0]'s")), "{e}");
+        assert_eq!(c.check().unwrap().violations, 0);
     }
 
     #[test]

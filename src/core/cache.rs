@@ -1,6 +1,8 @@
 //! A cache: one KV pool (the engine's or libskv's own), the session slots kept over it,
 //! and the counters the stats report.
 
+use std::cell::Cell;
+
 use super::batch::BatchMarks;
 use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
@@ -15,11 +17,9 @@ pub struct Cache {
     pub(crate) pool: Box<dyn Pool>,
     /// The effects of the call in progress (kept to reuse its allocation).
     pub(crate) effects: Vec<Effect>,
-    /// Each row's generation: owned mode bumps it when `alloc_row` hands the row out,
-    /// external mode when libskv hands the row back through `free_row`. Never 0 once the row
-    /// was handed out (0 on a req means "not stamped").
-    pub(crate) generations: Vec<u32>,
-    /// Which rows the batch call in progress has named.
+    /// What the cache knows of each row beyond the pool, indexed by row.
+    pub(crate) row_meta: Vec<RowMeta>,
+    /// Which rows the batch call in progress has named (the marks are in `row_meta`).
     pub(crate) batch_marks: BatchMarks,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
     deferred: Option<Error>,
@@ -39,7 +39,10 @@ impl Cache {
         Ok(Cache {
             cfg,
             slots: Slots::new(cfg.num_rows)?,
-            generations: super::error::try_vec(cfg.num_rows as usize, "row generations", |_| first)?,
+            row_meta: super::error::try_vec(cfg.num_rows as usize, "row generations", |_| RowMeta {
+                generation: first,
+                ..RowMeta::default()
+            })?,
             pool,
             effects: Vec::with_capacity(8),
             batch_marks: BatchMarks::default(),
@@ -73,7 +76,7 @@ impl Cache {
         if self.pool.owned().is_none() {
             for e in &self.effects {
                 if let Effect::FreeRow { row } = *e {
-                    next_generation(&mut self.generations[row as usize]);
+                    next_generation(&mut self.row_meta[row as usize].generation);
                 }
             }
         }
@@ -95,12 +98,29 @@ impl Cache {
     /// running request works on the row as usual).
     #[inline]
     pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
-        match self.slots.of_row(row) {
-            Some(s) if !s.in_flight => {
-                bail!(State, "row {row} belongs to the idle slot of session {} branch {}", s.session, s.branch)
-            }
+        match self.row_meta.get(row as usize) {
+            Some(m) if m.idle_slot => self.idle_session_row(row),
             _ => Ok(()),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn idle_session_row(&self, row: u32) -> Result<()> {
+        let s = self.slots.of_row(row).expect("the idle flag follows the slot");
+        bail!(State, "row {row} belongs to the idle slot of session {} branch {}", s.session, s.branch)
+    }
+
+    /// Brings the row's `idle_slot` flag in step with its slot: called wherever a slot is
+    /// created, dropped, or starts or ends a turn.
+    pub(crate) fn sync_idle(&mut self, row: u32) {
+        self.row_meta[row as usize].idle_slot = self.slots.of_row(row).is_some_and(|s| !s.in_flight);
+    }
+
+    /// The row's generation (see `RowMeta::generation`).
+    #[inline]
+    pub(crate) fn generation(&self, row: u32) -> u32 {
+        self.row_meta[row as usize].generation
     }
 
     /// Checks a req and its row against everything libskv knows, in the documented order of
@@ -128,7 +148,7 @@ impl Cache {
             if let Some(p) = owned {
                 p.row(row)?;
             }
-            let now = self.generations[row as usize];
+            let now = self.generation(row);
             if req.generation != 0 && req.generation != now {
                 bail!(
                     State,
@@ -164,8 +184,23 @@ impl Cache {
 
     /// The row changes lifetime: copies stamped with its old generation become stale.
     pub(crate) fn bump_generation(&mut self, row: u32) -> u32 {
-        next_generation(&mut self.generations[row as usize])
+        next_generation(&mut self.row_meta[row as usize].generation)
     }
+}
+
+/// A row's facts the per-request checks read, side by side: a batch request finds all of them
+/// in one cache line rather than in one array each.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RowMeta {
+    /// Owned mode bumps it when `alloc_row` hands the row out, external mode when libskv
+    /// hands the row back through `free_row`. Never 0 once the row was handed out (0 on a req
+    /// means "not stamped").
+    pub(crate) generation: u32,
+    /// An idle session slot holds the row (see `guard_idle_session_row`; kept by `sync_idle`).
+    pub(crate) idle_slot: bool,
+    /// The last batch call that named the row, and the row's position in it (`BatchMarks`).
+    /// A cell: a batch marks its rows while its checks read the cache.
+    pub(crate) batch: Cell<(u32, u32)>,
 }
 
 /// Moves a row generation on, skipping 0 (which on a req means "not stamped").

@@ -177,6 +177,35 @@ impl Req {
     /// takes a req.
     #[inline(always)]
     pub fn validate(&self, cfg: &Config) -> Result<()> {
+        if self.plainly_valid(cfg) {
+            Ok(())
+        } else {
+            self.validate_in_order(cfg)
+        }
+    }
+
+    /// `validate`'s checks at once, each as one compare and none branching on its own: a
+    /// valid req is the rule, and the per-step calls run this for every request. The
+    /// conditions are a little stricter than the rules (a req without a row and its protected
+    /// length; the SWA cursor against allocated alone): a req that fails them goes through the
+    /// checks in order, which also name the first field that is wrong.
+    #[inline(always)]
+    pub fn plainly_valid(&self, cfg: &Config) -> bool {
+        let r = self;
+        ((r.row as u32).wrapping_add(1) <= cfg.num_rows)
+            & (r.committed <= r.allocated)
+            & (r.protected <= r.committed)
+            & super::page::is_aligned(r.protected, cfg.page_size)
+            & (r.allocated <= cfg.max_context_len)
+            & (r.swa_floor <= cfg.max_context_len)
+            & (r.swa <= r.allocated)
+            & ((r.finished_len as u32).wrapping_add(1) <= r.output_len.wrapping_add(1))
+    }
+
+    /// `validate`'s checks one by one, in the documented order of errors.
+    #[cold]
+    #[inline(never)]
+    fn validate_in_order(&self, cfg: &Config) -> Result<()> {
         let r = self;
         if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
             bail!(InvalidArg, "req_pool_idx {} out of range [-1, {})", r.row, cfg.num_rows);
@@ -248,6 +277,44 @@ mod tests {
     fn valid_reqs_pass() {
         assert!(Req::default().validate(&cfg()).is_ok());
         assert!(Req { protected: 16, ..held(20, 40) }.validate(&cfg()).is_ok());
+    }
+
+    #[test]
+    fn the_one_pass_check_accepts_only_what_the_ordered_checks_accept() {
+        // Every field over values around each bound (page size 16, 8 rows, max 256).
+        let rows = [-3, -2, -1, 0, 7, 8, i32::MAX];
+        let lens = [0, 1, 15, 16, 17, 255, 256, 257, u32::MAX];
+        let finished = [i32::MIN, -2, -1, 0, 1, 16, i32::MAX];
+        let mut seen = 0;
+        for &row in &rows {
+            for &committed in &lens {
+                for &allocated in &lens {
+                    for &protected in &lens {
+                        for &swa in &lens[..6] {
+                            for &finished_len in &finished {
+                                for output_len in [0, 1, 16, u32::MAX] {
+                                    let r = Req {
+                                        row,
+                                        committed,
+                                        allocated,
+                                        protected,
+                                        swa,
+                                        swa_floor: protected / 2 + 7,
+                                        finished_len,
+                                        output_len,
+                                        ..Req::default()
+                                    };
+                                    let ok = r.validate(&cfg()).is_ok();
+                                    assert_eq!(ok, r.validate_in_order(&cfg()).is_ok(), "{r:?}");
+                                    seen += ok as u32;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(seen > 1000, "the grid holds valid reqs too: {seen}");
     }
 
     #[test]

@@ -136,6 +136,7 @@ impl Cache {
             *req = r;
             let s = c.slots.of_row_mut(row).expect("slot found above");
             (s.committed, s.allocated, s.swa, s.in_flight) = (r.committed, r.allocated, r.swa, true);
+            c.sync_idle(row);
         })?;
         Ok(Match { hit: true, prefix_len })
     }
@@ -229,7 +230,7 @@ impl Cache {
                     s
                 }
                 None => {
-                    let generation = c.generations[row as usize];
+                    let generation = c.generation(row);
                     c.slots.insert(row, slot_from(session, branch, generation, req));
                     c.slots.of_row_mut(row).expect("just inserted")
                 }
@@ -238,6 +239,7 @@ impl Cache {
             saved.in_flight = false;
             c.turns_finished += 1;
             saved.finished_at = c.turns_finished;
+            c.sync_idle(row);
             req.clear_kv();
         })
     }
@@ -275,6 +277,7 @@ impl Cache {
         self.effects.clear();
         self.run_effects(|c| {
             c.slots.of_row_mut(row).expect("slot found above").in_flight = false;
+            c.sync_idle(row);
             req.clear_kv();
         })
     }
@@ -318,6 +321,7 @@ impl Cache {
         push_release(&mut self.effects, self.cfg.page_size, row, &doomed);
         self.run_effects(|c| {
             c.slots.remove(row);
+            c.sync_idle(row);
             req.clear_kv();
         })
     }
@@ -375,6 +379,7 @@ impl Cache {
         self.run_effects(|c| {
             for &row in rows {
                 c.slots.remove(row);
+                c.sync_idle(row);
             }
         })
     }

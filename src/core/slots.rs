@@ -4,6 +4,7 @@
 //! in a table indexed by row (its size is fixed by `num_rows`). Sessions index their slots'
 //! rows in the order the slots were created, which is the order `release_session` frees them.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
@@ -104,10 +105,11 @@ impl Slots {
     /// Drops the slot holding `row` and returns it.
     pub fn remove(&mut self, row: u32) -> Option<Slot> {
         let slot = self.by_row.get_mut(row as usize)?.take()?;
-        if let Some(rows) = self.sessions.get_mut(&slot.session) {
-            rows.retain(|r| *r != row);
-            if rows.is_empty() {
-                self.sessions.remove(&slot.session);
+        // One probe of the table, where looking the session up and then removing it took two.
+        if let Entry::Occupied(mut rows) = self.sessions.entry(slot.session) {
+            rows.get_mut().retain(|r| *r != row);
+            if rows.get().is_empty() {
+                rows.remove();
             }
         }
         self.len -= 1;
