@@ -142,7 +142,8 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
         num_rows: num("num_rows")? as u32,
         max_context_len: num("max_context_len")? as u32,
         flags: if v["aligned_reuse"] == true { SKV_FLAG_ALIGNED_REUSE } else { 0 },
-        swa_num_token_slots: 0,
+        // Traces from before the SWA pool have no such key: no SWA pool.
+        swa_num_token_slots: v["swa_num_token_slots"].as_u64().unwrap_or(0),
     };
     if v["version"].as_str() != Some(env!("CARGO_PKG_VERSION")) {
         eprintln!(

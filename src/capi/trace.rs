@@ -62,9 +62,10 @@ pub(crate) fn opening_line(id: u64, cache: &Cache) -> String {
     let mode = if cache.pool().owned().is_some() { "owned" } else { "external" };
     format!(
         "{{\"h\":{id},\"fn\":\"trace_start\",\"mode\":\"{mode}\",\"page_size\":{},\"num_token_slots\":{},\
-         \"num_rows\":{},\"max_context_len\":{},\"aligned_reuse\":{},\"version\":\"{}\"}}\n",
+         \"swa_num_token_slots\":{},\"num_rows\":{},\"max_context_len\":{},\"aligned_reuse\":{},\"version\":\"{}\"}}\n",
         cfg.page_size,
         cfg.num_token_slots,
+        cfg.swa_num_token_slots,
         cfg.num_rows,
         cfg.max_context_len,
         cfg.aligned_reuse,
