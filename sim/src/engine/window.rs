@@ -41,13 +41,16 @@ impl Engine<'_> {
             let pre_len = t.req.kv_committed_len;
             let want = expected_step(&t.req, pre_len, window, interval, ps);
             let before = t.req.swa_evicted_seqlen;
-            let what = format!("skv_swa_evict(session {}, pre_len {pre_len}, window {window})", self.open[i].id);
+            // Named only on a fault: a step is a hot call.
+            let id = self.open[i].id;
+            let what = || format!("skv_swa_evict(session {id}, pre_len {pre_len}, window {window})");
             let freed =
-                self.cache.swa_evict(&mut t.req, pre_len, window, interval).map_err(|s| unexpected(&what, s))?;
+                self.cache.swa_evict(&mut t.req, pre_len, window, interval).map_err(|s| unexpected(&what(), s))?;
             let (want_cursor, want_freed) = want.map_or((before, 0), |(from, to)| (to, to - from));
             if t.req.swa_evicted_seqlen != want_cursor || freed != want_freed {
                 return Err(format!(
-                    "{what}: cursor {before} -> {}, {freed} positions freed; expected -> {want_cursor}, {want_freed}",
+                    "{}: cursor {before} -> {}, {freed} positions freed; expected -> {want_cursor}, {want_freed}",
+                    what(),
                     t.req.swa_evicted_seqlen
                 ));
             }
