@@ -71,6 +71,7 @@ fn every_trace_line_is_json() {
     assert_eq!(lines.len(), 12, "the opening line and 11 calls");
     assert_eq!(lines[0]["fn"], "trace_start");
     assert_eq!(lines[0]["mode"], "owned");
+    assert_eq!(lines[0]["swa_num_token_slots"], 0, "the opening line names the SWA pool's size");
     let h = lines[0]["h"].clone();
     assert!(lines.iter().all(|l| l["h"] == h && l["fn"].is_string()));
     assert!(lines[1..].iter().all(|l| l["status"].is_string()));

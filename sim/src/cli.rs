@@ -56,12 +56,18 @@ pub struct Args {
     /// Chance that a turn forks a new branch of its session (at most 4 branches)
     #[arg(long, default_value_t = 0.05)]
     pub branch_rate: f64,
-    /// Sliding window in tokens: the SWA cursor is len - W, page-aligned, moving forward only
-    #[arg(long, default_value_t = 128)]
+    /// Sliding window in tokens. 0: a full-attention model. N > 0: a hybrid model whose cache
+    /// has an SWA pool; every decode step takes one window step (skv_swa_evict) per request
+    #[arg(long, default_value_t = 0)]
     pub swa_window: u32,
-    /// Fraction of sessions whose sliding-window cursor advances
-    #[arg(long, default_value_t = 0.25)]
-    pub swa_fraction: f64,
+    /// SWA pool capacity in tokens, rounded down to whole pages (needs --swa-window; default:
+    /// --pool-tokens)
+    #[arg(long)]
+    pub swa_pool_tokens: Option<u64>,
+    /// Tokens the SWA cursor must lag the window by before a window step moves it
+    /// (skv_swa_evict's eviction_interval; needs --swa-window)
+    #[arg(long, default_value_t = 1)]
+    pub swa_eviction_interval: u32,
     /// Pages of a system prompt held by the engine's prefix tree and shared by sessions
     #[arg(long, default_value_t = 4)]
     pub shared_prefix_pages: u32,
@@ -95,6 +101,8 @@ pub struct Config {
     pub args: Args,
     pub shared_tokens: u32,
     pub total_pages: u64,
+    /// SWA pool pages, its padding page included (0: a full-attention model, no SWA pool).
+    pub swa_total_pages: u64,
     pub num_rows: u32,
     /// Longest row a session branch can need: its prompt history at the last turn plus a
     /// generation that overshoots by a full draft, plus the slots allocated ahead.
@@ -127,7 +135,6 @@ impl Config {
             ("--abort-rate", a.abort_rate),
             ("--retry-rate", a.retry_rate),
             ("--branch-rate", a.branch_rate),
-            ("--swa-fraction", a.swa_fraction),
             ("--prefix-fraction", a.prefix_fraction),
         ] {
             if !(0.0..=1.0).contains(&v) {
@@ -156,9 +163,33 @@ impl Config {
         if total_pages * ps > 1 << 31 {
             return Err(format!("--pool-tokens {}: exceeds 2^31 (token indices are int32)", a.pool_tokens));
         }
+        let swa_total_pages = match (a.swa_window, a.swa_pool_tokens) {
+            (0, Some(t)) => {
+                return Err(format!(
+                    "--swa-pool-tokens {t}: needs --swa-window (a full-attention model has no SWA pool)"
+                ))
+            }
+            (0, None) => 0,
+            (_, t) => {
+                // Every page a row maps takes an SWA page until the window passes it, so one
+                // session's prompt needs as many SWA pages as full ones.
+                let t = t.unwrap_or(a.pool_tokens);
+                let pages = t / ps;
+                if pages < need {
+                    return Err(format!(
+                        "--swa-pool-tokens {t}: too small for one session ({max_ctx} tokens, {} shared-prefix pages and the padding page need {need} SWA pages of {ps})",
+                        a.shared_prefix_pages));
+                }
+                if pages * ps > 1 << 31 {
+                    return Err(format!("--swa-pool-tokens {t}: exceeds 2^31 (token indices are int32)"));
+                }
+                pages
+            }
+        };
         Ok(Config {
             shared_tokens: shared as u32,
             total_pages,
+            swa_total_pages,
             num_rows: num_rows as u32,
             max_context_len: max_ctx as u32,
             args: a,

@@ -1,7 +1,9 @@
 //! A continuous-batching serving engine in miniature. Open sessions wait idle with their
 //! KV held by libskv between turns; up to `batch` turns run at once, one verify round per
 //! tick each; memory pressure evicts the least recently used idle branch, and a request
-//! that still cannot grow is preempted (aborted) and re-queued.
+//! that still cannot grow is preempted (aborted) and re-queued. A hybrid model
+//! (`--swa-window`) has a second, sliding-window pool that libskv runs beside the full one;
+//! running out of either is memory pressure.
 //!
 //! The engine mirrors which (session, branch) slots libskv should hold and what each
 //! match should return, so every answer from the library is checked, not just its status.
@@ -18,6 +20,7 @@ use crate::workload::{Rng, TurnPlan};
 
 mod audit;
 mod mamba;
+mod window;
 
 use mamba::{handles_of, real, Track};
 
@@ -51,7 +54,15 @@ pub struct Metrics {
     pub freed_release: u64,
     pub freed_evict: u64,
     pub freed_tail: u64,
+    /// Full-pool pages in use at the busiest moment.
     pub peak_used_pages: u64,
+    /// The SWA pool (`--swa-window`): its pages (padding included, 0 without one), its pages
+    /// in use at the busiest moment, and what the window steps gave back.
+    pub swa_total_pages: u64,
+    pub peak_used_swa_pages: u64,
+    pub swa_window_steps: u64,
+    pub swa_freed_positions: u64,
+    pub swa_freed_pages: u64,
     pub peak_held_tokens: u64,
     pub peak_held_swa_tokens: u64,
     pub peak_held_rows: u64,
@@ -64,6 +75,7 @@ pub struct Metrics {
     pub tail_freed_tokens: u64,
     pub total_pages: u64,
     pub leaked_pages: u64,
+    pub leaked_swa_pages: u64,
     pub leaked_rows: u64,
     /// Recurrent-state handles (`--mamba`): handed out, and handed back by libskv's
     /// `free_aux` or by the engine itself (replaced track entries); left live at the end.
@@ -81,8 +93,11 @@ struct Branch {
     history: u32,
     /// libskv should hold a slot for this branch.
     has_slot: bool,
-    /// The slot's committed length (the history, or less when a finish floored it for SWA).
+    /// The slot's committed length (the history, or less when a finish floored it below the
+    /// SWA cursor).
     kv_len: u32,
+    /// The SWA cursor the slot records (what libskv's window steps and trims left it at).
+    swa_cursor: u32,
     protected: u32,
     idle_since: u64,
     /// The slot's recurrent-state handles (free order) and its ping-pong state.
@@ -99,6 +114,7 @@ impl Branch {
             history,
             has_slot: false,
             kv_len: 0,
+            swa_cursor: 0,
             protected: 0,
             idle_since: 0,
             handles: [-1; 3],
@@ -118,7 +134,6 @@ struct Turn {
 struct Session {
     id: u64,
     turns_left: u32,
-    swa: bool,
     shared: bool,
     branches: Vec<Branch>,
     /// The branch whose turn is running (its slot, if any, is in flight).
@@ -169,7 +184,7 @@ impl<'a> Engine<'a> {
             num_rows: cfg.num_rows,
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
-            swa_num_token_slots: 0,
+            swa_num_token_slots: cfg.swa_total_pages * a.page_size as u64,
         };
         let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
         let check_every = a.check_every;
@@ -185,7 +200,7 @@ impl<'a> Engine<'a> {
             next_audit: if check_every == 0 { u64::MAX } else { check_every },
             receipts: 0,
             slots_created: 0,
-            m: Metrics { total_pages: cfg.total_pages, ..Metrics::default() },
+            m: Metrics { total_pages: cfg.total_pages, swa_total_pages: cfg.swa_total_pages, ..Metrics::default() },
             bar,
         })
     }
@@ -238,11 +253,9 @@ impl<'a> Engine<'a> {
         while self.open.len() < a.concurrency as usize && self.opened < a.sessions {
             self.opened += 1;
             let shared = self.cfg.shared_tokens > 0 && self.rng.chance(a.prefix_fraction);
-            let swa = self.rng.chance(a.swa_fraction);
             self.open.push(Session {
                 id: self.opened,
                 turns_left: a.turns,
-                swa,
                 shared,
                 branches: vec![Branch::new(0, if shared { self.cfg.shared_tokens } else { 0 })],
                 busy: None,
@@ -258,6 +271,7 @@ impl<'a> Engine<'a> {
     fn note_peak(&mut self) -> Result<(), Fault> {
         let st = self.cache.stats().map_err(|s| unexpected("skv_cache_stats", s))?;
         self.m.peak_used_pages = self.m.peak_used_pages.max(st.used_pages);
+        self.m.peak_used_swa_pages = self.m.peak_used_swa_pages.max(st.swa_used_pages);
         Ok(())
     }
 
@@ -346,7 +360,11 @@ impl<'a> Engine<'a> {
             return (false, 0);
         }
         let ps = self.cfg.args.page_size;
-        let prefix = br.kv_len.min(key_len);
+        let mut prefix = br.kv_len.min(key_len);
+        if ps > 1 && br.swa_cursor > prefix {
+            // A reuse boundary below the SWA cursor floors to a page, so the cursor stays aligned.
+            prefix = floor_to(prefix, ps);
+        }
         if self.cfg.args.aligned_reuse && ps > 1 {
             let a = floor_to(prefix, ps);
             if a < br.protected || a == 0 {
@@ -370,6 +388,15 @@ impl<'a> Engine<'a> {
             return Err(format!(
                 "{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len}",
                 out.hit, out.prefix_len, req.kv_allocated_len, want_hit as u32
+            ));
+        }
+        // A hit restores the slot's cursor, clamped to the reused prefix.
+        let want_cursor = self.open[i].branches[b].swa_cursor.min(want_len);
+        if hit && req.swa_evicted_seqlen != want_cursor {
+            return Err(format!(
+                "{what}: restored swa_evicted_seqlen {}, expected {want_cursor} (the slot's {} clamped to prefix {want_len})",
+                req.swa_evicted_seqlen,
+                self.open[i].branches[b].swa_cursor
             ));
         }
         let slot_handles = self.open[i].branches[b].handles;
@@ -438,7 +465,6 @@ impl<'a> Engine<'a> {
         let n = origin - req.kv_committed_len;
         expect_ok("skv_commit(prefill)", self.cache.commit(&mut req, n))?;
         self.m.prefilled += n as u64;
-        self.advance_swa(i, &mut req);
         self.open[i].turn = Some(Turn { branch: b, req, plan, track });
         Ok(true)
     }
@@ -449,15 +475,6 @@ impl<'a> Engine<'a> {
             return Ok(true);
         }
         self.with_memory("skv_alloc_extend(prefill)", req, |c, r| c.alloc_extend(r, n))
-    }
-
-    /// The sliding-window cursor: everything before `len - W` is out of the window; it
-    /// moves only forward and in whole pages.
-    fn advance_swa(&self, i: usize, req: &mut skv_req) {
-        if self.open[i].swa {
-            let c = floor_to(req.kv_committed_len.saturating_sub(self.cfg.args.swa_window), self.cfg.args.page_size);
-            req.swa_evicted_seqlen = req.swa_evicted_seqlen.max(c);
-        }
     }
 
     /// One speculative verify round: k+1 slots ahead of the committed tokens, the accepted
@@ -480,6 +497,7 @@ impl<'a> Engine<'a> {
     /// takes the per-request path, which evicts idle branches or preempts requests.
     fn decode_step(&mut self) -> Result<(), Fault> {
         let running: Vec<usize> = (0..self.open.len()).filter(|&i| self.open[i].turn.is_some()).collect();
+        self.window_steps(&running)?;
         let (k, p) = (self.cfg.args.draft_len, self.cfg.args.accept_rate);
         let mut reqs: Vec<skv_req> =
             running.iter().map(|&i| self.open[i].turn.as_ref().expect("running").req).collect();
@@ -514,7 +532,6 @@ impl<'a> Engine<'a> {
         self.m.drafted += k as u64;
         self.m.accepted += accepted as u64;
         self.m.generated += accepted as u64 + 1;
-        self.advance_swa(i, &mut t.req);
         self.track_step(&mut t)?;
         // The client goes away with a verify round's slots still allocated ahead.
         if t.plan.abort_at.is_some_and(|at| t.req.output_len >= at) {
@@ -531,8 +548,10 @@ impl<'a> Engine<'a> {
         let (sid, bid) = (self.open[i].id, self.open[i].branches[t.branch].id);
         let ps = self.cfg.args.page_size;
         let target = t.req.origin_input_len + t.plan.finish_at;
-        // Trim floors the boundary to a page when the SWA cursor is past it (docs/operations.md).
-        let kv_len = if ps > 1 && t.req.swa_evicted_seqlen > target { floor_to(target, ps) } else { target };
+        // Trim floors the boundary to a page when the SWA cursor libskv's window steps left is
+        // past it (docs/hybrid.md), then clamps the cursor to the new length.
+        let cursor = t.req.swa_evicted_seqlen;
+        let kv_len = if ps > 1 && cursor > target { floor_to(target, ps) } else { target };
         let (protected, output) = (t.req.cache_protected_len, t.req.output_len);
         if !aborted {
             t.req.finished_len = t.plan.finish_at as i32;
@@ -566,6 +585,7 @@ impl<'a> Engine<'a> {
             br.has_slot = true;
             br.history = target;
             br.kv_len = kv_len;
+            br.swa_cursor = cursor.min(kv_len);
             br.idle_since = tick;
             self.m.kept += t.plan.finish_at as u64;
             self.m.freed_trim += freed;

@@ -22,9 +22,10 @@ pub enum Op {
     Evict,
     ExtendBatch,
     CommitBatch,
+    SwaEvict,
 }
 
-pub const OPS: [(Op, &str); 10] = [
+pub const OPS: [(Op, &str); 11] = [
     (Op::Match, "match"),
     (Op::AllocRow, "alloc_row"),
     (Op::MapPrefix, "map_prefix"),
@@ -35,6 +36,7 @@ pub const OPS: [(Op, &str); 10] = [
     (Op::Evict, "evict"),
     (Op::ExtendBatch, "extend_batch"),
     (Op::CommitBatch, "commit_batch"),
+    (Op::SwaEvict, "swa_evict"),
 ];
 
 /// What the engine hooks saw: every prefix-tree lock a session took must come back
@@ -230,6 +232,28 @@ impl Cache {
         let c = self.ptr;
         // SAFETY: a live handle; req is a reference.
         self.timed(Op::Commit, || unsafe { skv::skv_commit(c, req, n) })
+    }
+
+    /// One window step of a running request (flags 0: the engine shares prefixes through
+    /// its tree); the positions whose SWA pages went back, or the status.
+    pub fn swa_evict(
+        &mut self,
+        req: &mut skv_req,
+        pre_len: u32,
+        window: u32,
+        interval: u32,
+    ) -> Result<u32, skv_status> {
+        let c = self.ptr;
+        let mut freed = 0u32;
+        // SAFETY: a live handle; req and freed are references.
+        let s = self.timed(Op::SwaEvict, || unsafe {
+            skv::skv_swa_evict(c, req, pre_len, window, interval, -1, 0, &mut freed)
+        });
+        if s == SKV_OK {
+            Ok(freed)
+        } else {
+            Err(s)
+        }
     }
 
     pub fn finished_req(&mut self, sid: u64, bid: u64, req: &mut skv_req, aborted: bool) -> skv_status {

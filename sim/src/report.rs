@@ -56,6 +56,13 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
         "skv-sim: {} sessions x {} turns, {} open, batch {}, page {}, draft {}, accept {}, pool {} pages, seed {}",
         a.sessions, a.turns, a.concurrency, a.batch, a.page_size, a.draft_len, a.accept_rate, cfg.total_pages, a.seed
     );
+    if a.swa_window > 0 {
+        let _ = writeln!(
+            t,
+            "  hybrid model: sliding window {} tokens, SWA pool {} pages, eviction interval {}",
+            a.swa_window, cfg.swa_total_pages, a.swa_eviction_interval
+        );
+    }
     let mut row = |k: &str, v: String| {
         let _ = writeln!(t, "  {k:<22}{v}");
     };
@@ -107,6 +114,20 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
             pct(m.peak_used_pages, cfg.total_pages - 1)
         ),
     );
+    if a.swa_window > 0 {
+        let swa = cfg.swa_total_pages - 1;
+        row(
+            "peak SWA pages held",
+            format!("{:>10}   of {} ({:.1}%)", m.peak_used_swa_pages, swa, pct(m.peak_used_swa_pages, swa)),
+        );
+        row(
+            "SWA pages freed",
+            format!(
+                "{:>10}   by {} window steps ({} positions); the rest came back with their full pages",
+                m.swa_freed_pages, m.swa_window_steps, m.swa_freed_positions
+            ),
+        );
+    }
     row(
         "session-held peak",
         format!(
@@ -141,9 +162,10 @@ pub fn table(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) ->
         None => "OK".to_string(),
         Some(f) => format!("FAIL: {f}"),
     };
+    let swa_leak = if a.swa_window > 0 { format!(", SWA pages {}", m.leaked_swa_pages) } else { String::new() };
     let _ = writeln!(
         t,
-        "  {:<22}{} checks, {} violations; prefix locks {}/{} returned; leaked pages {}, rows {}: {verdict}",
+        "  {:<22}{} checks, {} violations; prefix locks {}/{} returned; leaked pages {}{swa_leak}, rows {}: {verdict}",
         "audit", m.audits, m.violations, m.locks_returned, m.locks_taken, m.leaked_pages, m.leaked_rows
     );
     t
@@ -179,6 +201,12 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
         ("pages_freed_tail", m.freed_tail),
         ("total_pages", m.total_pages),
         ("peak_pages", m.peak_used_pages),
+        ("swa_window", cfg.args.swa_window as u64),
+        ("swa_total_pages", m.swa_total_pages),
+        ("peak_swa_pages", m.peak_used_swa_pages),
+        ("swa_window_steps", m.swa_window_steps),
+        ("swa_freed_positions", m.swa_freed_positions),
+        ("swa_pages_freed_window", m.swa_freed_pages),
         ("peak_held_tokens", m.peak_held_tokens),
         ("peak_held_swa_tokens", m.peak_held_swa_tokens),
         ("peak_held_rows", m.peak_held_rows),
@@ -187,6 +215,7 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
         ("locks_taken", m.locks_taken),
         ("locks_returned", m.locks_returned),
         ("leaked_pages", m.leaked_pages),
+        ("leaked_swa_pages", m.leaked_swa_pages),
         ("leaked_rows", m.leaked_rows),
         ("mamba_allocated", m.mamba_allocated),
         ("mamba_freed_by_libskv", m.mamba_freed_by_libskv),

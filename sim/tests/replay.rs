@@ -1,5 +1,6 @@
-//! `skv-sim replay`: a simulator run recorded with SKV_TRACE replays call for call; a trace
-//! edited to claim another status is caught at its line; an external-mode trace is refused.
+//! `skv-sim replay`: a simulator run recorded with SKV_TRACE replays call for call, a hybrid
+//! one on a cache with its SWA pool; a trace edited to claim another status is caught at its
+//! line; an external-mode trace is refused.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -52,6 +53,10 @@ unsafe fn traced_cache(name: &str, swa_slots: u64) -> (*mut skv::skv_cache, Path
 
 /// A small simulator run, traced.
 fn record(path: &Path) -> String {
+    record_with(path, &[])
+}
+
+fn record_with(path: &Path, extra: &[&str]) -> String {
     let _ = std::fs::remove_file(path);
     let args = [
         "--json",
@@ -73,7 +78,7 @@ fn record(path: &Path) -> String {
         "8192",
         "--mamba",
     ];
-    let out = sim().args(args).env("SKV_TRACE", path).output().expect("skv-sim runs");
+    let out = sim().args(args).args(extra).env("SKV_TRACE", path).output().expect("skv-sim runs");
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     std::fs::read_to_string(path).unwrap()
 }
@@ -87,6 +92,17 @@ fn a_recorded_simulator_run_replays_exactly() {
     let out = replay(&path);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains(&format!("{} calls", lines - 1)), "{}", text(&out));
+}
+
+#[test]
+fn a_hybrid_run_replays_on_a_cache_with_its_swa_pool() {
+    let path = tmp("hybrid.jsonl");
+    let trace = record_with(&path, &["--swa-window", "16", "--swa-pool-tokens", "4096"]);
+    assert!(trace.lines().next().unwrap().contains("\"swa_num_token_slots\":4096"), "{}", &trace[..300]);
+    let steps = trace.lines().filter(|l| l.contains("\"fn\":\"skv_swa_evict\"")).count();
+    assert!(steps > 50, "window steps traced: {steps}");
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
 #[test]

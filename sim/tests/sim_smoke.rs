@@ -1,5 +1,6 @@
 //! Runs the built `skv-sim` binary on small workloads: a clean run must exit 0 with a clean
-//! audit and real trimming; bad options must exit 2 with one line on stderr.
+//! audit and real trimming, a hybrid run must give back every SWA page; bad options must exit
+//! 2 with one line on stderr.
 
 use std::process::{Command, Output};
 
@@ -91,8 +92,6 @@ fn memory_pressure_evicts_preempts_and_stays_clean() {
         "2",
         "--swa-window",
         "4",
-        "--swa-fraction",
-        "1",
         "--branch-rate",
         "0.3",
     ]);
@@ -102,6 +101,60 @@ fn memory_pressure_evicts_preempts_and_stays_clean() {
     assert!(num(&j, "branches") > 0, "{j}");
     assert_eq!(num(&j, "turns"), 180, "every preempted turn ran again: {j}");
     assert_eq!(num(&j, "leaked_pages") + num(&j, "leaked_rows") + num(&j, "audit_violations"), 0);
+}
+
+/// A hybrid run's SWA side: window steps made and checked, pages back from the window, none
+/// left over.
+fn assert_hybrid_clean(j: &str, page_size: u64) {
+    assert_eq!(field(j, "ok"), "true", "{j}");
+    assert!(num(j, "swa_total_pages") > 0 && num(j, "peak_swa_pages") > 0, "an SWA pool was used: {j}");
+    let steps = num(j, "swa_window_steps");
+    assert!(steps >= num(j, "rounds") / 2, "every running request took window steps: {j}");
+    assert_eq!(num(j, "swa_evict_calls"), steps, "{j}");
+    let pages = num(j, "swa_pages_freed_window");
+    assert!(pages > 0, "the window gave SWA pages back: {j}");
+    assert_eq!(num(j, "swa_freed_positions"), pages * page_size, "windows free whole pages: {j}");
+    assert_eq!(num(j, "leaked_swa_pages") + num(j, "leaked_pages") + num(j, "audit_violations"), 0, "{j}");
+}
+
+#[test]
+fn hybrid_model_frees_every_swa_page() {
+    let j = run_json(&["--swa-window", "32"]);
+    assert_hybrid_clean(&j, 16);
+    assert_eq!(num(&j, "swa_total_pages"), num(&j, "total_pages"), "the SWA pool defaults to --pool-tokens: {j}");
+    assert!(num(&j, "peak_swa_pages") < num(&j, "peak_pages"), "the window keeps the SWA pool smaller: {j}");
+    let one = run_json(&["--swa-window", "2", "--page-size", "1", "--shared-prefix-pages", "0"]);
+    assert_hybrid_clean(&one, 1);
+    let full = run_json(&[]);
+    assert_eq!(num(&full, "swa_total_pages") + num(&full, "swa_window_steps") + num(&full, "swa_evict_calls"), 0);
+}
+
+#[test]
+fn a_full_swa_pool_evicts_and_preempts() {
+    // A full pool of 1024 pages beside an SWA pool of 40: the SWA pool runs out first.
+    let j =
+        run_json(&["--swa-window", "64", "--pool-tokens", "16384", "--swa-pool-tokens", "640", "--branch-rate", "0.3"]);
+    assert_hybrid_clean(&j, 16);
+    assert_eq!(num(&j, "swa_total_pages"), 40);
+    assert!(num(&j, "evictions") > 0 && num(&j, "preempted") > 0, "the SWA pool forced both: {j}");
+    assert!(num(&j, "peak_pages") < 200, "the full pool never filled: {j}");
+    assert_eq!(num(&j, "turns"), 180, "every preempted turn ran again: {j}");
+}
+
+#[test]
+fn hybrid_model_with_recurrent_state() {
+    for extra in [&[][..], &["--pool-tokens", "16384", "--swa-pool-tokens", "640", "--branch-rate", "0.3"]] {
+        let args: Vec<&str> = ["--swa-window", "16", "--mamba"].iter().chain(extra).copied().collect();
+        let j = run_json(&args);
+        assert_hybrid_clean(&j, 16);
+        assert!(num(&j, "mamba_freed_by_libskv") > 0 && num(&j, "mamba_freed_by_engine") > 0, "{args:?}: {j}");
+        assert_eq!(
+            num(&j, "mamba_allocated"),
+            num(&j, "mamba_freed_by_libskv") + num(&j, "mamba_freed_by_engine"),
+            "{args:?}: {j}"
+        );
+        assert_eq!(num(&j, "mamba_leaked"), 0, "{j}");
+    }
 }
 
 #[test]
@@ -163,6 +216,11 @@ fn bad_options_exit_2_with_one_line() {
         &["--sessions", "0"],
         &["--no-such-option"],
         &["--turns", "many"],
+        &["--swa-window", "64", "--swa-pool-tokens", "500"],
+        &["--swa-window", "64", "--swa-pool-tokens", "4294967296"],
+        &["--swa-window", "64", "--swa-pool-tokens", "lots"],
+        &["--swa-pool-tokens", "8192"],
+        &["--swa-fraction", "0.5"],
     ] {
         let out = sim(args);
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -67,16 +67,18 @@ impl Engine<'_> {
         self.m.trimmed_tokens = st.trimmed_tokens;
         self.m.tail_freed_tokens = st.tail_freed_tokens;
         self.m.leaked_pages = (st.total_pages - 1).saturating_sub(st.free_pages);
+        // Every SWA page back too: the window's, the frees', the shared prefix's.
+        self.m.leaked_swa_pages = st.swa_used_pages.max(st.swa_total_pages.saturating_sub(1 + st.swa_free_pages));
         self.m.leaked_rows = (st.total_rows - st.free_rows) as u64;
         self.audit()?;
         self.mamba_close_out()?;
         let l = &self.cache.hooks.locks;
         self.m.locks_returned = l.returned.get();
         let want_sum = (1..=self.receipts).fold(0u64, |s, r| s.wrapping_add(r));
-        if self.m.leaked_pages > 0 || self.m.leaked_rows > 0 {
+        if self.m.leaked_pages > 0 || self.m.leaked_swa_pages > 0 || self.m.leaked_rows > 0 {
             return Err(format!(
-                "leak after every session closed: {} pages, {} rows",
-                self.m.leaked_pages, self.m.leaked_rows
+                "leak after every session closed: {} pages, {} SWA pages, {} rows",
+                self.m.leaked_pages, self.m.leaked_swa_pages, self.m.leaked_rows
             ));
         }
         if l.returned.get() != self.m.locks_taken || l.receipt_sum.get() != want_sum || l.wrong_node.get() > 0 {
