@@ -285,6 +285,18 @@ impl Pool for OwnedPool {
         if target < r.protected {
             bail!(State, "target {target} < protected prefix {} of row {row}", r.protected);
         }
+        // The row keeps [0, target) and its cursor drops to target: positions from target on
+        // are inside the window again. A page the window gave back cannot be kept in part (no
+        // req to floor, as trim and free_tail floor theirs): they would read the padding page.
+        let page = (target / self.ps) as usize;
+        let passed = self.swa.as_ref().is_some_and(|s| s.rows[row as usize].get(page) == Some(&0));
+        if passed && !target.is_multiple_of(self.ps) {
+            bail!(
+                InvalidArg,
+                "target {target} keeps part of page {page} of row {row}, whose SWA page the window gave back                  (positions from {target} would have none): free from a page boundary, {}",
+                target / self.ps * self.ps
+            );
+        }
         Ok(())
     }
 
