@@ -11,6 +11,14 @@
 //! `skv_cache_check` must report no violation and the same page counts, and `skv_cache_stats`
 //! the exact free pages and rows. A run ends by releasing everything: the pool must be whole.
 //! A failure prints the seed (rerun one case with SKV_PROP_SEED=<seed>).
+//!
+//! The same engine also runs against caches with an SWA pool (`Case::swa`): libskv then runs
+//! the window, so the engine steps it with `skv_swa_evict` (random windows, intervals, retain
+//! floors and flags, bad ones included), and batches, hand-backs, reqs with a wrong cursor and
+//! an exhausted SWA pool join the mix. The model knows which pages still have an SWA page; after
+//! every call the cursor, `skv_stats`' and the audit's SWA counts must agree with it, and every
+//! few calls `skv_row_swa_indices` and `skv_build_flashinfer_swa` must name each row's SWA
+//! pages once, 0 exactly where the window passed a whole page.
 
 // As in the library: every unsafe block says why it is sound.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -1425,7 +1433,9 @@ impl Sim {
     /// libskv records, an SWA pool too short for a request.
     fn swa_op(&mut self) -> R<()> {
         let ps = self.ps();
-        match self.rng.below(8) {
+        match self.rng.below(10) {
+            8 => self.extend_batch()?,
+            9 => self.hand_back()?,
             0..=3 => {
                 let Some((key, run)) = self.pick_running(false) else { return Ok(()) };
                 let r = run.req;
@@ -1464,6 +1474,100 @@ impl Sim {
                 let window = 1 + self.rng.below(ps + 2);
                 self.swa_evict(&r, r.kv_allocated_len, window, 0, -1, 0)?;
             }
+        }
+        Ok(())
+    }
+
+    /// skv_alloc_extend_batch over running requests (now and then led by one whose cursor is
+    /// wrong): all or nothing, both pools' pages for the whole batch.
+    fn extend_batch(&mut self) -> R<()> {
+        let ps = self.ps();
+        let mut keys: Vec<Key> = self.running.keys().copied().collect();
+        keys.truncate(1 + self.rng.below(4) as usize);
+        let mut reqs: Vec<skv_req> = keys.iter().map(|k| self.running[k].req).collect();
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let ns: Vec<u32> =
+            reqs.iter().map(|r| self.rng.below(3 * ps + 4).min(self.case.max_ctx - r.kv_allocated_len)).collect();
+        let lie = self.rng.chance(10) && reqs[0].swa_evicted_seqlen + ps <= reqs[0].kv_allocated_len;
+        if lie {
+            reqs[0].swa_evicted_seqlen += ps;
+        }
+        let mut want = OK;
+        let mut need = 0u64;
+        for (r, &n) in reqs.iter().zip(&ns) {
+            if let Some(st) = self.owned_req(r, true) {
+                want = st;
+                break;
+            }
+            let a = r.kv_allocated_len;
+            need += ((a + n).div_ceil(ps) - a.div_ceil(ps)) as u64;
+        }
+        if want == OK && !self.room_for(need, "alloc_extend_batch") {
+            want = OOM;
+        }
+        let mut got = reqs.clone();
+        // SAFETY: self.cache is live while the sim is; got and ns hold the n values passed; no
+        // out_loc.
+        let st = unsafe {
+            skv_alloc_extend_batch(self.cache, got.as_mut_ptr(), got.len(), ns.as_ptr(), std::ptr::null_mut(), 0)
+        };
+        let st = self.expect(&format!("alloc_extend_batch({ns:?}) lie {lie}"), st, want)?;
+        for (i, (g, r)) in got.iter().zip(&reqs).enumerate() {
+            let mut w = *r;
+            if st == OK {
+                w.kv_allocated_len += ns[i];
+            }
+            if !same(g, &w) {
+                return Err(self.fail(format!("alloc_extend_batch: reqs[{i}] {}, model {}", show(g), show(&w))));
+            }
+        }
+        if st == OK {
+            for (i, k) in keys.iter().enumerate() {
+                let (row, a) = (got[i].req_pool_idx, reqs[i].kv_allocated_len);
+                self.learn_extension(row, a, a + ns[i])?;
+                self.rows.get_mut(&row).unwrap().mapped = a + ns[i];
+                self.running.get_mut(k).unwrap().req = got[i];
+            }
+        }
+        Ok(())
+    }
+
+    /// skv_hand_back of a hit: the slot goes idle as the match left it (the slot's record
+    /// follows the primitives and window steps since), else STATE; nothing is freed.
+    fn hand_back(&mut self) -> R<()> {
+        let hits: Vec<Key> = self.running.iter().filter(|(_, r)| r.hit).map(|(k, _)| *k).collect();
+        let Some(&key) = hits.get(self.rng.below(hits.len().max(1) as u32) as usize) else { return Ok(()) };
+        let r = self.running[&key].req;
+        let unrun = self.model.slots.get(&key).is_some_and(|s| {
+            s.in_flight
+                && s.row == r.req_pool_idx
+                && (s.allocated, s.committed, s.protected, s.swa)
+                    == (r.kv_allocated_len, r.kv_committed_len, r.cache_protected_len, r.swa_evicted_seqlen)
+                && s.lock == (r.lock_node, r.lock_receipt)
+                && (s.aux, s.track) == (r.aux_state, r.aux_track)
+        });
+        let want = if !self.model.valid(&r) {
+            INVALID
+        } else if unrun {
+            OK
+        } else {
+            STATE
+        };
+        let mut w = r;
+        Model::reset(&mut w);
+        let pools = Self::pools_of(&self.stats());
+        // SAFETY: as in alloc_row.
+        let (st, _) = self
+            .req_call(&format!("hand_back{key:?}"), &r, want, w, |c, q| unsafe { skv_hand_back(c, key.0, key.1, q) })?;
+        if pools != Self::pools_of(&self.stats()) {
+            return Err(self.fail("hand_back changed the pools".into()));
+        }
+        if st == OK {
+            self.model.slots.get_mut(&key).unwrap().in_flight = false;
+            self.running.remove(&key);
+            *self.counts.entry("hand_back of an unrun hit".into()).or_default() += 1;
         }
         Ok(())
     }
@@ -2081,6 +2185,9 @@ fn swa_pool_stays_whole_under_random_sessions() {
             "map_prefix OK",
             "pool_free OK",
             "page_refs shared",
+            "alloc_extend_batch OK",
+            "hand_back STATE",
+            "hand_back of an unrun hit",
         ];
         if case.ps > 1 {
             wants.extend(["free_aligned into a page the window passed", "free_tail floored by the SWA cursor"]);
