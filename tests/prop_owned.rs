@@ -2016,7 +2016,7 @@ impl Sim {
             self.note(format!("-- op {i}"));
             self.op()?;
             // with an SWA pool the views are read more often: the window moves every few calls
-            self.audit(i % 64 == 0 || (self.swa_on() && i % 8 == 0))?;
+            self.audit(i % 64 == 0 || (self.swa_on() && i % 16 == 0))?;
         }
         self.drain()
     }
