@@ -95,6 +95,9 @@ fn fuzz_c_abi() {
         "idle_sessions cut at cap",
         "admission prediction checked",
         "swa_evict freed SWA pages",
+        "owned swa_evict gave SWA pages back",
+        "swa view of a running row checked",
+        "flashinfer_swa checked against the full layout",
         "full-only free refused without free_kv_segment",
     ] {
         if plan.calls >= 50_000 {

@@ -11,6 +11,14 @@
 //! `skv_cache_check` must report no violation and the same page counts, and `skv_cache_stats`
 //! the exact free pages and rows. A run ends by releasing everything: the pool must be whole.
 //! A failure prints the seed (rerun one case with SKV_PROP_SEED=<seed>).
+//!
+//! The same engine also runs against caches with an SWA pool (`Case::swa`): libskv then runs
+//! the window, so the engine steps it with `skv_swa_evict` (random windows, intervals, retain
+//! floors and flags, bad ones included), and batches, hand-backs, reqs with a wrong cursor and
+//! an exhausted SWA pool join the mix. The model knows which pages still have an SWA page; after
+//! every call the cursor, `skv_stats`' and the audit's SWA counts must agree with it, and every
+//! few calls `skv_row_swa_indices` and `skv_build_flashinfer_swa` must name each row's SWA
+//! pages once, 0 exactly where the window passed a whole page.
 
 // As in the library: every unsafe block says why it is sound.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -56,6 +64,8 @@ struct Case {
     pages: u32,
     max_ctx: u32,
     aligned: bool,
+    /// The SWA pool's pages (page 0 included); 0: no SWA pool, the engine runs the window.
+    swa: u32,
     ops: usize,
     seed: u64,
 }
@@ -66,6 +76,17 @@ struct RowRec {
     pages: Vec<u32>,
     mapped: u32,
     protected: u32,
+    /// With an SWA pool: whether each page (same positions as `pages`) still has its SWA
+    /// page (in a protected prefix, whether the engine-held page has one).
+    swa: Vec<bool>,
+    /// With an SWA pool: the SWA cursor libskv records for the row.
+    cursor: u32,
+}
+
+impl RowRec {
+    fn new() -> RowRec {
+        RowRec { pages: vec![], mapped: 0, protected: 0, swa: vec![], cursor: 0 }
+    }
 }
 
 /// Owned mode's engine hooks, recording what libskv hands back.
@@ -104,6 +125,9 @@ struct Sim {
     rows: BTreeMap<i32, RowRec>,
     /// engine-held pages: handed out by skv_pool_alloc, or published by a row
     held: HashSet<u32>,
+    /// With an SWA pool: whether each engine-held page keeps an SWA page (one the window passed
+    /// before it was published has none)
+    held_swa: HashMap<u32, bool>,
     /// the engine's prefix tree: runs of engine-held pages a new request can map as its prefix
     tree: Vec<Vec<u32>>,
     locks: HashSet<u64>,
@@ -139,7 +163,7 @@ impl Sim {
             num_rows: case.rows,
             max_context_len: case.max_ctx,
             flags: if case.aligned { SKV_FLAG_ALIGNED_REUSE } else { 0 },
-            swa_num_token_slots: 0,
+            swa_num_token_slots: case.swa as u64 * case.ps as u64,
         };
         let mut cache = std::ptr::null_mut();
         // SAFETY: valid pointers.
@@ -169,6 +193,7 @@ impl Sim {
             },
             rows: BTreeMap::new(),
             held: HashSet::new(),
+            held_swa: HashMap::new(),
             tree: vec![],
             locks: HashSet::new(),
             auxes: HashSet::new(),
@@ -222,6 +247,37 @@ impl Sim {
         self.case.pages as u64 - 1 - self.held.len() as u64 - self.row_owned()
     }
 
+    fn swa_on(&self) -> bool {
+        self.case.swa > 0
+    }
+
+    /// SWA pages in use: those of rows' own pages the window has not passed, and the
+    /// engine-held pages'.
+    fn swa_used(&self) -> u64 {
+        let rows: usize = self.rows.values().map(|r| r.swa[self.prot_pages(r)..].iter().filter(|&&l| l).count()).sum();
+        rows as u64 + self.held_swa.values().filter(|&&l| l).count() as u64
+    }
+
+    fn swa_free(&self) -> u64 {
+        match self.case.swa {
+            0 => 0,
+            n => n as u64 - 1 - self.swa_used(),
+        }
+    }
+
+    /// Whether `n` more pages fit in both pools, and, when the full pool has room, whether
+    /// the SWA pool is what refuses them.
+    fn room_for(&mut self, n: u64, what: &str) -> bool {
+        if n > self.free_pages() {
+            return false;
+        }
+        if self.swa_on() && n > self.swa_free() {
+            *self.counts.entry(format!("{what} OUT_OF_MEMORY (SWA pool)")).or_default() += 1;
+            return false;
+        }
+        true
+    }
+
     fn refs(&self, page: u32) -> u32 {
         self.rows.values().filter(|r| r.pages[..self.prot_pages(r)].contains(&page)).count() as u32
     }
@@ -252,7 +308,8 @@ impl Sim {
             return None;
         }
         let Some(rec) = self.rows.get(&r.req_pool_idx) else { return Some(NOT_FOUND) };
-        if rec.mapped != r.kv_allocated_len || rec.protected != r.cache_protected_len {
+        let cursor_differs = self.swa_on() && rec.cursor != r.swa_evicted_seqlen;
+        if rec.mapped != r.kv_allocated_len || rec.protected != r.cache_protected_len || cursor_differs {
             return Some(if self.idle_slot_row(r.req_pool_idx) { STATE } else { INVALID });
         }
         if reshapes && self.idle_slot_row(r.req_pool_idx) {
@@ -270,6 +327,7 @@ impl Sim {
             return Err(format!("model: free of row {row} from {from} reaches into its protected prefix"));
         }
         rec.pages.truncate(keep);
+        rec.swa.truncate(keep);
         Ok(())
     }
 
@@ -281,19 +339,38 @@ impl Sim {
         Ok(())
     }
 
-    /// After a call, each row maps what its holder says: the running req, else the idle slot.
+    /// After a call, each row maps what its holder says (and, with an SWA pool, has its
+    /// cursor): the running req, else the idle slot.
     fn sync_rows(&mut self) -> R<()> {
-        let mut len: HashMap<i32, u32> = self.model.slots.values().map(|s| (s.row, s.allocated)).collect();
+        let mut len: HashMap<i32, (u32, u32)> =
+            self.model.slots.values().map(|s| (s.row, (s.allocated, s.swa))).collect();
         for r in self.running.values() {
-            len.insert(r.req.req_pool_idx, r.req.kv_allocated_len);
+            len.insert(r.req.req_pool_idx, (r.req.kv_allocated_len, r.req.swa_evicted_seqlen));
         }
         for (row, rec) in self.rows.iter_mut() {
-            let Some(&l) = len.get(row) else {
+            let Some(&(l, cursor)) = len.get(row) else {
                 return Err(format!("row {row} is in use but neither a request nor a slot holds it"));
             };
-            rec.mapped = l;
-            if rec.pages.len() != l.div_ceil(self.case.ps) as usize {
+            (rec.mapped, rec.cursor) = (l, cursor);
+            if rec.pages.len() != l.div_ceil(self.case.ps) as usize || rec.swa.len() != rec.pages.len() {
                 return Err(format!("model: row {row} maps {l} tokens over {} pages", rec.pages.len()));
+            }
+            if self.case.swa > 0 {
+                // A page may lack its SWA page only when the window passed all of it: else an
+                // SWA layer reads a position inside the window from the padding page.
+                let (ps, lo) = (self.case.ps, rec.protected);
+                let hi = rec.cursor.max(lo);
+                let passed = |i: u32| i * ps >= lo && (i + 1) * ps <= hi;
+                let wrong = (lo / ps..rec.swa.len() as u32).find(|&i| rec.swa[i as usize] == passed(i));
+                if let Some(i) = wrong {
+                    return Err(format!(
+                        "row {row} page {i} (positions [{}, {})) {} an SWA page, but its cursor is {} (protected {lo})",
+                        i * ps,
+                        (i + 1) * ps,
+                        if passed(i) { "still has" } else { "lacks" },
+                        rec.cursor
+                    ));
+                }
             }
         }
         if len.len() != self.rows.len() {
@@ -376,10 +453,11 @@ impl Sim {
             }
             // rows map what the req or the idle slot now records
             if let Some(rec) = self.rows.get_mut(&got.req_pool_idx) {
-                rec.mapped = got.kv_allocated_len;
+                (rec.mapped, rec.cursor) = (got.kv_allocated_len, got.swa_evicted_seqlen);
             }
             for s in self.model.slots.values().filter(|s| !s.in_flight) {
-                self.rows.get_mut(&s.row).unwrap().mapped = s.allocated;
+                let rec = self.rows.get_mut(&s.row).unwrap();
+                (rec.mapped, rec.cursor) = (s.allocated, s.swa);
             }
         }
         Ok((st, got, got_out))
@@ -440,10 +518,21 @@ impl Sim {
     }
 
     fn call_free_tail(&mut self, req: &skv_req, prefix: u32) -> R<(u32, skv_req, Out)> {
+        // With an SWA pool libskv runs the window: a prefix inside the range it freed floors to
+        // a page, so the cursor stays on a page boundary.
+        let (ps, lo, hi) = (self.ps(), req.cache_protected_len, req.swa_evicted_seqlen);
+        let floored = if self.swa_on() && ps > 1 && lo < prefix && prefix < hi && prefix <= req.kv_allocated_len {
+            if !prefix.is_multiple_of(ps) {
+                *self.counts.entry("free_tail floored by the SWA cursor".into()).or_default() += 1;
+            }
+            floor_align(prefix, ps)
+        } else {
+            prefix
+        };
         self.session_call(
             format!("free_tail({prefix})"),
             req,
-            |m, r| m.op_free_tail(r, prefix),
+            |m, r| m.op_free_tail(r, floored),
             // SAFETY: as in call_match.
             |c, r| (unsafe { skv_free_tail(c, r, prefix) }, Out::None),
         )
@@ -453,6 +542,7 @@ impl Sim {
     /// use; `end` is its mapped end; `target` not inside its protected prefix), then the
     /// session's rules for its row (the session model).
     fn call_free_aligned(&mut self, row: i32, target: u32, end: u32) -> R<u32> {
+        let ps = self.ps();
         let mut m = self.model.clone();
         let res = m.op_free_aligned(row, target, end);
         let owned = match self.rows.get(&row) {
@@ -460,6 +550,15 @@ impl Sim {
             None => Some(NOT_FOUND),
             Some(rec) if end != rec.mapped => Some(INVALID),
             Some(rec) if target < rec.protected => Some(STATE),
+            // with an SWA pool: no part of a page the window passed is kept
+            Some(rec)
+                if self.swa_on()
+                    && !target.is_multiple_of(ps)
+                    && rec.swa.get((target / ps) as usize) == Some(&false) =>
+            {
+                *self.counts.entry("free_aligned into a page the window passed".into()).or_default() += 1;
+                Some(INVALID)
+            }
             Some(_) => None,
         };
         let (want, effs) = match (res, owned) {
@@ -484,6 +583,7 @@ impl Sim {
             }
             let rec = self.rows.get_mut(&row).unwrap();
             rec.mapped = rec.mapped.min(target);
+            rec.cursor = rec.cursor.min(target);
         }
         Ok(st)
     }
@@ -536,7 +636,7 @@ impl Sim {
         // SAFETY: req_call passes the sim's live handle and a borrow of its local req.
         let (st, got) = self.req_call("alloc_row", req, want, w, |c, r| unsafe { skv_alloc_row(c, r) })?;
         if st == OK {
-            self.rows.insert(got.req_pool_idx, RowRec { pages: vec![], mapped: 0, protected: 0 });
+            self.rows.insert(got.req_pool_idx, RowRec::new());
         }
         Ok((st, got))
     }
@@ -549,7 +649,7 @@ impl Sim {
             INVALID
         } else if let Some(st) = self.owned_req(req, true) {
             st
-        } else if ((a + n).div_ceil(ps) - a.div_ceil(ps)) as u64 > self.free_pages() {
+        } else if !self.room_for(((a + n).div_ceil(ps) - a.div_ceil(ps)) as u64, "alloc_extend") {
             OOM
         } else {
             OK
@@ -589,7 +689,9 @@ impl Sim {
                     if page == 0 || page >= self.case.pages || self.page_in_use(page) {
                         return Err(self.fail(format!("row {row} position {p}: page {page} was not free")));
                     }
-                    self.rows.get_mut(&row).unwrap().pages.push(page);
+                    let rec = self.rows.get_mut(&row).unwrap();
+                    rec.pages.push(page);
+                    rec.swa.push(true);
                 }
             }
         }
@@ -669,8 +771,9 @@ impl Sim {
             skv_map_prefix(c, r, idx.as_ptr(), n)
         })?;
         if st == OK {
+            let swa = pages.iter().map(|p| self.held_swa.get(p).copied().unwrap_or(false)).collect();
             let rec = self.rows.get_mut(&req.req_pool_idx).unwrap();
-            (rec.pages, rec.mapped, rec.protected) = (pages.to_vec(), n, n);
+            (rec.pages, rec.mapped, rec.protected, rec.swa, rec.cursor) = (pages.to_vec(), n, n, swa, 0);
         }
         Ok((st, got))
     }
@@ -697,12 +800,88 @@ impl Sim {
         if st == OK {
             let ps = self.ps();
             let rec = self.rows.get_mut(&row).unwrap();
-            let newly = rec.pages[(rec.protected / ps) as usize..(new / ps) as usize].to_vec();
+            let (lo, hi) = ((rec.protected / ps) as usize, (new / ps) as usize);
+            let newly = rec.pages[lo..hi].to_vec();
+            let newly_swa = rec.swa[lo..hi].to_vec();
             rec.protected = new;
             let run = rec.pages[..(new / ps) as usize].to_vec();
+            if self.swa_on() {
+                self.held_swa.extend(newly.iter().copied().zip(newly_swa));
+            }
             self.held.extend(newly);
             if !run.is_empty() {
                 self.tree.push(run);
+            }
+        }
+        Ok((st, got))
+    }
+
+    /// skv_swa_evict: UNSUPPORTED without an SWA pool; with one, the step `window_step`
+    /// predicts, the SWA pages of the row's pages it passes going back.
+    fn swa_evict(
+        &mut self,
+        req: &skv_req,
+        pre_len: u32,
+        window: u32,
+        interval: u32,
+        floor: i64,
+        flags: u32,
+    ) -> R<(u32, skv_req)> {
+        let (ps, row) = (self.ps(), req.req_pool_idx);
+        let bad_args = flags & !SKV_SWA_NO_PREFIX_SHARING != 0
+            || !(-1..=u32::MAX as i64).contains(&floor)
+            || !self.model.valid(req)
+            || window == 0
+            || pre_len > req.kv_allocated_len;
+        let step = window_step(req, pre_len, window, interval, floor, flags, ps);
+        let want = if !self.swa_on() {
+            UNSUPPORTED
+        } else if bad_args {
+            INVALID
+        } else if row == -1 {
+            OK
+        } else if let Some(st) = self.owned_req(req, true) {
+            st
+        } else if step.is_some_and(|(from, to)| to > from && !from.is_multiple_of(ps)) {
+            INVALID
+        } else {
+            OK
+        };
+        let step = step.filter(|_| want == OK && row != -1);
+        let mut w = *req;
+        if let Some((_, to)) = step {
+            w.swa_evicted_seqlen = to;
+        }
+        let what =
+            format!("swa_evict(pre {pre_len}, window {window}, interval {interval}, floor {floor}, flags {flags})");
+        let mut freed = u32::MAX;
+        // SAFETY: as in alloc_row; freed is a local.
+        let (st, got) = self.req_call(&what, req, want, w, |c, r| unsafe {
+            skv_swa_evict(c, r, pre_len, window, interval, floor, flags, &mut freed)
+        })?;
+        let want_freed = match (st, step) {
+            (OK, Some((from, to))) => to - from,
+            (OK, None) => 0,
+            _ => u32::MAX,
+        };
+        if freed != want_freed {
+            return Err(self.fail(format!("`{what}`: freed {freed}, model {want_freed}")));
+        }
+        if let Some((from, to)) = step {
+            let rec = self.rows.get_mut(&row).unwrap();
+            let prot = (rec.protected / ps) as usize;
+            for i in (from / ps) as usize..(to / ps) as usize {
+                if i < prot || !rec.swa[i] {
+                    return Err(self.fail(format!("model: window step [{from}, {to}) passes row {row} page {i} again")));
+                }
+                rec.swa[i] = false;
+            }
+            rec.cursor = to;
+            if let Some(k) = self.model.slot_holding(row) {
+                self.model.slots.get_mut(&k).unwrap().swa = to;
+            }
+            if to > from {
+                *self.counts.entry("swa_evict freed pages".into()).or_default() += 1;
             }
         }
         Ok((st, got))
@@ -712,7 +891,7 @@ impl Sim {
         let ps = self.ps();
         let want = if !n.is_multiple_of(ps) {
             INVALID
-        } else if (n / ps) as u64 > self.free_pages() {
+        } else if !self.room_for((n / ps) as u64, "pool_alloc") {
             OOM
         } else {
             OK
@@ -745,6 +924,9 @@ impl Sim {
             }
         }
         self.held.extend(pages.iter().copied());
+        if self.swa_on() {
+            self.held_swa.extend(pages.iter().map(|&p| (p, true)));
+        }
         if !pages.is_empty() {
             self.tree.push(pages);
         }
@@ -761,6 +943,7 @@ impl Sim {
         if st == OK {
             for p in pages {
                 self.held.remove(p);
+                self.held_swa.remove(p);
                 for run in self.tree.iter_mut() {
                     if let Some(i) = run.iter().position(|x| x == p) {
                         run.truncate(i);
@@ -815,11 +998,12 @@ impl Sim {
                 rep.violations
             )));
         }
-        let want = (self.free_pages(), self.row_owned(), self.held.len() as u64);
-        if (rep.pages_free, rep.pages_in_rows, rep.pages_engine_held) != want {
+        let swa_used = if self.swa_on() { self.swa_used() } else { 0 };
+        let want = (self.free_pages(), self.row_owned(), self.held.len() as u64, self.swa_free(), swa_used);
+        let got = (rep.pages_free, rep.pages_in_rows, rep.pages_engine_held, rep.swa_pages_free, rep.swa_pages_in_use);
+        if got != want {
             return Err(self.fail(format!(
-                "skv_cache_check pages (free, in rows, engine-held) = {:?}, model {want:?}",
-                (rep.pages_free, rep.pages_in_rows, rep.pages_engine_held)
+                "skv_cache_check pages (free, in rows, engine-held, SWA free, SWA in use) = {got:?}, model {want:?}"
             )));
         }
         let mut s = std::mem::MaybeUninit::<skv_stats>::zeroed();
@@ -843,6 +1027,11 @@ impl Sim {
                 "skv_cache_stats (total, free, used pages, rows, free rows, sessions) = {got:?}, model {want:?}"
             )));
         }
+        let want = (self.case.swa as u64, self.swa_free(), swa_used);
+        let got = (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages);
+        if got != want {
+            return Err(self.fail(format!("skv_cache_stats SWA pages (total, free, used) = {got:?}, model {want:?}")));
+        }
         if full {
             for (row, rec) in self.rows.clone() {
                 let idx = self.row_indices(row, 0, rec.mapped)?;
@@ -857,6 +1046,104 @@ impl Sim {
             if !sample.is_empty() {
                 self.page_refs(&sample)?;
             }
+            if self.swa_on() {
+                self.audit_swa_views()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Each row's SWA page ids, read through skv_row_swa_indices: a page the window has not
+    /// passed names one (the same for every position of the page), a passed page names 0.
+    fn swa_ids(&mut self, row: i32) -> R<Vec<u32>> {
+        let (ps, rec) = (self.ps(), self.rows[&row].clone());
+        let mut idx = vec![-7; rec.mapped as usize];
+        // SAFETY: self.cache is live while the sim is; idx holds the mapped indices asked for.
+        let st = unsafe { skv_row_swa_indices(self.cache, row, 0, rec.mapped, idx.as_mut_ptr()) };
+        if code(st) != OK {
+            return Err(self.fail(format!("row_swa_indices({row}): {} {}", status_name(code(st)), last_error())));
+        }
+        let mut ids = vec![];
+        for (i, &live) in rec.swa.iter().enumerate() {
+            let span = &idx[i * ps as usize..((i as u32 + 1) * ps).min(rec.mapped) as usize];
+            let id = span[0] as u32 / ps;
+            let ok = match live {
+                true => {
+                    id != 0
+                        && id < self.case.swa
+                        && span.iter().enumerate().all(|(k, &x)| x >= 0 && x as u32 == id * ps + k as u32)
+                }
+                false => span.iter().all(|&x| x == 0),
+            };
+            if !ok {
+                return Err(self.fail(format!(
+                    "row {row} page {i}: SWA indices {span:?}, model {} (cursor {}, protected {})",
+                    if live { "an SWA page" } else { "passed by the window" },
+                    rec.cursor,
+                    rec.protected
+                )));
+            }
+            ids.push(if live { id } else { 0 });
+        }
+        Ok(ids)
+    }
+
+    /// Every SWA page libskv names is named once: a row's own pages each have their own, the
+    /// rows sharing an engine-held page name its one; skv_build_flashinfer_swa lists the same.
+    fn audit_swa_views(&mut self) -> R<()> {
+        let mut named: HashMap<u32, String> = HashMap::new();
+        let mut held: HashMap<u32, u32> = HashMap::new();
+        let mut all = vec![];
+        for row in self.rows.keys().copied().collect::<Vec<_>>() {
+            let ids = self.swa_ids(row)?;
+            let rec = &self.rows[&row];
+            for (i, &id) in ids.iter().enumerate() {
+                if i < self.prot_pages(rec) {
+                    let page = rec.pages[i];
+                    if *held.entry(page).or_insert(id) != id {
+                        return Err(
+                            self.fail(format!("held page {page}: rows name SWA pages {} and {id}", held[&page]))
+                        );
+                    }
+                } else if id != 0 {
+                    if let Some(other) = named.insert(id, format!("row {row} page {i}")) {
+                        return Err(self.fail(format!("SWA page {id} named by {other} and row {row} page {i}")));
+                    }
+                }
+            }
+            all.push((row, ids));
+        }
+        for (&page, &id) in &held {
+            if id != 0 && named.insert(id, format!("held page {page}")).is_some() {
+                return Err(self.fail(format!("SWA page {id} of held page {page} also named by a row")));
+            }
+        }
+        let rows: Vec<i32> = all.iter().map(|(r, _)| *r).collect();
+        let want: Vec<i32> = all.iter().flat_map(|(_, ids)| ids.iter().map(|&i| i as i32)).collect();
+        let n = rows.len();
+        let (mut indptr, mut last) = (vec![-7; n + 1], vec![-7; n]);
+        let mut indices = vec![-7; want.len()];
+        let mut needed = 0usize;
+        // SAFETY: self.cache is live while the sim is; indptr holds n + 1 values, last n, indices
+        // the cap passed.
+        let st = unsafe {
+            skv_build_flashinfer_swa(
+                self.cache,
+                rows.as_ptr(),
+                n,
+                indptr.as_mut_ptr(),
+                indices.as_mut_ptr(),
+                last.as_mut_ptr(),
+                indices.len(),
+                &mut needed,
+            )
+        };
+        if code(st) != OK || needed != want.len() || indices != want {
+            return Err(self.fail(format!(
+                "build_flashinfer_swa({rows:?}): {} {}, needed {needed}, ids {indices:?}, model {want:?}",
+                status_name(code(st)),
+                last_error()
+            )));
         }
         Ok(())
     }
@@ -990,8 +1277,21 @@ impl Sim {
             if run.req.kv_committed_len == run.req.origin_input_len && run.req.output_len == 0 {
                 run.req.output_len = 1;
             }
-            if let Some(w) = window {
-                run.req.swa_evicted_seqlen = run.req.swa_evicted_seqlen.max(run.req.kv_committed_len.saturating_sub(w));
+            match window {
+                Some(w) if self.swa_on() => {
+                    // libskv runs the window: the engine steps it after each round
+                    let interval = self.rng.below(ps + 2);
+                    let flags = if self.rng.chance(30) { SKV_SWA_NO_PREFIX_SHARING } else { 0 };
+                    let (st, got) = self.swa_evict(&run.req, run.req.kv_committed_len, w, interval, -1, flags)?;
+                    if st == OK {
+                        run.req = got;
+                    }
+                }
+                Some(w) => {
+                    run.req.swa_evicted_seqlen =
+                        run.req.swa_evicted_seqlen.max(run.req.kv_committed_len.saturating_sub(w));
+                }
+                None => {}
             }
         }
         self.running.insert(key, run);
@@ -1013,6 +1313,9 @@ impl Sim {
     fn op(&mut self) -> R<()> {
         let ps = self.ps();
         let max_ctx = self.case.max_ctx;
+        if self.swa_on() && self.rng.chance(12) {
+            return self.swa_op();
+        }
         match self.rng.below(100) {
             0..=14 => self.start()?,
             15..=39 => self.step()?,
@@ -1122,6 +1425,220 @@ impl Sim {
                 req.origin_input_len = max_ctx + 1;
                 self.call_match(key, &req, max_ctx, true)?;
             }
+        }
+        Ok(())
+    }
+
+    /// With an SWA pool: window steps with random arguments, a req whose cursor is not the one
+    /// libskv records, an SWA pool too short for a request.
+    fn swa_op(&mut self) -> R<()> {
+        let ps = self.ps();
+        match self.rng.below(10) {
+            8 => self.extend_batch()?,
+            9 => self.hand_back()?,
+            0..=3 => {
+                let Some((key, run)) = self.pick_running(false) else { return Ok(()) };
+                let r = run.req;
+                let pre_len = match self.rng.below(10) {
+                    0 => r.kv_allocated_len + 1 + self.rng.below(3),
+                    1..=3 => r.kv_allocated_len,
+                    _ => self.rng.below(r.kv_allocated_len + 1),
+                };
+                let window = self.rng.below(3 * ps + 8);
+                let interval = if self.rng.chance(20) { self.rng.below(4 * ps + 8) } else { self.rng.below(2) };
+                let floor = match self.rng.below(20) {
+                    0 => -2 - self.rng.below(3) as i64,
+                    1 => u32::MAX as i64 + 1,
+                    2..=5 => self.rng.below(r.kv_allocated_len + 1) as i64,
+                    _ => -1,
+                };
+                let flags = match self.rng.below(20) {
+                    0 => 1 << (1 + self.rng.below(31)),
+                    1..=7 => SKV_SWA_NO_PREFIX_SHARING,
+                    _ => 0,
+                };
+                let (st, got) = self.swa_evict(&r, pre_len, window, interval, floor, flags)?;
+                if st == OK {
+                    self.running.get_mut(&key).unwrap().req = got;
+                }
+            }
+            4 | 5 => self.refused_wrong_cursor()?,
+            6 => self.refused_swa_exhausted()?,
+            _ => {
+                // a window step on an idle session's row (a stale copy), or on a req holding no row
+                let idle: Vec<Slot> = self.model.slots.values().filter(|s| !s.in_flight).cloned().collect();
+                let r = match idle.get(self.rng.below(idle.len().max(1) as u32) as usize) {
+                    Some(s) => self.slot_record(s),
+                    None => fresh_req(),
+                };
+                let window = 1 + self.rng.below(ps + 2);
+                self.swa_evict(&r, r.kv_allocated_len, window, 0, -1, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// skv_alloc_extend_batch over running requests (now and then led by one whose cursor is
+    /// wrong): all or nothing, both pools' pages for the whole batch.
+    fn extend_batch(&mut self) -> R<()> {
+        let ps = self.ps();
+        let mut keys: Vec<Key> = self.running.keys().copied().collect();
+        keys.truncate(1 + self.rng.below(4) as usize);
+        let mut reqs: Vec<skv_req> = keys.iter().map(|k| self.running[k].req).collect();
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        let ns: Vec<u32> =
+            reqs.iter().map(|r| self.rng.below(3 * ps + 4).min(self.case.max_ctx - r.kv_allocated_len)).collect();
+        let lie = self.rng.chance(10) && reqs[0].swa_evicted_seqlen + ps <= reqs[0].kv_allocated_len;
+        if lie {
+            reqs[0].swa_evicted_seqlen += ps;
+        }
+        let mut want = OK;
+        let mut need = 0u64;
+        for (r, &n) in reqs.iter().zip(&ns) {
+            if let Some(st) = self.owned_req(r, true) {
+                want = st;
+                break;
+            }
+            let a = r.kv_allocated_len;
+            need += ((a + n).div_ceil(ps) - a.div_ceil(ps)) as u64;
+        }
+        if want == OK && !self.room_for(need, "alloc_extend_batch") {
+            want = OOM;
+        }
+        let mut got = reqs.clone();
+        // SAFETY: self.cache is live while the sim is; got and ns hold the n values passed; no
+        // out_loc.
+        let st = unsafe {
+            skv_alloc_extend_batch(self.cache, got.as_mut_ptr(), got.len(), ns.as_ptr(), std::ptr::null_mut(), 0)
+        };
+        let st = self.expect(&format!("alloc_extend_batch({ns:?}) lie {lie}"), st, want)?;
+        for (i, (g, r)) in got.iter().zip(&reqs).enumerate() {
+            let mut w = *r;
+            if st == OK {
+                w.kv_allocated_len += ns[i];
+            }
+            if !same(g, &w) {
+                return Err(self.fail(format!("alloc_extend_batch: reqs[{i}] {}, model {}", show(g), show(&w))));
+            }
+        }
+        if st == OK {
+            for (i, k) in keys.iter().enumerate() {
+                let (row, a) = (got[i].req_pool_idx, reqs[i].kv_allocated_len);
+                self.learn_extension(row, a, a + ns[i])?;
+                self.rows.get_mut(&row).unwrap().mapped = a + ns[i];
+                self.running.get_mut(k).unwrap().req = got[i];
+            }
+        }
+        Ok(())
+    }
+
+    /// skv_hand_back of a hit: the slot goes idle as the match left it (the slot's record
+    /// follows the primitives and window steps since), else STATE; nothing is freed.
+    fn hand_back(&mut self) -> R<()> {
+        let hits: Vec<Key> = self.running.iter().filter(|(_, r)| r.hit).map(|(k, _)| *k).collect();
+        let Some(&key) = hits.get(self.rng.below(hits.len().max(1) as u32) as usize) else { return Ok(()) };
+        let r = self.running[&key].req;
+        let unrun = self.model.slots.get(&key).is_some_and(|s| {
+            s.in_flight
+                && s.row == r.req_pool_idx
+                && (s.allocated, s.committed, s.protected, s.swa)
+                    == (r.kv_allocated_len, r.kv_committed_len, r.cache_protected_len, r.swa_evicted_seqlen)
+                && s.lock == (r.lock_node, r.lock_receipt)
+                && (s.aux, s.track) == (r.aux_state, r.aux_track)
+        });
+        let want = if !self.model.valid(&r) {
+            INVALID
+        } else if unrun {
+            OK
+        } else {
+            STATE
+        };
+        let mut w = r;
+        Model::reset(&mut w);
+        let pools = Self::pools_of(&self.stats());
+        // SAFETY: as in alloc_row.
+        let (st, _) = self
+            .req_call(&format!("hand_back{key:?}"), &r, want, w, |c, q| unsafe { skv_hand_back(c, key.0, key.1, q) })?;
+        if pools != Self::pools_of(&self.stats()) {
+            return Err(self.fail("hand_back changed the pools".into()));
+        }
+        if st == OK {
+            self.model.slots.get_mut(&key).unwrap().in_flight = false;
+            self.running.remove(&key);
+            *self.counts.entry("hand_back of an unrun hit".into()).or_default() += 1;
+        }
+        Ok(())
+    }
+
+    fn stats(&self) -> skv_stats {
+        let mut s = std::mem::MaybeUninit::<skv_stats>::zeroed();
+        // SAFETY: self.cache is live while the sim is; s is a local.
+        let st = unsafe { skv_cache_stats(self.cache, s.as_mut_ptr()) };
+        assert_eq!(code(st), OK, "skv_cache_stats: {}", last_error());
+        // SAFETY: skv_stats is plain integers: the zeroed s is initialized.
+        unsafe { s.assume_init() }
+    }
+
+    fn pools_of(s: &skv_stats) -> [u64; 4] {
+        [s.free_pages, s.swa_free_pages, s.swa_used_pages, s.free_rows as u64]
+    }
+
+    /// A refused call that must leave both pools as they were.
+    fn unchanged<T>(&mut self, what: &str, call: impl FnOnce(&mut Self) -> R<(u32, T)>) -> R<()> {
+        let before = Self::pools_of(&self.stats());
+        let (st, _) = call(self)?;
+        let after = Self::pools_of(&self.stats());
+        if st == OK || before != after {
+            return Err(self.fail(format!("{what}: {} and pools {before:?} -> {after:?}", status_name(st))));
+        }
+        *self.counts.entry(format!("{what} refused")).or_default() += 1;
+        Ok(())
+    }
+
+    /// A running req whose SWA cursor is not the row's: every call that takes it is refused.
+    fn refused_wrong_cursor(&mut self) -> R<()> {
+        let ps = self.ps();
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        let mut r = run.req;
+        let c = r.swa_evicted_seqlen;
+        r.swa_evicted_seqlen = match (c + ps <= r.kv_allocated_len, c > 0) {
+            (true, _) if self.rng.chance(50) || c == 0 => c + ps,
+            (_, true) => c - 1 - self.rng.below(c.min(ps)),
+            _ => return Ok(()),
+        };
+        let n = self.rng.below(ps + 1).min(self.case.max_ctx - r.kv_allocated_len);
+        match self.rng.below(7) {
+            0 => self.unchanged("wrong cursor", |s| s.alloc_extend(&r, n))?,
+            1 => self.unchanged("wrong cursor", |s| s.commit(&r, 0))?,
+            2 => self.unchanged("wrong cursor", |s| s.swa_evict(&r, r.kv_allocated_len, 1, 0, -1, 0))?,
+            3 => self.unchanged("wrong cursor", |s| s.free_req(&r))?,
+            4 => self.unchanged("wrong cursor", |s| s.call_trim(&r, 0).map(|(st, r, _)| (st, r)))?,
+            5 => {
+                self.unchanged("wrong cursor", |s| s.call_free_tail(&r, r.kv_allocated_len).map(|(st, r, _)| (st, r)))?
+            }
+            _ => self.unchanged("wrong cursor", |s| s.publish(&r, r.cache_protected_len))?,
+        }
+        Ok(())
+    }
+
+    /// More pages than the SWA pool has free, where the full pool has them: OUT_OF_MEMORY.
+    fn refused_swa_exhausted(&mut self) -> R<()> {
+        let ps = self.ps();
+        let need = self.swa_free() + 1;
+        if need > self.free_pages() {
+            return Ok(());
+        }
+        if self.rng.chance(50) {
+            return self.unchanged("SWA pool exhausted", |s| s.pool_alloc(need as u32 * ps).map(|st| (st, ())));
+        }
+        let Some((_, run)) = self.pick_running(false) else { return Ok(()) };
+        let r = run.req;
+        let a = r.kv_allocated_len;
+        let n = (a.div_ceil(ps) + need as u32) * ps - a;
+        if a + n <= self.case.max_ctx {
+            self.unchanged("SWA pool exhausted", |s| s.alloc_extend(&r, n))?;
         }
         Ok(())
     }
@@ -1479,7 +1996,13 @@ impl Sim {
         let st = unsafe { skv_cache_stats(self.cache, s.as_mut_ptr()) };
         // SAFETY: as in audit: the zeroed s is initialized.
         let s = unsafe { s.assume_init() };
-        if code(st) != OK || s.free_pages != s.total_pages - 1 || s.free_rows != s.total_rows || s.sessions != 0 {
+        if code(st) != OK
+            || s.free_pages != s.total_pages - 1
+            || s.free_rows != s.total_rows
+            || s.sessions != 0
+            || s.swa_used_pages != 0
+            || s.swa_free_pages != s.swa_total_pages.saturating_sub(1)
+        {
             return Err(self.fail(format!("after releasing everything: {s:?}")));
         }
         if !self.locks.is_empty() || !self.auxes.is_empty() {
@@ -1492,33 +2015,62 @@ impl Sim {
         for i in 0..self.case.ops {
             self.note(format!("-- op {i}"));
             self.op()?;
-            self.audit(i % 64 == 0)?;
+            // with an SWA pool the views are read more often: the window moves every few calls
+            self.audit(i % 64 == 0 || (self.swa_on() && i % 16 == 0))?;
         }
         self.drain()
     }
 }
 
-fn cases() -> Vec<Case> {
+/// sglang's `free_swa_out_of_window_slots` as skv.h states skv_swa_evict's step (no
+/// swa_evict_floor set): `Some((from, to))` moves the cursor to `to`, the positions in
+/// `[from, to)` losing their SWA side; `None` leaves the req alone.
+fn window_step(
+    r: &skv_req,
+    pre_len: u32,
+    window: u32,
+    interval: u32,
+    floor: i64,
+    flags: u32,
+    ps: u32,
+) -> Option<(u32, u32)> {
+    let (pre, swa) = (pre_len as i64, r.swa_evicted_seqlen as i64);
+    if pre - (window as i64) < swa + interval as i64 {
+        return None;
+    }
+    let from = swa.max(r.cache_protected_len as i64);
+    let sharing = flags & SKV_SWA_NO_PREFIX_SHARING == 0;
+    let mut threshold = if sharing { pre - ceil_align(window.max(ps), ps) as i64 } else { pre - window as i64 };
+    if sharing && floor >= 0 {
+        threshold = threshold.min(floor);
+    }
+    let to = threshold.max(from).div_euclid(ps as i64) * ps as i64;
+    Some((from as u32, to.max(from) as u32))
+}
+
+fn cases(base: &[Case]) -> Vec<Case> {
     let seed = std::env::var("SKV_PROP_SEED").ok().and_then(|s| s.parse::<u64>().ok());
-    let base = [
-        Case { ps: 1, rows: 8, pages: 400, max_ctx: 96, aligned: false, ops: 20_000, seed: 1 },
-        Case { ps: 4, rows: 8, pages: 160, max_ctx: 128, aligned: true, ops: 20_000, seed: 2 },
-        Case { ps: 16, rows: 10, pages: 96, max_ctx: 256, aligned: false, ops: 20_000, seed: 3 },
-        Case { ps: 64, rows: 6, pages: 40, max_ctx: 512, aligned: true, ops: 20_000, seed: 4 },
-    ];
     base.iter().map(|c| Case { seed: seed.unwrap_or(c.seed), ..*c }).collect()
+}
+
+/// Runs a case to its end; `None` when a seed is forced (its coverage is not asserted).
+fn run_case(case: Case) -> Option<Sim> {
+    let mut sim = Sim::new(case);
+    if let Err(e) = sim.run() {
+        panic!("{e}");
+    }
+    std::env::var("SKV_PROP_SEED").is_err().then_some(sim)
 }
 
 #[test]
 fn owned_pool_stays_whole_under_random_sessions() {
-    for case in cases() {
-        let mut sim = Sim::new(case);
-        if let Err(e) = sim.run() {
-            panic!("{e}");
-        }
-        if std::env::var("SKV_PROP_SEED").is_ok() {
-            continue;
-        }
+    for case in cases(&[
+        Case { ps: 1, rows: 8, pages: 400, max_ctx: 96, aligned: false, swa: 0, ops: 20_000, seed: 1 },
+        Case { ps: 4, rows: 8, pages: 160, max_ctx: 128, aligned: true, swa: 0, ops: 20_000, seed: 2 },
+        Case { ps: 16, rows: 10, pages: 96, max_ctx: 256, aligned: false, swa: 0, ops: 20_000, seed: 3 },
+        Case { ps: 64, rows: 6, pages: 40, max_ctx: 512, aligned: true, swa: 0, ops: 20_000, seed: 4 },
+    ]) {
+        let Some(sim) = run_case(case) else { continue };
         // the default seeds must exercise what the test claims to (another seed may miss a rare path)
         let c = &sim.counts;
         let reached = |p: &str| c.keys().any(|k| k.starts_with(p));
@@ -1594,11 +2146,57 @@ fn owned_pool_stays_whole_under_random_sessions() {
 /// Allocation is deterministic: two caches driven by the same calls hand out the same indices.
 #[test]
 fn same_calls_give_same_indices() {
-    let case = Case { ps: 4, rows: 8, pages: 96, max_ctx: 128, aligned: false, ops: 2_000, seed: 77 };
+    let case = Case { ps: 4, rows: 8, pages: 96, max_ctx: 128, aligned: false, swa: 0, ops: 2_000, seed: 77 };
     let mut a = Sim::new(case);
     let mut b = Sim::new(case);
     a.run().unwrap_or_else(|e| panic!("{e}"));
     b.run().unwrap_or_else(|e| panic!("{e}"));
     assert!(a.trace.len() > 1000, "too few allocations to compare: {}", a.trace.len());
     assert_eq!(a.trace, b.trace);
+}
+
+/// Owned mode with an SWA pool (smaller than, as large as and larger than the full pool):
+/// the same engine, its windows stepped by skv_swa_evict, and after every call each row's SWA
+/// pages, the cursor and both pools' counts as the model says.
+#[test]
+fn swa_pool_stays_whole_under_random_sessions() {
+    for case in cases(&[
+        Case { ps: 1, rows: 8, pages: 400, max_ctx: 96, aligned: false, swa: 120, ops: 20_000, seed: 11 },
+        Case { ps: 2, rows: 8, pages: 200, max_ctx: 96, aligned: true, swa: 200, ops: 20_000, seed: 12 },
+        Case { ps: 4, rows: 8, pages: 160, max_ctx: 128, aligned: false, swa: 320, ops: 20_000, seed: 13 },
+        Case { ps: 16, rows: 10, pages: 96, max_ctx: 256, aligned: true, swa: 40, ops: 20_000, seed: 14 },
+    ]) {
+        let Some(sim) = run_case(case) else { continue };
+        let c = &sim.counts;
+        let reached = |p: &str| c.keys().any(|k| k.starts_with(p));
+        let mut wants = vec![
+            "swa_evict OK",
+            "swa_evict freed pages",
+            "swa_evict INVALID_ARG",
+            "swa_evict STATE",
+            "wrong cursor refused",
+            "alloc_extend OK",
+            "alloc_extend OUT_OF_MEMORY",
+            "match hit",
+            "free_aligned OK",
+            "trim_overshoot OK",
+            "free_tail OK",
+            "publish_prefix OK",
+            "map_prefix OK",
+            "pool_free OK",
+            "page_refs shared",
+            "alloc_extend_batch OK",
+            "hand_back STATE",
+            "hand_back of an unrun hit",
+        ];
+        if case.ps > 1 {
+            wants.extend(["free_aligned into a page the window passed", "free_tail floored by the SWA cursor"]);
+        }
+        if case.swa < case.pages {
+            wants.extend(["SWA pool exhausted refused", "alloc_extend OUT_OF_MEMORY (SWA pool)"]);
+        }
+        for want in wants {
+            assert!(reached(want), "case {case:?} never reached `{want}`: {c:#?}");
+        }
+    }
 }

@@ -421,7 +421,10 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// page_size is 1); the page holding target-1 stays. row in [0, num_rows), end <=
 /// max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing.
 /// Owned mode: end must reach the row's mapped end and target must not reach below its
-/// protected prefix. On a session's row:
+/// protected prefix. Where frees split at the SWA cursor (an owned SWA pool, or
+/// free_kv_segment), a target inside a page whose SWA slots the window freed must be a page
+/// boundary (SKV_ERR_INVALID_ARG: the rest of that page would be inside the window again with
+/// no SWA slots), and the row's cursor drops to min(cursor, target). On a session's row:
 /// SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
 /// recorded end, target must keep its protected prefix, and the slot shortens with the row
 /// (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits

@@ -45,7 +45,21 @@ impl Cache {
         }
         self.pool.check_free(row, target, end)?;
         // Only a session slot records the row's SWA cursor; any other row's is the engine's.
-        let dead = self.slots.of_row(row).map_or((0, 0), |s| slot_dead(s, self.cfg.page_size));
+        let ps = self.cfg.page_size;
+        let dead = self.slots.of_row(row).map_or((0, 0), |s| slot_dead(s, ps));
+        // A partial page kept where the window passed would be grown into with no SWA slots
+        // (a trim or a tail free floors its boundary for this; this call has no req to floor).
+        let page = floor_align(target, ps);
+        self.guard_idle_session_row(row)?;
+        if self.pool.frees_swa().is_ok() && target < end && page != target && dead.0 <= page && page < dead.1 {
+            bail!(
+                InvalidArg,
+                "target {target} keeps part of a page of row {row} whose SWA slots the window freed \
+                 ([{}, {})): free from a page boundary, {page}",
+                dead.0,
+                dead.1
+            );
+        }
         self.shorten_row(row, target, end, dead, |_| {})
     }
 

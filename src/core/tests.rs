@@ -419,6 +419,24 @@ fn hybrid_free_tail_below_the_cursor_floors_to_a_page() {
 }
 
 #[test]
+fn hybrid_free_aligned_keeps_no_part_of_a_page_the_window_passed_external() {
+    let mut c = external(4, 128, false);
+    let mut r = hybrid_req();
+    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let mut next = Req { origin_input_len: 40, ..Req::default() };
+    c.match_prefix(1, 0, &mut next, 30, false).unwrap();
+    log(&mut c);
+    // The slot's window freed [16, 24): a cut at 21 would keep positions 21..24 of that page.
+    let e = c.free_aligned(0, 21, 30).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArg(m) if m.contains("free from a page boundary, 20")), "{e}");
+    assert!(log(&mut c).is_empty());
+    c.free_aligned(0, 25, 30).unwrap();
+    assert_eq!(log(&mut c), ["free_kv 28..30"], "past the window's range a cut keeps its partial page");
+    c.free_aligned(0, 20, 25).unwrap();
+    assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..25"]);
+}
+
+#[test]
 fn hybrid_release_and_held() {
     let mut c = external(4, 128, false);
     let mut r = hybrid_req();
@@ -1220,6 +1238,31 @@ fn hybrid_cursor_moves_only_through_the_window() {
     assert_eq!(r.swa, 12);
     let stale = Req { swa: 0, ..r };
     assert!(c.commit(&mut stale.clone(), 0).is_err(), "a copy from before the step is refused");
+    c.free_req(&mut r).unwrap();
+    assert_eq!(swa_pages(&c), (15, 0));
+    clean(&c);
+}
+
+#[test]
+fn hybrid_free_aligned_keeps_no_part_of_a_page_the_window_passed() {
+    let mut c = hybrid(4, 32, 16);
+    let mut r = hybrid_turn(&mut c, 8, 16);
+    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    c.swa_evict(&mut r, 16, &w).unwrap();
+    assert_eq!(r.swa, 12);
+    // Keeping 6 would keep page 1 (positions 4..8) with its SWA page gone, and put 6 and 7
+    // back inside the window: an SWA layer would read them from the padding page.
+    let before = (c.stats().unwrap(), swa_indices(&c, &r));
+    let e = c.free_aligned(r.row as u32, 6, 16).unwrap_err();
+    assert!(matches!(&e, Error::InvalidArg(m) if m.contains("free from a page boundary, 4")), "{e}");
+    assert_eq!((c.stats().unwrap(), swa_indices(&c, &r)), before, "nothing changed");
+    // A page boundary, or a page the window has not passed, is kept as asked.
+    c.free_aligned(r.row as u32, 14, 16).unwrap();
+    c.free_aligned(r.row as u32, 8, 14).unwrap();
+    (r.allocated, r.committed, r.swa) = (8, 8, 8);
+    c.alloc_extend(&mut r, 2, None).unwrap();
+    assert!(swa_indices(&c, &r)[8..].iter().all(|&i| i > 0), "positions the window has not passed have SWA slots");
+    clean(&c);
     c.free_req(&mut r).unwrap();
     assert_eq!(swa_pages(&c), (15, 0));
     clean(&c);

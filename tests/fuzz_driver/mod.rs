@@ -9,9 +9,13 @@
 //! (`free_kv_segment`: a full and an SWA pool, every SWA page freed once, no full page freed
 //! while its SWA peer lives, `skv_swa_evict` checked against sglang's step) and struct_size 56
 //! without `free_kv_segment` (a free with a full-only piece is refused); some set
-//! `SKV_FLAG_PAGE_FREES` (one index per page, each page once). The scheduler's calls
-//! (`skv_hand_back`, the usage and idle-slot queries, `skv_admission_pages`) are checked
-//! against each other and against what the calls they describe then do.
+//! `SKV_FLAG_PAGE_FREES` (one index per page, each page once). Some owned sides have an SWA
+//! pool (smaller or larger than the full pool): `skv_swa_evict` is checked against the same
+//! step and the SWA pages it gives back, `skv_row_swa_indices` against the cursor of a req that
+//! agrees with its row, `skv_build_flashinfer_swa` against `skv_build_flashinfer`; the SWA
+//! pool's free and used pages add up after every call and all are free at the end. The
+//! scheduler's calls (`skv_hand_back`, the usage and idle-slot queries, `skv_admission_pages`)
+//! are checked against each other and against what the calls they describe then do.
 //!
 //! Deterministic for a seed. Probe classes that fail on libskv 0.1.0 are off unless named in
 //! `Probes` (see `Probes::parse`).

@@ -119,6 +119,35 @@ impl Side {
         self.cfg.max_context_len
     }
 
+    /// Owned mode with an SWA pool: libskv runs the window.
+    fn swa(&self) -> bool {
+        self.owned && self.cfg.swa_num_token_slots > 0
+    }
+
+    fn stats(&self) -> skv_stats {
+        // SAFETY: skv_stats is plain integers, so all zero is a valid value.
+        let mut st = unsafe { std::mem::zeroed::<skv_stats>() };
+        // SAFETY: a live handle and a local out-value.
+        assert_eq!(unsafe { skv_cache_stats(self.c, &mut st) }, SKV_OK, "skv_cache_stats");
+        st
+    }
+
+    /// Reqs that may name row `row` mapping `len` tokens, one per protected length (the record
+    /// is not observable) and, with an SWA pool, per cursor.
+    fn row_reqs(&self, row: i32, len: u32) -> impl Iterator<Item = skv_req> {
+        let ps = self.ps();
+        let cursors = if self.swa() { len + 1 } else { 1 };
+        (0..=len / ps).flat_map(move |k| {
+            (0..cursors).map(move |cursor| {
+                let mut q = init_req();
+                q.req_pool_idx = row;
+                (q.kv_allocated_len, q.kv_committed_len, q.cache_protected_len) = (len, len, k * ps);
+                q.swa_evicted_seqlen = cursor;
+                q
+            })
+        })
+    }
+
     fn snap(&self) -> Snap {
         let c = self.c;
         let mut held = held0();
@@ -167,10 +196,27 @@ impl Side {
             if st != SKV_OK {
                 return Some(format!("skv_cache_check returned {st:?}"));
             }
-            (rep.violations != 0).then(|| {
+            if rep.violations != 0 {
                 let text = std::ffi::CStr::from_ptr(rep.first_violation.as_ptr()).to_string_lossy().into_owned();
-                format!("audit: {} violations, first: {text}", rep.violations)
-            })
+                return Some(format!("audit: {} violations, first: {text}", rep.violations));
+            }
+            // The SWA pool adds up: every page but the padding page is free or in use, as the
+            // audit counted them.
+            let s = self.stats();
+            let want_total = self.cfg.swa_num_token_slots / self.ps() as u64;
+            let adds_up = match want_total {
+                0 => (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages) == (0, 0, 0),
+                n => s.swa_total_pages == n && s.swa_free_pages + s.swa_used_pages == n - 1,
+            };
+            (!adds_up || (rep.swa_pages_free, rep.swa_pages_in_use) != (s.swa_free_pages, s.swa_used_pages)).then(
+                || {
+                    format!(
+                        "SWA pool of {want_total} pages: stats (total, free, used) {:?}, audit (free, in use) {:?}",
+                        (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages),
+                        (rep.swa_pages_free, rep.swa_pages_in_use)
+                    )
+                },
+            )
         }
     }
 
@@ -213,6 +259,10 @@ impl World {
                     2 | 3 => Pools::Hybrid { free_kv: rng.chance(500) },
                     _ => Pools::NoSegment,
                 };
+            }
+            if owned && rng.chance(400) {
+                // An SWA pool smaller or larger than the full pool.
+                cfg.swa_num_token_slots = (2 + rng.below(2 * pages as u64)) * cfg.page_size as u64;
             }
             let mut e = Engine::new(cfg.page_size, pages, cfg.num_rows, rng.next(), probes);
             (e.pools, e.page_frees) = (pools, cfg.flags & SKV_FLAG_PAGE_FREES != 0);
@@ -473,6 +523,12 @@ impl World {
     fn step(&mut self, s: usize) -> skv_status {
         self.settle(s);
         let owned = self.sides[s].owned;
+        if owned && self.rng.chance(25) {
+            return self.op_swa_views(s);
+        }
+        if self.sides[s].swa() && self.rng.chance(80) {
+            return self.op_swa_evict(s);
+        }
         let k = self.rng.below(1000);
         match (owned, k) {
             (_, 0..=79) => self.op_match(s),
@@ -542,7 +598,7 @@ impl World {
     /// Prompt and output lengths as a turn advances (engine fields libskv only reads).
     fn op_progress(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, true);
-        let (ps, max) = (self.sides[s].ps(), self.sides[s].max_ctx());
+        let (ps, max, swa) = (self.sides[s].ps(), self.sides[s].max_ctx(), self.sides[s].swa());
         let r = &mut self.sides[s].reqs[i].r;
         let c = r.kv_committed_len;
         let origin = self.rng.upto(c);
@@ -550,8 +606,9 @@ impl World {
         r.output_len = c - origin + self.rng.upto(5);
         r.finished_len = if self.rng.chance(400) { -1 } else { self.rng.upto(r.output_len) as i32 };
         match self.sides[s].pools {
-            // The engine keeps no SWA pool: any cursor is its own business.
-            Pools::Plain if self.rng.chance(200) => {
+            // The engine keeps no SWA pool: any cursor is its own business (with an owned SWA
+            // pool only skv_swa_evict moves it).
+            Pools::Plain if !swa && self.rng.chance(200) => {
                 r.swa_evicted_seqlen = (self.rng.upto(c) / ps * ps).min(r.kv_allocated_len);
             }
             // The cursor moves by skv_swa_evict only; the floor is set at a prefill, while the
@@ -1591,14 +1648,10 @@ impl World {
         if unsafe { skv_release_session(c, sid) } != SKV_ERR_STATE {
             return;
         }
-        let ps = self.sides[s].ps();
         for r in 0..self.sides[s].cfg.num_rows as i32 {
             let Some(len) = self.sides[s].row_len(r) else { continue };
             for b in [0, 1, u64::MAX] {
-                for k in 0..=len / ps {
-                    let mut q = init_req();
-                    q.req_pool_idx = r;
-                    (q.kv_allocated_len, q.kv_committed_len, q.cache_protected_len) = (len, len, k * ps);
+                for mut q in self.sides[s].row_reqs(r, len).collect::<Vec<_>>() {
                     // SAFETY: c is the side's live handle; q is a local.
                     if unsafe { skv_cache_finished_req(c, sid, b, &mut q, 1) } == SKV_OK {
                         self.log.push_back(format!("[{s}] teardown: aborted session {sid} branch {b} on row {r}"));
@@ -1611,17 +1664,11 @@ impl World {
 
     fn teardown_owned(&mut self, s: usize) {
         let c = self.sides[s].c;
-        let ps = self.sides[s].ps();
         for r in 0..self.sides[s].cfg.num_rows as i32 {
             let Some(len) = self.sides[s].row_len(r) else { continue };
-            // The row's protected length is not observable: try each page boundary.
-            let freed = (0..=len / ps).any(|k| {
-                let mut q = init_req();
-                q.req_pool_idx = r;
-                (q.kv_allocated_len, q.kv_committed_len, q.cache_protected_len) = (len, len, k * ps);
-                // SAFETY: c is the side's live handle; q is a local.
-                unsafe { skv_free_req(c, &mut q) == SKV_OK }
-            });
+            let mut reqs = self.sides[s].row_reqs(r, len);
+            // SAFETY: c is the side's live handle; q is a local.
+            let freed = reqs.any(|mut q| unsafe { skv_free_req(c, &mut q) == SKV_OK });
             if !freed {
                 self.fail(&format!("teardown: row {r} ({len} tokens) cannot be freed"));
             }
@@ -1636,7 +1683,12 @@ impl World {
         let mut st = unsafe { std::mem::zeroed::<skv_stats>() };
         // SAFETY: c is the side's live handle; st is a local.
         assert_eq!(unsafe { skv_cache_stats(c, &mut st) }, SKV_OK);
-        if st.free_pages != st.total_pages - 1 || st.free_rows != st.total_rows || st.sessions != 0 {
+        if st.free_pages != st.total_pages - 1
+            || st.free_rows != st.total_rows
+            || st.sessions != 0
+            || st.swa_used_pages != 0
+            || st.swa_free_pages != st.swa_total_pages.saturating_sub(1)
+        {
             self.fail(&format!("owned mode, after releasing everything: {st:?}"));
         }
     }

@@ -3,6 +3,8 @@
 //! ports it), and the frees of a `free_kv_segment`-less caller of the hybrid ABI, which libskv
 //! must refuse when they need a full-only piece.
 
+use std::ptr::null;
+
 use skv::skv_status::*;
 use skv::*;
 
@@ -52,11 +54,13 @@ fn evict(r: &skv_req, ps: u32, pre_len: u32, window: u32, interval: u32, retain:
 }
 
 impl World {
-    /// A window step on any side: SKV_ERR_UNSUPPORTED unless external with free_kv_segment.
+    /// A window step on any side: SKV_ERR_UNSUPPORTED unless external with free_kv_segment or
+    /// owned with an SWA pool.
     pub(super) fn op_swa_evict(&mut self, s: usize) -> skv_status {
         let i = self.pick_req(s, true);
         let side = &self.sides[s];
-        let (ps, hybrid) = (side.ps(), !side.owned && matches!(side.pools, Pools::Hybrid { .. }));
+        let (ps, hybrid) = (side.ps(), side.swa() || (!side.owned && matches!(side.pools, Pools::Hybrid { .. })));
+        let swa_free = side.stats().swa_free_pages;
         let r = side.reqs[i].r;
         let alloc = r.kv_allocated_len;
         let mut bad = false;
@@ -127,7 +131,11 @@ impl World {
             return st;
         }
         let (cursor, n) = evict(&r, ps, pre_len, window, interval, retain, flags);
-        let engine_freed = self.sides[s].eng().swa_freed;
+        // Owned mode: the SWA pages of the positions passed (whole pages) are free again.
+        let engine_freed = match self.sides[s].owned {
+            true => self.sides[s].stats().swa_free_pages.wrapping_sub(swa_free).wrapping_mul(ps as u64),
+            false => self.sides[s].eng().swa_freed,
+        };
         if after.swa_evicted_seqlen != cursor || (!fp.is_null() && freed != n) || engine_freed != n as u64 {
             self.fail(&format!(
                 "skv_swa_evict: cursor {}, freed {freed} (engine saw {engine_freed}); sglang's step: cursor {cursor}, {n} freed",
@@ -136,6 +144,9 @@ impl World {
         }
         if n > 0 {
             *self.cover.entry("swa_evict freed SWA pages").or_default() += 1;
+            if self.sides[s].owned {
+                *self.cover.entry("owned swa_evict gave SWA pages back").or_default() += 1;
+            }
         }
         st
     }
@@ -224,5 +235,131 @@ impl World {
         // SAFETY: a live handle and a local.
         assert_eq!(unsafe { skv_branch_usage(self.sides[s].c, sid, b, &mut u) }, SKV_OK);
         u.slots
+    }
+}
+
+impl World {
+    /// Owned mode's SWA views, with random (sometimes bad) arguments: SKV_ERR_UNSUPPORTED
+    /// without an SWA pool.
+    pub(super) fn op_swa_views(&mut self, s: usize) -> skv_status {
+        match self.rng.chance(500) {
+            true => self.op_row_swa_indices(s),
+            false => self.op_flashinfer_swa(s),
+        }
+    }
+
+    /// skv_row_swa_indices; on a req that agrees with its row's record (a `skv_commit` of 0
+    /// takes it), every position the window has not passed has an SWA slot, a page the window
+    /// passed whole has none, and a page's positions share one SWA page.
+    fn op_row_swa_indices(&mut self, s: usize) -> skv_status {
+        let i = self.pick_req(s, true);
+        let side = &self.sides[s];
+        let (c, ps, max, swa, rows) = (side.c, side.ps(), side.max_ctx(), side.swa(), side.cfg.num_rows);
+        let r = side.reqs[i].r;
+        let honest = r.req_pool_idx >= 0 && swa && !self.rng.chance(200);
+        let (row, start, end) = if honest {
+            (r.req_pool_idx, 0, r.kv_allocated_len)
+        } else {
+            let row = if self.rng.chance(300) { self.bad_row(s) } else { self.rng.below(rows as u64) as i32 };
+            let start = self.rng.upto(max);
+            let end = if self.rng.chance(100) { self.rng.upto(start) } else { start + self.rng.upto(max + 4 - start) };
+            (row, start, end)
+        };
+        let expect = match (swa, row) {
+            (false, 0..) => Expect::Is(SKV_ERR_UNSUPPORTED),
+            _ => Expect::Any,
+        };
+        let mut out = vec![-7i32; max as usize + 8];
+        let desc = format!("skv_row_swa_indices({row}, {start}, {end})");
+        // SAFETY: c is the side's live handle; out holds max + 8 entries, at least end - start.
+        let st =
+            self.call(s, desc, null(), expect, || unsafe { skv_row_swa_indices(c, row, start, end, out.as_mut_ptr()) });
+        if st != SKV_OK || !honest {
+            return st;
+        }
+        let mut q = r;
+        // SAFETY: c is the side's live handle; q is a local.
+        let agrees = self
+            .call(s, format!("skv_commit(req#{i}, 0)"), null(), Expect::Any, || unsafe { skv_commit(c, &mut q, 0) });
+        if agrees != SKV_OK {
+            return st;
+        }
+        // A page may lack its SWA page only where the window passed all of it.
+        let (lo, cursor) = (dead_lo(&r, ps), r.swa_evicted_seqlen);
+        let hi = cursor.max(lo);
+        for (p, &x) in (0..end).zip(&out) {
+            let page = p / ps;
+            let same_page = p % ps == 0 || out[p as usize - 1] == x - 1;
+            let slot = x > 0 && x as u32 % ps == p % ps && same_page;
+            let ok = match (page * ps >= lo, (page + 1) * ps <= hi) {
+                // the protected prefix: the engine-held page's, if it has one
+                (false, _) => x == 0 || slot,
+                (true, true) => x == 0,
+                (true, false) => slot,
+            };
+            if !ok {
+                self.fail(&format!(
+                    "row {row} position {p}: SWA slot {x} (swa_dead_lo {lo}, cursor {cursor}): {:?}",
+                    &out[..end as usize]
+                ));
+            }
+        }
+        *self.cover.entry("swa view of a running row checked").or_default() += 1;
+        st
+    }
+
+    /// skv_build_flashinfer_swa: the layout skv_build_flashinfer gives, each full page with
+    /// one SWA page (0 where the window passed), no SWA page under two full pages.
+    fn op_flashinfer_swa(&mut self, s: usize) -> skv_status {
+        let side = &self.sides[s];
+        let (c, swa, n_rows) = (side.c, side.swa(), side.cfg.num_rows as i32);
+        let mut rows: Vec<i32> = side.reqs.iter().map(|f| f.r.req_pool_idx).filter(|&r| r >= 0).collect();
+        let bad = self.rng.chance(100);
+        if bad {
+            rows.push(self.rng.pick(&[-1, n_rows]));
+        }
+        let cap = if self.rng.chance(200) { self.rng.upto(8) as usize } else { 4096 };
+        let layout = |swa: bool, out: &mut [Vec<i32>; 3], needed: &mut usize| {
+            // SAFETY: c is the side's live handle; the three vectors hold rows.len() + 1, cap and
+            // rows.len() entries.
+            unsafe {
+                let f = if swa { skv_build_flashinfer_swa } else { skv_build_flashinfer };
+                let [indptr, idx, last] = out;
+                f(c, rows.as_ptr(), rows.len(), indptr.as_mut_ptr(), idx.as_mut_ptr(), last.as_mut_ptr(), cap, needed)
+            }
+        };
+        let fresh = || [vec![-7i32; rows.len() + 1], vec![-7i32; cap], vec![-7i32; rows.len()]];
+        let (mut got, mut needed) = (fresh(), 0usize);
+        let expect = match (swa, bad) {
+            (false, false) => Expect::Is(SKV_ERR_UNSUPPORTED),
+            (true, true) => Expect::Fail,
+            _ => Expect::Any,
+        };
+        let desc = format!("skv_build_flashinfer_swa({rows:?}, cap {cap})");
+        let st = self.call(s, desc, null(), expect, || layout(true, &mut got, &mut needed));
+        if st != SKV_OK {
+            return st;
+        }
+        let (mut full, mut full_needed) = (fresh(), 0usize);
+        if layout(false, &mut full, &mut full_needed) != SKV_OK || full_needed != needed {
+            self.fail("skv_build_flashinfer refused the rows skv_build_flashinfer_swa took");
+        }
+        let mut swa_of = std::collections::HashMap::new();
+        let mut full_of = std::collections::HashMap::new();
+        for (&f, &w) in full[1][..needed].iter().zip(&got[1][..needed]) {
+            let twice = *swa_of.entry(f).or_insert(w) != w || (w != 0 && *full_of.entry(w).or_insert(f) != f);
+            if twice {
+                self.fail(&format!(
+                    "full page {f} / SWA page {w}: the layouts disagree\n  full {full:?}\n  swa {got:?}"
+                ));
+            }
+        }
+        if got[0] != full[0] || got[2] != full[2] {
+            self.fail(&format!(
+                "skv_build_flashinfer_swa's indptr or last page lengths differ\n  full {full:?}\n  swa {got:?}"
+            ));
+        }
+        *self.cover.entry("flashinfer_swa checked against the full layout").or_default() += 1;
+        st
     }
 }
