@@ -15,10 +15,10 @@
 //! window has given the other 192 back. A release then frees `[0, 3072)` full-side only and
 //! `[3072, 4096)` to both pools; a finish's or a match's 4-page tail lies inside the window and
 //! goes back to both pools (no window step runs during the turn, so the bed's state after a
-//! round is the one before it). Each hybrid op runs right after its full-attention op, on its
-//! own bed of the same size, and the table gives the ratio of their medians (`vs full`), so
-//! the machine's drift between the two mostly cancels. A filter selecting a hybrid op also
-//! runs its full-attention op.
+//! round is the one before it). A hybrid op's grouped rounds alternate with rounds of its
+//! full-attention op on a bed of the same size, and `vs full` is the median over those pairs
+//! of hybrid median / full median: the machine's speed moves between runs (up to 2x here),
+//! hardly within a pair. A filter selecting a hybrid op also runs its full-attention op.
 //!
 //! `cargo bench --bench hot_path` runs 1,000 and 100,000 sessions (`SKV_BENCH_SESSIONS=1000`
 //! chooses; `SKV_BENCH_CALLS` sets the calls per operation, default 400,000). Without
@@ -431,23 +431,39 @@ fn main() {
     for &n in &sizes {
         // Built on first use, so a filter leaving one bed's ops out costs nothing.
         let (mut full, mut hybrid): (Option<Bed>, Option<Bed>) = (None, None);
-        let mut medians: Vec<(Op, f64)> = Vec::new();
         for &op in &ops {
             if !selected(op) {
                 continue;
             }
-            let bed = match op.full() {
-                Some(_) => hybrid.get_or_insert_with(|| Bed::new(n, true)),
-                None => full.get_or_insert_with(|| Bed::new(n, false)),
-            };
             let rounds = if bench { (calls / n).max(4) } else { 2 };
             let (mut each, mut groups) = (Vec::new(), Vec::new());
-            bed.round(op, None, Some(&mut Vec::new()), overhead); // warm-up
-            for r in 0..rounds {
-                if r % 2 == 0 {
-                    bed.round(op, Some(&mut each), None, overhead);
-                } else {
-                    bed.round(op, None, Some(&mut groups), overhead);
+            // A hybrid op's timed rounds alternate with its full-attention op's, each pair's
+            // medians giving one ratio: the box's speed moves between runs, hardly within a pair.
+            let mut pair_ratios = Vec::new();
+            if let Some(f) = op.full() {
+                let fb = full.get_or_insert_with(|| Bed::new(n, false));
+                let hb = hybrid.get_or_insert_with(|| Bed::new(n, true));
+                hb.round(op, None, Some(&mut Vec::new()), overhead); // warm-up
+                for r in 0..rounds {
+                    if r % 2 == 0 {
+                        hb.round(op, Some(&mut each), None, overhead);
+                    } else {
+                        let (mut fg, mut hg) = (Vec::new(), Vec::new());
+                        fb.round(f, None, Some(&mut fg), overhead);
+                        hb.round(op, None, Some(&mut hg), overhead);
+                        pair_ratios.push(percentile(&mut hg, 0.5) / percentile(&mut fg, 0.5));
+                        groups.extend(hg);
+                    }
+                }
+            } else {
+                let bed = full.get_or_insert_with(|| Bed::new(n, false));
+                bed.round(op, None, Some(&mut Vec::new()), overhead); // warm-up
+                for r in 0..rounds {
+                    if r % 2 == 0 {
+                        bed.round(op, Some(&mut each), None, overhead);
+                    } else {
+                        bed.round(op, None, Some(&mut groups), overhead);
+                    }
                 }
             }
             if !bench {
@@ -456,9 +472,10 @@ fn main() {
             let median = percentile(&mut groups, 0.5);
             let (p50, p99) = (percentile(&mut each, 0.5), percentile(&mut each, 0.99));
             let vs_c = op.plain_c_ns().map_or("-".into(), |c| format!("{:.2}x", median / c));
-            let full_median = op.full().and_then(|f| medians.iter().find(|m| m.0 == f)).map(|m| m.1);
-            let vs_full = full_median.map_or("-".into(), |f| format!("{:.2}x", median / f));
-            medians.push((op, median));
+            let vs_full = match pair_ratios.is_empty() {
+                true => "-".into(),
+                false => format!("{:.2}x", percentile(&mut pair_ratios, 0.5)),
+            };
             println!(
                 "{:<42} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>8}",
                 op.name(),

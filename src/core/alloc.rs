@@ -199,11 +199,10 @@ impl SwaAllocator {
     /// empties every entry.
     #[inline]
     pub fn free_entries(&mut self, ids: &mut [u32]) {
-        for id in ids {
-            if *id != 0 {
-                self.free.push(std::mem::take(id));
-            }
-        }
+        // Read, then cleared in a pass of its own: a loop that also wrote the entries kept
+        // reloading the stack's length from memory, one store-to-load wait per page.
+        self.free.extend(ids.iter().copied().filter(|&id| id != 0));
+        ids.fill(0);
     }
 
     /// The free stack, for the audit.
