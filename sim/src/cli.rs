@@ -163,6 +163,12 @@ impl Config {
         if total_pages * ps > 1 << 31 {
             return Err(format!("--pool-tokens {}: exceeds 2^31 (token indices are int32)", a.pool_tokens));
         }
+        if a.swa_window == 0 && a.swa_eviction_interval != 1 {
+            return Err(format!(
+                "--swa-eviction-interval {}: needs --swa-window (a full-attention model has no window)",
+                a.swa_eviction_interval
+            ));
+        }
         let swa_total_pages = match (a.swa_window, a.swa_pool_tokens) {
             (0, Some(t)) => {
                 return Err(format!(

@@ -220,6 +220,7 @@ fn bad_options_exit_2_with_one_line() {
         &["--swa-window", "64", "--swa-pool-tokens", "4294967296"],
         &["--swa-window", "64", "--swa-pool-tokens", "lots"],
         &["--swa-pool-tokens", "8192"],
+        &["--swa-eviction-interval", "4"],
         &["--swa-fraction", "0.5"],
     ] {
         let out = sim(args);
