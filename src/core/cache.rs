@@ -146,6 +146,7 @@ impl Cache {
     pub(crate) fn check_record_in(&self, owned: Option<&OwnedPool>, req: &Req) -> Result<()> {
         if let Some(row) = req.row() {
             if let Some(p) = owned {
+                p.preload_swa(row);
                 p.row(row)?;
             }
             let now = self.generation(row);

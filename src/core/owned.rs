@@ -200,6 +200,7 @@ impl OwnedPool {
     /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
     /// pages lose one map.
     fn free_row(&mut self, row: u32) {
+        self.preload_swa(row);
         let r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
         if let Some(s) = self.swa.as_ref() {
@@ -243,6 +244,15 @@ impl OwnedPool {
     fn free_swa(&mut self, row: u32, start: u32, end: u32) {
         let Some(s) = self.swa.as_mut() else { return };
         s.rows[row as usize].pass(&mut s.alloc, start / self.ps, end / self.ps);
+    }
+
+    /// Starts loading `row`'s SWA record, if there is an SWA pool: a call reads it after the
+    /// row's own record, a cache line apart, and the two loads then overlap.
+    #[inline(always)]
+    pub(crate) fn preload_swa(&self, row: u32) {
+        if let Some(s) = self.swa.as_ref() {
+            prefetch(s.rows.as_ptr().wrapping_add(row as usize));
+        }
     }
 
     /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
