@@ -56,11 +56,12 @@ impl SwaRow {
         }
         let (lo, hi) = (self.passed.0 as usize, self.passed.1 as usize);
         let (a, b) = (lo.clamp(from, n), hi.clamp(from, n));
+        // The entries are dropped below: nothing to clear.
         if b > a {
-            alloc.free_entries(&mut self.ids[from..a]);
-            alloc.free_entries(&mut self.ids[b..]);
+            alloc.free_dropped(&self.ids[from..a]);
+            alloc.free_dropped(&self.ids[b..]);
         } else {
-            alloc.free_entries(&mut self.ids[from..]);
+            alloc.free_dropped(&self.ids[from..]);
         }
         self.ids.truncate(from);
         let f = from as u32;
