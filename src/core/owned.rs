@@ -201,7 +201,6 @@ impl OwnedPool {
     /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
     /// pages lose one map.
     fn free_row(&mut self, row: u32) {
-        self.preload_swa(row);
         let r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
         if let Some(s) = self.swa.as_ref() {

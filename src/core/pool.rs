@@ -96,7 +96,7 @@ pub trait Pool: Send {
 
     /// Whether the pool can hand back the SWA side of a row alone (`FreeSwa`).
     fn frees_swa(&self) -> std::result::Result<(), String> {
-        Err("owned mode keeps no sliding-window pool: the engine runs it".into())
+        Err("this pool cannot free the SWA side alone".into())
     }
 
     /// The embedded allocator, in owned mode.

@@ -45,21 +45,7 @@ impl Cache {
         }
         self.pool.check_free(row, target, end)?;
         // Only a session slot records the row's SWA cursor; any other row's is the engine's.
-        let ps = self.cfg.page_size;
-        let dead = self.slots.of_row(row).map_or((0, 0), |s| slot_dead(s, ps));
-        // A partial page kept where the window passed would be grown into with no SWA slots
-        // (a trim or a tail free floors its boundary for this; this call has no req to floor).
-        let page = floor_align(target, ps);
-        self.guard_idle_session_row(row)?;
-        if self.pool.frees_swa().is_ok() && target < end && page != target && dead.0 <= page && page < dead.1 {
-            bail!(
-                InvalidArg,
-                "target {target} keeps part of a page of row {row} whose SWA slots the window freed \
-                 ([{}, {})): free from a page boundary, {page}",
-                dead.0,
-                dead.1
-            );
-        }
+        let dead = self.slots.of_row(row).map_or((0, 0), |s| slot_dead(s, self.cfg.page_size));
         self.shorten_row(row, target, end, dead, |_| {})
     }
 
@@ -110,6 +96,7 @@ impl Cache {
     ) -> Result<()> {
         self.guard_idle_session_row(row)?;
         self.check_slot_floor(row, len, end)?;
+        self.check_kept_page(row, len, end, dead)?;
         self.effects.clear();
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, len, end, dead));
         self.run_effects(|c| {
@@ -425,6 +412,23 @@ impl Cache {
             h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
         }
         Ok(h)
+    }
+
+    /// A partial page kept where the window passed would be grown into with no SWA slots. A
+    /// trim, a tail free and a hit floor their boundary to a page there, so only
+    /// `skv_free_aligned`, which has no req to floor, can meet this refusal.
+    fn check_kept_page(&self, row: u32, len: u32, end: u32, dead: (u32, u32)) -> Result<()> {
+        let page = floor_align(len, self.cfg.page_size);
+        if len < end && page != len && dead.0 <= page && page < dead.1 && self.pool.frees_swa().is_ok() {
+            bail!(
+                InvalidArg,
+                "target {len} keeps part of a page of row {row} whose SWA slots the window freed \
+                 ([{}, {})): free from a page boundary, {page}",
+                dead.0,
+                dead.1
+            );
+        }
+        Ok(())
     }
 
     /// A primitive shortening a running session's row from `end` to `len` must start at or
