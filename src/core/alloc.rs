@@ -4,64 +4,34 @@
 //! indices): free pages form a LIFO stack that starts as `1, 2, 3, …` from the top; an
 //! allocation pops pages, a free pushes them back in the order the caller frees them (a
 //! row's tail from its lowest position up; `pool_free`'s distinct pages in ascending order).
-//! Page 0 is the padding page and never leaves the `Padding` state.
+//! Page 0 is the padding page: never on the stack, never handed out.
 
 use super::error::{try_vec, Error, Result};
 
-/// Who a page belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PageState {
-    /// Page 0: never handed out.
-    Padding,
-    Free,
-    /// Mapped by exactly one row, at or past its protected prefix.
-    Owned,
-    /// Handed to the engine (`pool_alloc`) or inside a protected prefix; `maps` rows map it.
-    Held {
-        maps: u32,
-    },
-}
-
-impl PageState {
-    /// Four bytes a page: `Free` 0, `Owned` 1, `Padding` 2, `Held { maps }` 3 + maps (maps
-    /// never exceeds the row count, which is below 2^31). Half the width of the enum, so a
-    /// release walks half the cache lines.
-    const fn pack(self) -> u32 {
-        match self {
-            PageState::Free => 0,
-            PageState::Owned => 1,
-            PageState::Padding => 2,
-            PageState::Held { maps } => 3 + maps,
-        }
-    }
-
-    const fn unpack(v: u32) -> PageState {
-        match v {
-            0 => PageState::Free,
-            1 => PageState::Owned,
-            2 => PageState::Padding,
-            m => PageState::Held { maps: m - 3 },
-        }
-    }
-}
-
+/// The full pool's pages. A page is free (on the stack), a row's own (in one row's list past
+/// its protected prefix), or engine-held (handed out by `pool_alloc`, or inside a protected
+/// prefix). Only the engine-held ones carry a per-page word, their map count: the engine hands
+/// those back by index, so they need checking one by one, while a row's own pages only ever
+/// come back from the row's list. An allocation or a release therefore writes no word per page
+/// (at 100,000 sessions each such word was a cache miss). Where free and row-owned must be told
+/// apart (an error's message, `page_refs`, the audit), the free stack says which.
 pub struct PageAllocator {
-    /// `PageState::pack`ed.
-    states: Vec<u32>,
+    /// Per page: 0 unless engine-held, then 1 + the rows mapping it.
+    held: Vec<u32>,
     free: Vec<u32>,
 }
 
 impl PageAllocator {
     pub fn new(total_pages: u32) -> Result<Self> {
         let n = total_pages as usize;
-        let states = try_vec(n, "page states", |p| if p == 0 { PageState::Padding } else { PageState::Free }.pack())?;
+        let held = try_vec(n, "engine-held pages' map counts", |_| 0)?;
         let free = try_vec(n - 1, "the free-page stack", |i| (n - 1 - i) as u32)?;
-        Ok(PageAllocator { states, free })
+        Ok(PageAllocator { held, free })
     }
 
     #[inline]
     pub fn total_pages(&self) -> u32 {
-        self.states.len() as u32
+        self.held.len() as u32
     }
 
     #[inline]
@@ -69,37 +39,50 @@ impl PageAllocator {
         self.free.len() as u32
     }
 
-    pub fn state(&self, page: u32) -> PageState {
-        PageState::unpack(self.states[page as usize])
+    /// How many rows map `page` if it is engine-held; `None` for any other page (free, a
+    /// row's own, page 0, or past the pool).
+    #[inline]
+    pub fn held_maps(&self, page: u32) -> Option<u32> {
+        match self.held.get(page as usize) {
+            Some(&m) if m > 0 => Some(m - 1),
+            _ => None,
+        }
     }
 
-    /// The state of `page`, `None` past the pool.
-    pub fn get(&self, page: u32) -> Option<PageState> {
-        self.states.get(page as usize).map(|&v| PageState::unpack(v))
+    /// `page` becomes engine-held, mapped by `maps` rows (a row's page joining the engine's
+    /// tree, or a map count changing).
+    #[inline]
+    pub fn set_held(&mut self, page: u32, maps: u32) {
+        self.held[page as usize] = maps + 1;
     }
 
-    pub fn set_state(&mut self, page: u32, state: PageState) {
-        self.states[page as usize] = state.pack();
-    }
-
-    /// Pops `n` pages into `out`, each in state `state`; all or nothing (`OutOfMemory` when
-    /// the pool, or the host holding `out`, lacks room).
+    /// Pops `n` pages into a row's list `out`; all or nothing (`OutOfMemory` when the pool, or
+    /// the host holding `out`, lacks room).
     #[inline(always)]
-    pub fn alloc(&mut self, n: u32, state: PageState, out: &mut Vec<u32>) -> Result<()> {
+    pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) -> Result<()> {
         // One page into a list with room is what a decode step asks for: inlined, it is a
-        // pop, a push and a store, where the general path below costs ~70 instructions.
+        // pop and a push, where the general path below costs ~70 instructions.
         if n == 1 && out.len() < out.capacity() {
             if let Some(page) = self.free.pop() {
-                self.states[page as usize] = state.pack();
                 out.push(page);
                 return Ok(());
             }
         }
-        self.alloc_many(n, state, out)
+        self.alloc_many(n, out)
+    }
+
+    /// `alloc`, the pages handed to the engine (engine-held, mapped by no row).
+    pub fn alloc_held(&mut self, n: u32, out: &mut Vec<u32>) -> Result<()> {
+        let from = out.len();
+        self.alloc_many(n, out)?;
+        for &page in &out[from..] {
+            self.held[page as usize] = 1;
+        }
+        Ok(())
     }
 
     #[inline(never)]
-    fn alloc_many(&mut self, n: u32, state: PageState, out: &mut Vec<u32>) -> Result<()> {
+    fn alloc_many(&mut self, n: u32, out: &mut Vec<u32>) -> Result<()> {
         if n as usize > self.free.len() {
             return Err(Error::OutOfMemory(format!("{n} pages needed, {} free", self.free.len())));
         }
@@ -109,43 +92,23 @@ impl PageAllocator {
             return Err(Error::OutOfMemory(format!("no host memory for a list of {n} more pages")));
         }
         let at = self.free.len() - n as usize;
-        let (state, popped) = (state.pack(), &self.free[at..]);
         // The stack's top is its end: the pages pop last-pushed first.
-        out.extend(popped.iter().rev().copied());
-        for &page in popped {
-            self.states[page as usize] = state;
-        }
+        out.extend(self.free[at..].iter().rev().copied());
         self.free.truncate(at);
         Ok(())
     }
 
-    /// Returns a page the caller has checked is not free.
-    pub fn free(&mut self, page: u32) {
-        debug_assert!(!matches!(self.state(page), PageState::Free | PageState::Padding));
-        self.states[page as usize] = PageState::Free.pack();
+    /// Takes back an engine-held page no row maps (the caller has checked).
+    pub fn free_held(&mut self, page: u32) {
+        debug_assert_eq!(self.held_maps(page), Some(0));
+        self.held[page as usize] = 0;
         self.free.push(page);
     }
 
-    /// Returns row-owned pages, pushed in the order given (as `free` one by one would).
+    /// Returns a row's own pages, pushed in the order given (as one by one would).
+    #[inline]
     pub fn free_owned(&mut self, pages: &[u32]) {
-        // Four pages a step: a one-page loop is so short that its speed hung on where the
-        // compiler placed it (straddling a 64-byte fetch block made a release 1.3x slower).
-        let mut quads = pages.chunks_exact(4);
-        for quad in &mut quads {
-            for &page in quad {
-                self.set_free(page);
-            }
-        }
-        for &page in quads.remainder() {
-            self.set_free(page);
-        }
         self.free.extend_from_slice(pages);
-    }
-
-    #[inline(always)]
-    fn set_free(&mut self, page: u32) {
-        debug_assert_eq!(self.state(page), PageState::Owned);
-        self.states[page as usize] = PageState::Free.pack();
     }
 
     /// The free stack, for the audit.
@@ -153,9 +116,23 @@ impl PageAllocator {
         &self.free
     }
 
-    /// Every page's state, page 0 first.
-    pub fn states(&self) -> impl Iterator<Item = PageState> + '_ {
-        self.states.iter().map(|&v| PageState::unpack(v))
+    /// The free stack, for tests that break it on purpose.
+    #[cfg(test)]
+    pub(crate) fn free_stack_mut(&mut self) -> &mut Vec<u32> {
+        &mut self.free
+    }
+
+    /// Per page, whether it is on the free stack: for the paths that must tell a free page
+    /// from a row's own (linear in the free pages, so never on a hot path).
+    #[cold]
+    pub fn free_marks(&self) -> Result<Vec<bool>> {
+        let mut marks = try_vec(self.held.len(), "the free-page marks", |_| false)?;
+        for &p in &self.free {
+            if let Some(m) = marks.get_mut(p as usize) {
+                *m = true;
+            }
+        }
+        Ok(marks)
     }
 }
 
@@ -225,11 +202,11 @@ mod tests {
     fn lifo_from_page_one() {
         let mut a = PageAllocator::new(5).unwrap();
         let mut got = Vec::new();
-        a.alloc(2, PageState::Owned, &mut got).unwrap();
+        a.alloc(2, &mut got).unwrap();
         assert_eq!(got, [1, 2]);
-        a.free(1);
+        a.free_owned(&got[..1]);
         got.clear();
-        a.alloc(1, PageState::Owned, &mut got).unwrap();
+        a.alloc(1, &mut got).unwrap();
         assert_eq!(got, [1], "the last page freed is the next handed out");
     }
 
@@ -237,32 +214,43 @@ mod tests {
     fn all_or_nothing() {
         let mut a = PageAllocator::new(3).unwrap();
         let mut got = Vec::new();
-        assert!(a.alloc(3, PageState::Owned, &mut got).is_err());
+        assert!(a.alloc(3, &mut got).is_err());
+        assert!(a.alloc_held(3, &mut got).is_err());
         assert!(got.is_empty());
         assert_eq!(a.free_pages(), 2);
-        assert_eq!(a.state(0), PageState::Padding);
+        assert_eq!(a.held_maps(0), None, "page 0 is never engine-held");
     }
 
     #[test]
-    fn states_pack_into_four_bytes() {
-        for s in [PageState::Free, PageState::Owned, PageState::Padding, PageState::Held { maps: 0 }] {
-            assert_eq!(PageState::unpack(s.pack()), s);
-        }
-        let most = PageState::Held { maps: i32::MAX as u32 };
-        assert_eq!(PageState::unpack(most.pack()), most);
+    fn only_engine_held_pages_carry_a_map_count() {
+        let mut a = PageAllocator::new(6).unwrap();
+        let mut row = Vec::new();
+        a.alloc(2, &mut row).unwrap();
+        let mut engine = Vec::new();
+        a.alloc_held(2, &mut engine).unwrap();
+        assert_eq!((row.as_slice(), engine.as_slice()), ([1, 2].as_slice(), [3, 4].as_slice()));
+        assert_eq!(row.iter().map(|&p| a.held_maps(p)).collect::<Vec<_>>(), [None, None]);
+        assert_eq!(engine.iter().map(|&p| a.held_maps(p)).collect::<Vec<_>>(), [Some(0), Some(0)]);
+        a.set_held(2, 1);
+        assert_eq!(a.held_maps(2), Some(1), "a row's page joins the engine's tree");
+        a.free_held(4);
+        assert_eq!(a.held_maps(4), None);
+        let marks = a.free_marks().unwrap();
+        assert_eq!(marks, [false, false, false, false, true, true], "free: page 5, then 4");
+        assert_eq!(a.held_maps(6), None, "past the pool");
     }
 
     #[test]
     fn bulk_free_pushes_in_order() {
         let mut a = PageAllocator::new(6).unwrap();
         let mut got = Vec::new();
-        a.alloc(4, PageState::Owned, &mut got).unwrap();
+        a.alloc(4, &mut got).unwrap();
         assert_eq!(got, [1, 2, 3, 4]);
         a.free_owned(&got[1..]);
         got.clear();
-        a.alloc(2, PageState::Owned, &mut got).unwrap();
+        a.alloc(2, &mut got).unwrap();
         assert_eq!(got, [4, 3], "LIFO, as one-by-one frees would give");
-        assert_eq!(a.states().filter(|s| *s == PageState::Free).count(), 2);
+        assert_eq!(a.free_marks().unwrap().iter().filter(|&&f| f).count(), 2);
     }
 
     #[test]

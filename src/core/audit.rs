@@ -1,7 +1,7 @@
 //! `skv_cache_check`: proves the owned pool's invariants, linear in pages plus the rows'
 //! page entries.
 
-use super::alloc::{PageAllocator, PageState};
+use super::alloc::PageAllocator;
 use super::cache::Cache;
 use super::error::{try_vec, Result};
 use super::owned::{OwnedPool, SwaSide};
@@ -33,8 +33,8 @@ impl Cache {
         let pool = self.owned_pool()?;
         let mut rep = Report::default();
         let (maps, owners) = count_row_maps(pool, self.cfg.page_size, &mut rep)?;
-        check_page_states(pool.allocator(), &maps, &owners, &mut rep);
-        check_free_list(pool.allocator(), &mut rep)?;
+        let on_list = check_free_list(pool.allocator(), &mut rep)?;
+        check_page_states(pool.allocator(), &maps, &owners, &on_list, &mut rep);
         self.check_slots(pool, &mut rep);
         if let Some(s) = pool.swa.as_ref() {
             check_swa(pool, s, &mut rep)?;
@@ -124,50 +124,56 @@ fn count_row_maps(pool: &OwnedPool, ps: u32, rep: &mut Report) -> Result<(Vec<u3
         }
         let shared = (r.protected / ps) as usize;
         for (i, &p) in r.pages.iter().enumerate() {
-            let Some(state) = alloc.get(p) else {
+            if p >= alloc.total_pages() {
                 rep.violation(|| format!("row {row} maps page {p} outside the pool"));
                 continue;
-            };
+            }
             maps[p as usize] += 1;
-            match (i < shared, state) {
-                (true, PageState::Held { .. }) => {}
-                (false, PageState::Owned) => owners[p as usize] += 1,
-                (_, s) => rep.violation(|| format!("row {row} position page {i} maps page {p} in state {s:?}")),
+            match (i < shared, alloc.held_maps(p)) {
+                (true, Some(_)) => {}
+                (false, None) => owners[p as usize] += 1,
+                (true, None) => {
+                    rep.violation(|| format!("row {row} prefix page {p} (position page {i}) is not engine-held"))
+                }
+                (false, Some(_)) => {
+                    rep.violation(|| format!("row {row} position page {i} maps engine-held page {p} past its prefix"))
+                }
             }
         }
     }
     Ok((maps, owners))
 }
 
-/// Each page's state agrees with how the rows map it, and the states add up to the pool.
-fn check_page_states(alloc: &PageAllocator, maps: &[u32], owners: &[u32], rep: &mut Report) {
-    for (p, s) in alloc.states().enumerate() {
-        match s {
-            PageState::Padding if p != 0 => rep.violation(|| format!("page {p} marked padding")),
-            PageState::Padding if maps[p] != 0 => rep.violation(|| "page 0 (padding) is mapped".into()),
-            PageState::Padding => {}
-            PageState::Free => {
-                rep.pages_free += 1;
-                if maps[p] != 0 {
-                    rep.violation(|| format!("free page {p} is mapped by {} rows", maps[p]));
-                }
-            }
-            PageState::Owned => {
-                rep.pages_in_rows += 1;
-                if owners[p] != 1 {
-                    rep.violation(|| format!("page {p} is owned by {} rows", owners[p]));
-                }
-            }
-            PageState::Held { maps: m } => {
-                rep.pages_engine_held += 1;
-                if m != maps[p] {
-                    rep.violation(|| format!("engine-held page {p} counts {m} maps, rows map it {} times", maps[p]));
-                }
-            }
-        }
+/// Each page is exactly one of free (on the list), one row's own, or engine-held with as many
+/// maps as rows map it; page 0 none of them.
+fn check_page_states(alloc: &PageAllocator, maps: &[u32], owners: &[u32], on_list: &[bool], rep: &mut Report) {
+    if maps[0] != 0 || alloc.held_maps(0).is_some() {
+        rep.violation(|| "page 0 (padding) is mapped or engine-held".into());
     }
-    if alloc.get(0) != Some(PageState::Padding) {
-        rep.violation(|| "page 0 is not the padding page".into());
+    for p in 1..alloc.total_pages() {
+        let i = p as usize;
+        match alloc.held_maps(p) {
+            Some(m) => {
+                rep.pages_engine_held += 1;
+                if m != maps[i] {
+                    rep.violation(|| format!("engine-held page {p} counts {m} maps, rows map it {} times", maps[i]));
+                }
+            }
+            None if on_list[i] => {
+                rep.pages_free += 1;
+                if maps[i] != 0 {
+                    rep.violation(|| format!("free page {p} is mapped by {} rows", maps[i]));
+                }
+            }
+            None => match owners[i] {
+                1 => rep.pages_in_rows += 1,
+                0 => rep.violation(|| format!("page {p} is not free, not a row's, not engine-held (leaked)")),
+                n => {
+                    rep.pages_in_rows += 1;
+                    rep.violation(|| format!("page {p} is owned by {n} rows"))
+                }
+            },
+        }
     }
     let total = alloc.total_pages() as u64;
     let (free, owned, held) = (rep.pages_free, rep.pages_in_rows, rep.pages_engine_held);
@@ -196,15 +202,12 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
     }
     rep.swa_pages_free = s.alloc.free_pages() as u64;
     let mut in_use = 0u64;
-    for (p, state) in pool.allocator().states().enumerate() {
-        let id = s.held[p];
-        match state {
-            PageState::Held { .. } => {
-                mark(id, &|| format!("engine-held page {p}"), rep);
-                in_use += (id != 0) as u64;
-            }
-            _ if id != 0 => rep.violation(|| format!("page {p} ({state:?}) keeps an engine-held SWA page {id}")),
-            _ => {}
+    for (p, &id) in s.held.iter().enumerate() {
+        if pool.allocator().held_maps(p as u32).is_some() {
+            mark(id, &|| format!("engine-held page {p}"), rep);
+            in_use += (id != 0) as u64;
+        } else if id != 0 {
+            rep.violation(|| format!("page {p}, not engine-held, keeps an engine-held SWA page {id}"));
         }
     }
     for (row, r) in pool.rows.iter().enumerate() {
@@ -243,17 +246,16 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
     Ok(())
 }
 
-/// The free list holds each free page once and nothing else.
-fn check_free_list(alloc: &PageAllocator, rep: &mut Report) -> Result<()> {
+/// The free list holds each page at most once, and only pages in the pool past page 0 that
+/// are not engine-held; returns, per page, whether the list holds it.
+fn check_free_list(alloc: &PageAllocator, rep: &mut Report) -> Result<Vec<bool>> {
     let mut on_list = try_vec(alloc.total_pages() as usize, "the audit's free-list marks", |_| false)?;
     for &p in alloc.free_list() {
-        if alloc.get(p) != Some(PageState::Free) || std::mem::replace(&mut on_list[p as usize], true) {
-            rep.violation(|| format!("free list holds page {p} twice or in another state"));
+        let ok = p != 0 && alloc.held_maps(p).is_none();
+        match on_list.get_mut(p as usize) {
+            Some(m) if ok && !*m => *m = true,
+            _ => rep.violation(|| format!("free list holds page {p} twice, outside the pool, or engine-held")),
         }
     }
-    let (listed, free) = (alloc.free_list().len(), rep.pages_free);
-    if listed as u64 != free {
-        rep.violation(|| format!("free list of {listed} pages, {free} pages free"));
-    }
-    Ok(())
+    Ok(on_list)
 }

@@ -21,7 +21,6 @@ mod session;
 mod slots;
 mod swa;
 
-pub use alloc::PageState;
 pub use audit::Report;
 pub use cache::Cache;
 pub use error::{Error, Result};

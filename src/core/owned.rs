@@ -9,7 +9,7 @@
 //! an SWA page until the window passes it: `SwaSide` keeps those ids beside the rows, so a
 //! model without one pays nothing for it.
 
-use super::alloc::{PageAllocator, PageState, SwaAllocator};
+use super::alloc::{PageAllocator, SwaAllocator};
 use super::error::{bail, try_vec, Error, Result};
 use super::mirror::Dirty;
 use super::page::pages_for;
@@ -127,6 +127,10 @@ pub struct OwnedPool {
     /// The SWA pool, when the config sizes one.
     pub(crate) swa: Option<SwaSide>,
     free_rows: Vec<u32>,
+    /// The page lists of rows given back, emptied, for the next rows taken: a release hands
+    /// the host allocator nothing, and a new turn's first extend finds room. At most one per
+    /// row, so room for all is reserved up front.
+    spare_lists: Vec<Vec<u32>>,
     hooks: Option<Box<dyn EngineHooks>>,
     /// Page lists a call sorts to find duplicates, kept to reuse the allocation.
     pub(crate) scratch: Vec<u32>,
@@ -148,6 +152,7 @@ impl OwnedPool {
             rows: try_vec(n, "rows", |_| None)?,
             swa,
             free_rows: try_vec(n, "the free-row stack", |i| (n - 1 - i) as u32)?,
+            spare_lists: spare_lists(n)?,
             hooks: None,
             scratch: Vec::new(),
             dirty: None,
@@ -194,14 +199,14 @@ impl OwnedPool {
 
     pub(crate) fn take_row(&mut self) -> Option<u32> {
         let row = self.free_rows.pop()?;
-        self.rows[row as usize] = Some(Row::default());
+        self.rows[row as usize] = Some(Row { pages: self.spare_lists.pop().unwrap_or_default(), len: 0, protected: 0 });
         Some(row)
     }
 
     /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
     /// pages lose one map.
     fn free_row(&mut self, row: u32) {
-        let r = self.rows[row as usize].take().expect("row in use");
+        let mut r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
         if let Some(s) = self.swa.as_ref() {
             // Loaded while the full pages go back: the first SWA entries the free reads.
@@ -219,6 +224,8 @@ impl OwnedPool {
             (sr.cursor, sr.passed) = (0, (0, 0));
             sr.ids.clear();
         }
+        r.pages.clear();
+        self.spare_lists.push(r.pages);
         self.free_rows.push(row);
     }
 
@@ -227,14 +234,14 @@ impl OwnedPool {
     pub(crate) fn grow(&mut self, row: u32, n: u32) -> Result<()> {
         let r = self.rows[row as usize].as_mut().expect("row checked in use");
         let Some(s) = self.swa.as_mut() else {
-            return self.pages.alloc(n, PageState::Owned, &mut r.pages);
+            return self.pages.alloc(n, &mut r.pages);
         };
         s.check_room(n as u64)?;
         let ids = &mut s.rows[row as usize].ids;
         if ids.try_reserve_exact(n as usize).is_err() {
             bail!(OutOfMemory, "no host memory for a list of {n} more SWA pages");
         }
-        self.pages.alloc(n, PageState::Owned, &mut r.pages)?;
+        self.pages.alloc(n, &mut r.pages)?;
         s.alloc.alloc(n, ids);
         Ok(())
     }
@@ -255,6 +262,14 @@ impl OwnedPool {
         }
     }
 
+    /// Starts loading `row`'s records in both pools, for a call that reaches them only after
+    /// other work (a release, after the session's slots): the loads then overlap that work.
+    #[inline(always)]
+    pub(crate) fn preload_row(&self, row: u32) {
+        prefetch(self.rows.as_ptr().wrapping_add(row as usize));
+        self.preload_swa(row);
+    }
+
     /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
     #[inline]
     pub(crate) fn set_cursor(&mut self, row: u32, swa: u32) {
@@ -264,9 +279,9 @@ impl OwnedPool {
     }
 
     fn unmap_held(&mut self, page: u32) {
-        match self.pages.state(page) {
-            PageState::Held { maps } => self.pages.set_state(page, PageState::Held { maps: maps - 1 }),
-            s => unreachable!("protected page {page} in state {s:?}"),
+        match self.pages.held_maps(page) {
+            Some(maps) if maps > 0 => self.pages.set_held(page, maps - 1),
+            m => unreachable!("protected page {page} is not engine-held and mapped ({m:?})"),
         }
     }
 
@@ -288,8 +303,9 @@ impl OwnedPool {
         r.pages.truncate(kept);
         // Held rows cost 4 bytes per mapped page, not per page they ever mapped; halving only
         // when less than half is used keeps a turn's trim and the next turn's growth from
-        // reallocating every time.
-        if r.pages.capacity() > 2 * kept.max(4) {
+        // reallocating every time. An emptied list keeps its room: a release follows (and
+        // hands the list to the next row taken), or the row grows again.
+        if kept > 0 && r.pages.capacity() > 2 * kept.max(4) {
             r.pages.shrink_to_fit();
         }
     }
@@ -306,6 +322,15 @@ impl OwnedPool {
             }
         }
     }
+}
+
+/// An empty stack with room for one spare page list per row.
+fn spare_lists(rows: usize) -> Result<Vec<Vec<u32>>> {
+    let mut v = Vec::new();
+    if v.try_reserve_exact(rows).is_err() {
+        bail!(OutOfMemory, "no host memory for {rows} spare page lists");
+    }
+    Ok(v)
 }
 
 /// A hint to load `p`'s cache line; `p` need not be valid (nothing is read through it).

@@ -1,7 +1,6 @@
 //! The owned-mode operations an engine calls besides the session ones: rows, allocation,
 //! prefix sharing with the engine's prefix tree, and views of the pool.
 
-use super::alloc::PageState;
 use super::cache::Cache;
 use super::error::{bail, Error, Result};
 use super::mirror::Dirty;
@@ -111,7 +110,7 @@ impl Cache {
         }
         let mut pages = std::mem::take(&mut pool.scratch);
         pages.clear();
-        let got = pool.pages.alloc(need, PageState::Held { maps: 0 }, &mut pages);
+        let got = pool.pages.alloc_held(need, &mut pages);
         if got.is_ok() {
             for (i, slot) in out.iter_mut().enumerate() {
                 *slot = token_slot(&pages, ps, i as u32);
@@ -137,7 +136,7 @@ impl Cache {
         let checked = distinct_held_pages(pool, indices, &mut pages);
         if checked.is_ok() {
             for &p in &pages {
-                pool.pages.free(p);
+                pool.pages.free_held(p);
             }
             if let Some(s) = pool.swa.as_mut() {
                 for &p in &pages {
@@ -152,15 +151,16 @@ impl Cache {
     /// For each index, how many rows map its page (0: the tree may evict it).
     pub fn page_refs(&self, indices: &[i32], out: &mut [u32]) -> Result<()> {
         let pool = self.owned_pool()?;
+        let mut unheld = false;
         for &i in indices {
-            page_of(pool, i)?;
+            unheld |= pool.pages.held_maps(page_of(pool, i)?).is_none();
         }
+        // A page not engine-held is free or a row's own: the free stack tells, read only when
+        // some index asks.
+        let free = if unheld { pool.pages.free_marks()? } else { Vec::new() };
         for (o, &i) in out.iter_mut().zip(indices) {
-            *o = match pool.pages.state(page_of(pool, i)?) {
-                PageState::Owned => 1,
-                PageState::Held { maps } => maps,
-                PageState::Free | PageState::Padding => 0,
-            };
+            let p = page_of(pool, i)?;
+            *o = pool.pages.held_maps(p).unwrap_or_else(|| u32::from(!free[p as usize]));
         }
         Ok(())
     }
@@ -184,14 +184,13 @@ impl Cache {
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
         for &p in &pages {
-            if !matches!(pool.pages.state(p), PageState::Held { .. }) {
-                bail!(State, "page {p} is not engine-held ({:?})", pool.pages.state(p));
+            if pool.pages.held_maps(p).is_none() {
+                bail!(State, "page {p} is not engine-held ({})", not_held(pool, p));
             }
         }
         for &p in &pages {
-            if let PageState::Held { maps } = pool.pages.state(p) {
-                pool.pages.set_state(p, PageState::Held { maps: maps + 1 });
-            }
+            let maps = pool.pages.held_maps(p).expect("checked engine-held");
+            pool.pages.set_held(p, maps + 1);
         }
         let n = n as u32;
         if let Some(s) = pool.swa.as_mut() {
@@ -228,7 +227,7 @@ impl Cache {
         let newly: Vec<u32> = r.pages[lo..hi].to_vec();
         r.protected = new_protected;
         for &p in &newly {
-            pool.pages.set_state(p, PageState::Held { maps: 1 });
+            pool.pages.set_held(p, 1);
         }
         if let Some(s) = pool.swa.as_mut() {
             // The SWA pages go to the engine with their full pages (0 where the window passed).
@@ -432,15 +431,25 @@ fn distinct_held_pages(pool: &OwnedPool, indices: &[i32], pages: &mut Vec<u32>) 
     pages.sort_unstable();
     pages.dedup();
     for &p in pages.iter() {
-        match pool.pages.state(p) {
-            PageState::Held { maps: 0 } => {}
-            PageState::Free => bail!(State, "page {p} is already free (double free)"),
-            PageState::Owned => bail!(State, "page {p} is owned by a row"),
-            PageState::Held { maps } => bail!(State, "page {p} is still mapped by {maps} rows"),
-            PageState::Padding => unreachable!("page_of refuses page 0"),
+        match pool.pages.held_maps(p) {
+            Some(0) => {}
+            Some(maps) => bail!(State, "page {p} is still mapped by {maps} rows"),
+            None if not_held(pool, p) == "free" => bail!(State, "page {p} is already free (double free)"),
+            None => bail!(State, "page {p} is owned by a row"),
         }
     }
     Ok(())
+}
+
+/// What a page that is not engine-held is: "free" or "owned by a row" (an error's words: the
+/// free stack is searched).
+#[cold]
+fn not_held(pool: &OwnedPool, page: u32) -> &'static str {
+    if pool.pages.free_list().contains(&page) {
+        "free"
+    } else {
+        "owned by a row"
+    }
 }
 
 /// The page an engine-supplied token index falls in; page 0 and indices past the pool are

@@ -364,6 +364,9 @@ impl Cache {
 
     /// Releases the slots holding `rows`, all or none: one in flight refuses the lot.
     pub(crate) fn release_rows(&mut self, rows: &[u32]) -> Result<()> {
+        if let Some(p) = self.pool.owned() {
+            rows.iter().for_each(|&row| p.preload_row(row));
+        }
         self.effects.clear();
         for &row in rows {
             let s = self.slots.of_row(row).expect("rows of live slots");

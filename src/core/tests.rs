@@ -670,6 +670,80 @@ fn pool_pages_refuse_double_free_and_mapped_frees() {
 }
 
 #[test]
+fn free_and_row_owned_pages_are_told_apart_by_the_free_stack() {
+    // Neither kind carries a per-page word: refs, refusals and the audit ask the free stack.
+    let mut c = owned(2, 8);
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, 4, None).unwrap();
+    let own = indices(&c, &r);
+    let mut tree = [0i32; 2];
+    c.pool_alloc(&mut tree).unwrap();
+    let free = 2 * 7; // page 7: never handed out
+    let mut refs = [9u32; 4];
+    c.page_refs(&[own[0], own[3], tree[0], free], &mut refs).unwrap();
+    assert_eq!(refs, [1, 1, 0, 0], "row-owned 1, engine-held its maps, free 0");
+    let e = c.pool_free(&[tree[0], own[0]]).unwrap_err();
+    assert!(matches!(&e, Error::State(m) if m.contains("is owned by a row")), "{e}");
+    let e = c.pool_free(&[tree[0], free]).unwrap_err();
+    assert!(matches!(&e, Error::State(m) if m.contains("already free (double free)")), "{e}");
+    let mut s = Req::default();
+    c.alloc_row(&mut s).unwrap();
+    let e = c.map_prefix(&mut s, &own[..2]).unwrap_err();
+    assert!(matches!(&e, Error::State(m) if m.contains("not engine-held (owned by a row)")), "{e}");
+    let e = c.map_prefix(&mut s, &[free, free + 1]).unwrap_err();
+    assert!(matches!(&e, Error::State(m) if m.contains("not engine-held (free)")), "{e}");
+    assert_eq!(c.stats().unwrap().free_pages, 7 - 2 - 1, "nothing changed");
+    clean(&c);
+}
+
+#[test]
+fn the_audit_sees_every_full_page() {
+    // A row with a 2-page prefix the engine holds and one page of its own, one engine page
+    // no row maps, and 3 free pages; each break below must be reported.
+    let corrupt = |f: &dyn Fn(&mut super::owned::OwnedPool, u32)| {
+        let mut c = owned(4, 8);
+        let mut r = Req::default();
+        c.alloc_row(&mut r).unwrap();
+        c.alloc_extend(&mut r, 12, None).unwrap();
+        c.commit(&mut r, 12).unwrap();
+        c.publish_prefix(&mut r, 8).unwrap();
+        c.pool_alloc(&mut [0i32; 4]).unwrap();
+        let rep = c.check().unwrap();
+        assert_eq!((rep.pages_free, rep.pages_in_rows, rep.pages_engine_held), (3, 1, 3));
+        clean(&c);
+        f(c.pool.owned_mut().unwrap(), r.row as u32);
+        let rep = c.check().unwrap();
+        assert!(rep.violations > 0);
+        rep.first_violation
+    };
+    let m = corrupt(&|p, _| drop(p.pages.free_stack_mut().pop()));
+    assert!(m.contains("(leaked)"), "{m}");
+    let m = corrupt(&|p, _| {
+        let top = *p.pages.free_list().last().unwrap();
+        p.pages.free_stack_mut().push(top)
+    });
+    assert!(m.contains("free list holds page"), "{m}");
+    let m = corrupt(&|p, row| {
+        let own = p.row_mut(row).pages[2];
+        p.pages.set_held(own, 0)
+    });
+    assert!(m.contains("maps engine-held page"), "{m}");
+    let m = corrupt(&|p, row| {
+        let held = p.row_mut(row).pages[0];
+        p.pages.set_held(held, 5)
+    });
+    assert!(m.contains("counts 5 maps, rows map it 1 times"), "{m}");
+    let m = corrupt(&|p, row| {
+        let free = *p.pages.free_list().last().unwrap();
+        p.row_mut(row).pages[2] = free
+    });
+    assert!(m.contains("(leaked)") || m.contains("is mapped by 1 rows"), "{m}");
+    let m = corrupt(&|p, _| p.pages.free_stack_mut().push(0));
+    assert!(m.contains("free list holds page 0"), "{m}");
+}
+
+#[test]
 fn publish_hands_pages_to_the_tree() {
     let mut c = owned(2, 8);
     let mut r = Req::default();
