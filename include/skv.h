@@ -1208,8 +1208,9 @@ enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_
  * `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot
  * index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
  * must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
- * it (and no row may appear twice), and the pool must hold the pages of the whole batch,
- * before anything changes; the error names the request's position (`reqs[17]: ...`).
+ * it (and no row may appear twice), and the pool must hold the pages of the whole batch; a
+ * failing call leaves the cache, the reqs and out_loc as they were, and the error names the
+ * request's position (`reqs[17]: ...`).
  * (NULL, 0) is an empty batch.
  *
  * The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values

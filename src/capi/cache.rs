@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
 use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope};
-use crate::core::{split, Cache, Config, Effect, Error, Pool, Pools, Result, Segment};
+use crate::core::{split, Backend, Cache, Config, Effect, Error, Pool, Pools, Result, Segment};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -262,7 +262,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
             page_frees,
             page_starts: Vec::new(),
         };
-        *slot = boxed(Cache::new(cfg, Box::new(pool))?)?;
+        *slot = boxed(Cache::new(cfg, Backend::Engine(Box::new(pool)))?)?;
         Ok(())
     })
 }

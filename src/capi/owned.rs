@@ -76,8 +76,8 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
     )
 }
 
-/// Runs a batch operation on reqs[0..n) in place. A batch operation changes no req before
-/// every check has passed, so a failing call leaves the caller's reqs as they were.
+/// Runs a batch operation on reqs[0..n) in place. A failing batch operation undoes what it
+/// changed: the caller's reqs are as they were.
 ///
 /// # Safety
 /// `c` must be NULL or a live handle, `reqs` NULL or n valid reqs.
@@ -134,8 +134,9 @@ const _: () = {
 /// `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot
 /// index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
 /// must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
-/// it (and no row may appear twice), and the pool must hold the pages of the whole batch,
-/// before anything changes; the error names the request's position (`reqs[17]: ...`).
+/// it (and no row may appear twice), and the pool must hold the pages of the whole batch; a
+/// failing call leaves the cache, the reqs and out_loc as they were, and the error names the
+/// request's position (`reqs[17]: ...`).
 /// (NULL, 0) is an empty batch.
 ///
 /// The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values

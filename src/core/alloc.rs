@@ -98,6 +98,12 @@ impl PageAllocator {
         Ok(())
     }
 
+    /// Puts back `pages`, the end of a list the last allocations filled: the stack is then
+    /// exactly as before them (they popped its top into the list in order).
+    pub fn unalloc(&mut self, pages: &[u32]) {
+        self.free.extend(pages.iter().rev());
+    }
+
     /// Takes back an engine-held page no row maps (the caller has checked).
     pub fn free_held(&mut self, page: u32) {
         debug_assert_eq!(self.held_maps(page), Some(0));
@@ -170,6 +176,11 @@ impl SwaAllocator {
         let at = self.free.len() - n as usize;
         out.extend(self.free[at..].iter().rev().copied());
         self.free.truncate(at);
+    }
+
+    /// `PageAllocator::unalloc` for the SWA pool.
+    pub fn unalloc(&mut self, ids: &[u32]) {
+        self.free.extend(ids.iter().rev());
     }
 
     /// Returns the pages `ids` names, skipping 0 (an entry the window already emptied), and

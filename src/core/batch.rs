@@ -133,6 +133,11 @@ impl Cache {
 
     /// `alloc_extend(reqs[i], n_tokens[i])` for every i, all or nothing; with `out`, every
     /// newly assigned token slot, request after request (`out.len()` >= their sum).
+    ///
+    /// One pass: each request is checked, in the order its single call checks it, and extended
+    /// at once. A request that fails undoes the ones before it, newest first, so each pool's
+    /// free stack is back exactly as it was (a failing batch changes nothing: the undo is
+    /// the rare path, and the common one reads each request once).
     pub fn alloc_extend_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32], out: Option<&mut [i32]>) -> Result<()> {
         self.require_owned()?;
         let total: u64 = n_tokens.iter().map(|&n| n as u64).sum();
@@ -141,76 +146,98 @@ impl Cache {
                 bail!(InvalidArg, "out_cap {} < the {total} token slots the batch assigns", out.len());
             }
         }
-        let ps = self.cfg.page_size;
         let stamp = self.batch_marks.begin(&mut self.row_meta);
-        let mut pages = 0u64;
-        // Whether some row's page list lacks room for its new pages (a turn's first extend).
-        let mut short = false;
-        let pool = self.pool.owned().expect("owned checked");
-        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            mark_row(&self.row_meta, row, stamp, i)?;
-            let list = &pool.row(row).expect("checked in use").pages;
-            let need = pages_for(new_len, ps) - list.len() as u32;
-            pages += need as u64;
-            short |= list.capacity() - list.len() < need as usize
-                || pool.swa.as_ref().is_some_and(|s| {
-                    let ids = &s.rows[row as usize].ids;
-                    ids.capacity() - ids.len() < need as usize
-                });
-            if pages > pool.pages.free_pages() as u64 {
-                return Err(batch_short_of_pages(i, n, pages, pool.pages.free_pages()));
-            }
-            if let Some(s) = pool.swa.as_ref() {
-                s.check_room(pages).map_err(|e| e.at(format_args!("reqs[{i}]: n_tokens {n}: the batch up to here")))?;
+        let mut taken = 0u64;
+        for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
+            if let Err(e) = self.extend_in_batch(req, n, stamp, i, &mut taken) {
+                self.undo_extends(&mut reqs[..i], &n_tokens[..i]);
+                return Err(e);
             }
         }
         let pool = self.pool.owned_mut().expect("owned checked");
-        if short {
-            // Reserving changes nothing observable, and leaves nothing to fail below.
-            for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-                let r = pool.rows[req.row as usize].as_mut().expect("checked in use");
-                let need = pages_for(req.allocated + n, ps) - r.pages.len() as u32;
-                let swa_ids = pool.swa.as_mut().map(|s| &mut s.rows[req.row as usize].ids);
-                if r.pages.try_reserve_exact(need as usize).is_err()
-                    || swa_ids.is_some_and(|ids| ids.try_reserve_exact(need as usize).is_err())
-                {
-                    bail!(OutOfMemory, "reqs[{i}]: no host memory for a list of {need} more pages");
-                }
-            }
-        }
-        let mut out = out;
-        let mut at = 0usize;
-        for (req, &n) in reqs.iter_mut().zip(n_tokens) {
-            let row = req.row as u32;
-            let new_len = req.allocated + n;
-            let need = pages_for(new_len, ps) - pool.row_mut(row).pages.len() as u32;
-            if need > 0 {
-                pool.grow(row, need).expect("pages and list room checked");
-            }
-            let r = pool.row_mut(row);
-            r.len = new_len;
-            if let Some(out) = out.as_deref_mut() {
-                write_slots(&r.pages, ps, req.allocated, &mut out[at..at + n as usize]);
+        if let Some(out) = out {
+            let mut at = 0usize;
+            for (req, &n) in reqs.iter().zip(n_tokens) {
+                let slots = &mut out[at..at + n as usize];
+                write_slots(&pool.row_mut(req.row as u32).pages, self.cfg.page_size, req.allocated - n, slots);
                 at += n as usize;
             }
-            pool.mapped(row, req.allocated, new_len);
-            req.allocated = new_len;
+        }
+        if pool.dirty.is_some() {
+            for (req, &n) in reqs.iter().zip(n_tokens) {
+                pool.mapped(req.row as u32, req.allocated - n, req.allocated);
+            }
         }
         Ok(())
     }
 
-    /// `commit(reqs[i], n_tokens[i])` for every i, all or nothing.
+    /// `reqs[i]`'s part of `alloc_extend_batch`: checked, marked, extended. `taken` counts the
+    /// pages the batch took before it (for the error's count of the whole batch's).
+    #[inline(always)]
+    fn extend_in_batch(&mut self, req: &mut Req, n: u32, stamp: u32, i: usize, taken: &mut u64) -> Result<()> {
+        // Marked first: an earlier request on the same row has extended it already, and its
+        // checks would then name the length rather than the row named twice.
+        mark_row(&self.row_meta, req.row, stamp, i)?;
+        let pool = self.pool.owned().expect("owned checked");
+        let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+        let ps = self.cfg.page_size;
+        let pool = self.pool.owned_mut().expect("owned checked");
+        let need = pages_for(new_len, ps) - pool.row_mut(row).pages.len() as u32;
+        if need > 0 {
+            let pages = *taken + need as u64;
+            let free = pool.pages.free_pages();
+            if need > free {
+                return Err(batch_short_of_pages(i, n, pages, free as u64 + *taken));
+            }
+            if let Some(s) = pool.swa.as_ref() {
+                let free = s.alloc.free_pages() as u64 + *taken;
+                if pages > free {
+                    bail!(
+                        OutOfMemory,
+                        "reqs[{i}]: n_tokens {n}: the batch up to here: {pages} SWA pages needed, {free} free"
+                    );
+                }
+            }
+            pool.grow(row, need).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+            *taken = pages;
+        }
+        pool.row_mut(row).len = new_len;
+        req.allocated = new_len;
+        Ok(())
+    }
+
+    /// Undoes the extends of `reqs` (each extended by its `n_tokens`), newest first.
+    #[cold]
+    #[inline(never)]
+    fn undo_extends(&mut self, reqs: &mut [Req], n_tokens: &[u32]) {
+        let ps = self.cfg.page_size;
+        let pool = self.pool.owned_mut().expect("owned checked");
+        for (req, &n) in reqs.iter_mut().zip(n_tokens).rev() {
+            let (row, old) = (req.row as u32, req.allocated - n);
+            pool.ungrow(row, pages_for(old, ps) as usize);
+            pool.row_mut(row).len = old;
+            req.allocated = old;
+        }
+    }
+
+    /// `commit(reqs[i], n_tokens[i])` for every i, all or nothing: each request is checked
+    /// and committed in turn; one that fails undoes those before it.
     pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
         self.require_owned()?;
         let stamp = self.batch_marks.begin(&mut self.row_meta);
         let pool = self.pool.owned().expect("owned checked");
-        for (i, (req, &n)) in reqs.iter().zip(n_tokens).enumerate() {
-            let (row, _) = self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-            mark_row(&self.row_meta, row, stamp, i)?;
-        }
-        for (req, &n) in reqs.iter_mut().zip(n_tokens) {
-            req.committed += n;
+        for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
+            let checked = mark_row(&self.row_meta, req.row, stamp, i)
+                .and_then(|_| self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]"))));
+            match checked {
+                Ok((_, committed)) => req.committed = committed,
+                Err(e) => {
+                    for (req, &n) in reqs[..i].iter_mut().zip(n_tokens) {
+                        req.committed -= n;
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(())
     }
@@ -218,14 +245,16 @@ impl Cache {
 
 #[cold]
 #[inline(never)]
-fn batch_short_of_pages(i: usize, n: u32, pages: u64, free: u32) -> Error {
+fn batch_short_of_pages(i: usize, n: u32, pages: u64, free: u64) -> Error {
     Error::OutOfMemory(format!("reqs[{i}]: n_tokens {n}: the batch needs {pages} pages up to here, {free} free"))
 }
 
-/// Marks `reqs[i]`'s row for batch `stamp`; refuses a row an earlier request named.
+/// Marks `reqs[i]`'s row for batch `stamp`; refuses a row an earlier request named. A row out
+/// of range is left to the request's checks.
 #[inline(always)]
-fn mark_row(meta: &[RowMeta], row: u32, stamp: u32, i: usize) -> Result<()> {
-    let m = &meta[row as usize].batch;
+fn mark_row(meta: &[RowMeta], row: i32, stamp: u32, i: usize) -> Result<()> {
+    let Some(m) = meta.get(row as u32 as usize) else { return Ok(()) };
+    let m = &m.batch;
     let (seen, j) = m.get();
     if seen == stamp {
         bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
@@ -340,5 +369,87 @@ mod tests {
         let e = c.alloc_extend_batch(&mut reqs, &[1, 1, 1], Some(&mut out)).unwrap_err();
         assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("out_cap 2")), "{e}");
         assert_eq!(c.check().unwrap().violations, 0);
+    }
+
+    fn twin(full_pages: u64, swa_pages: u64) -> Cache {
+        let cfg = Config {
+            page_size: 4,
+            num_token_slots: full_pages * 4,
+            num_rows: 4,
+            max_context_len: 64,
+            aligned_reuse: false,
+            swa_num_token_slots: swa_pages * 4,
+        };
+        Cache::new_owned(cfg).unwrap()
+    }
+
+    /// Both caches hand out the same pages from here: each row's full and SWA slots agree
+    /// after one more batch.
+    fn same_from_here(a: &mut Cache, ra: &mut [Req], b: &mut Cache, rb: &mut [Req], n: &[u32]) {
+        let total = n.iter().sum::<u32>() as usize;
+        let (mut oa, mut ob) = (vec![0i32; total], vec![0i32; total]);
+        a.alloc_extend_batch(ra, n, Some(&mut oa)).unwrap();
+        b.alloc_extend_batch(rb, n, Some(&mut ob)).unwrap();
+        assert_eq!(oa, ob);
+        let swa = a.stats().unwrap().swa_total_pages > 0;
+        for (x, y) in ra.iter().zip(rb.iter()) {
+            assert_eq!(x, y);
+            for view in [false, true].into_iter().filter(|&v| !v || swa) {
+                let (mut sa, mut sb) = (vec![0i32; x.allocated as usize], vec![0i32; y.allocated as usize]);
+                a.row_indices(x.row as u32, 0, x.allocated, view, &mut sa).unwrap();
+                b.row_indices(y.row as u32, 0, y.allocated, view, &mut sb).unwrap();
+                assert_eq!(sa, sb, "row {} (SWA view: {view})", x.row);
+            }
+        }
+        assert_eq!(a.check().unwrap().violations, 0);
+        assert_eq!(a.stats().unwrap(), b.stats().unwrap());
+    }
+
+    #[test]
+    fn a_batch_failing_late_gives_back_what_it_took_in_order() {
+        for swa in [0, 16] {
+            // reqs[0] and reqs[1] take three pages (three SWA pages), then reqs[2] is refused.
+            let (mut a, mut b) = (twin(16, swa), twin(16, swa));
+            let (mut ra, mut rb) = (rows(&mut a, 3), rows(&mut b, 3));
+            ra[2].allocated = 1;
+            let before = ra.clone();
+            let e = a.alloc_extend_batch(&mut ra, &[5, 4, 1], Some(&mut [0i32; 10])).unwrap_err();
+            assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[2]: kv_allocated_len 1")), "{e}");
+            assert_eq!(ra, before);
+            ra[2].allocated = 0;
+            same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[3, 6, 5]);
+        }
+    }
+
+    #[test]
+    fn a_batch_short_of_swa_pages_names_the_batch_and_changes_nothing() {
+        // 15 full pages free, 3 SWA pages: the fourth request's page is one too many.
+        let (mut a, mut b) = (twin(16, 4), twin(16, 4));
+        let (mut ra, mut rb) = (rows(&mut a, 4), rows(&mut b, 4));
+        let e = a.alloc_extend_batch(&mut ra, &[1, 2, 3, 4], None).unwrap_err();
+        assert!(
+            matches!(&e, Error::OutOfMemory(m) if m == "reqs[3]: n_tokens 4: the batch up to here: 4 SWA pages needed, 3 free"),
+            "{e}"
+        );
+        let e = a.alloc_extend_batch(&mut ra, &[1, 2, 3, 64], None).unwrap_err();
+        assert!(
+            matches!(&e, Error::OutOfMemory(m) if m == "reqs[3]: n_tokens 64: the batch needs 19 pages up to here, 15 free"),
+            "{e}"
+        );
+        same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[1, 2, 3, 0]);
+    }
+
+    #[test]
+    fn a_row_named_twice_is_named_as_such_though_its_first_request_extended_it() {
+        let mut c = twin(16, 0);
+        let mut reqs = rows(&mut c, 2);
+        reqs[1] = reqs[0];
+        let e = c.alloc_extend_batch(&mut reqs, &[4, 4], None).unwrap_err();
+        assert!(
+            matches!(&e, Error::InvalidArg(m) if m == "reqs[1]: row 0 is also reqs[0]'s: one request per row in a batch"),
+            "{e}"
+        );
+        assert_eq!(reqs[0].allocated, 0);
+        assert_eq!(c.stats().unwrap().free_pages, 15);
     }
 }

@@ -7,14 +7,14 @@ use super::batch::BatchMarks;
 use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
 use super::page::ceil_align;
-use super::pool::{Effect, Pool};
+use super::pool::{Backend, Effect, Pool};
 use super::req::{swa_dead, Config, Req};
 use super::slots::{Slot, Slots};
 
 pub struct Cache {
     pub(crate) cfg: Config,
     pub(crate) slots: Slots,
-    pub(crate) pool: Box<dyn Pool>,
+    pub(crate) pool: Backend,
     /// The effects of the call in progress (kept to reuse its allocation).
     pub(crate) effects: Vec<Effect>,
     /// What the cache knows of each row beyond the pool, indexed by row.
@@ -33,7 +33,7 @@ pub struct Cache {
 
 impl Cache {
     /// A cache over `pool`; `cfg` must already be valid for the pool's mode.
-    pub fn new(cfg: Config, pool: Box<dyn Pool>) -> Result<Self> {
+    pub fn new(cfg: Config, pool: Backend) -> Result<Self> {
         // External rows exist before libskv sees them: they start at generation 1.
         let first = if pool.owned().is_some() { 0 } else { 1 };
         Ok(Cache {
@@ -62,7 +62,7 @@ impl Cache {
     }
 
     pub fn pool(&self) -> &dyn Pool {
-        &*self.pool
+        self.pool.get()
     }
 
     /// Runs the planned effects: everything that can fail first, then `mutate` (libskv's own

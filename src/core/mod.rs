@@ -28,7 +28,7 @@ pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
 pub use owned_ops::Stats;
 pub use page::{ceil_align, floor_align, pages_for};
-pub use pool::{split, Effect, Pool, Pools, Segment};
+pub use pool::{split, Backend, Effect, Pool, Pools, Segment};
 pub use queries::{Admission, Usage};
 pub use req::{swa_dead, swa_dead_lo, Config, Req};
 pub use session::{Held, Match};
@@ -39,7 +39,7 @@ impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.
     pub fn new_owned(cfg: Config) -> Result<Cache> {
         cfg.validate_owned()?;
-        Cache::new(cfg, Box::new(OwnedPool::new(&cfg)?))
+        Cache::new(cfg, Backend::Owned(Box::new(OwnedPool::new(&cfg)?)))
     }
 }
 

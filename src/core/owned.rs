@@ -246,6 +246,19 @@ impl OwnedPool {
         Ok(())
     }
 
+    /// Undoes the `grow`s that took `row` past its first `keep` pages, the last one first:
+    /// both free stacks are as they were before them.
+    pub(crate) fn ungrow(&mut self, row: u32, keep: usize) {
+        let r = self.rows[row as usize].as_mut().expect("row in use");
+        self.pages.unalloc(&r.pages[keep..]);
+        r.pages.truncate(keep);
+        if let Some(s) = self.swa.as_mut() {
+            let ids = &mut s.rows[row as usize].ids;
+            s.alloc.unalloc(&ids[keep..]);
+            ids.truncate(keep);
+        }
+    }
+
     /// Gives back the SWA pages of `row`'s positions `[start, end)`, both page-aligned (a
     /// window step's are): the window moved past them.
     fn free_swa(&mut self, row: u32, start: u32, end: u32) {

@@ -81,7 +81,7 @@ fn external(ps: u32, cols: i32, aligned_reuse: bool) -> Engine {
     };
     let rec = Recorder { cols, ..Recorder::default() };
     let log = rec.log.clone();
-    Engine { cache: Cache::new(cfg, Box::new(rec)).unwrap(), log }
+    Engine { cache: Cache::new(cfg, super::pool::Backend::Engine(Box::new(rec))).unwrap(), log }
 }
 
 /// The recorded effects since the last call of `log`.
@@ -272,7 +272,8 @@ fn retried_match_and_row_ownership() {
 fn failing_prepare_changes_nothing() {
     let mut c = external(1, 128, false);
     let mut r = Req { origin_input_len: 8, output_len: 2, finished_len: 0, ..req(0, 8, 10) };
-    c.cache.pool = Box::new(Recorder { cols: 128, fail_prepare: true, ..Recorder::default() });
+    c.cache.pool =
+        super::pool::Backend::Engine(Box::new(Recorder { cols: 128, fail_prepare: true, ..Recorder::default() }));
     let before = r;
     assert!(matches!(c.cache_finished_req(1, 0, &mut r, false), Err(Error::Callback(_))));
     assert_eq!(r, before);
@@ -717,7 +718,9 @@ fn the_audit_sees_every_full_page() {
         assert!(rep.violations > 0);
         rep.first_violation
     };
-    let m = corrupt(&|p, _| drop(p.pages.free_stack_mut().pop()));
+    let m = corrupt(&|p, _| {
+        p.pages.free_stack_mut().pop();
+    });
     assert!(m.contains("(leaked)"), "{m}");
     let m = corrupt(&|p, _| {
         let top = *p.pages.free_list().last().unwrap();
