@@ -7,7 +7,8 @@ use super::cache::{Cache, RowMeta};
 use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
 use super::page::{pages_for, token_slot};
-use super::req::Req;
+use super::pool::Backend;
+use super::req::{Config, Req};
 
 impl Error {
     /// The same error, its message prefixed (a batch names the request's position).
@@ -30,9 +31,9 @@ impl Error {
 impl Cache {
     /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
     #[inline(always)]
-    fn check_extend(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+    fn check_extend(&self, cfg: &Config, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         let new_len = req.allocated as u64 + n as u64;
-        match self.plainly_current(pool, req, new_len <= self.cfg.max_context_len as u64) {
+        match plainly_current(cfg, &self.row_meta, pool, req, new_len <= cfg.max_context_len as u64) {
             Some(row) => Ok((row, new_len as u32)),
             None => self.check_extend_in_order(pool, req, n),
         }
@@ -40,31 +41,12 @@ impl Cache {
 
     /// The checks `commit(req, n)` runs: the row, and the committed length after it.
     #[inline(always)]
-    fn check_commit(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
+    fn check_commit(&self, cfg: &Config, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         let committed = req.committed as u64 + n as u64;
-        match self.plainly_current(pool, req, committed <= req.allocated as u64) {
+        match plainly_current(cfg, &self.row_meta, pool, req, committed <= req.allocated as u64) {
             Some(row) => Ok((row, committed as u32)),
             None => self.check_commit_in_order(pool, req, n),
         }
-    }
-
-    /// Whether `req` passes every check of an extend or a commit, `fits` being the call's
-    /// own (the new length): all of them at once, for the rule that a request is fine. `None`
-    /// when any fails, or the answer needs more than one compare each: the checks then run in
-    /// their documented order, which also says what is wrong.
-    #[inline(always)]
-    fn plainly_current(&self, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
-        let row = u32::try_from(req.row).ok()?;
-        let r = pool.rows.get(row as usize)?.as_ref()?;
-        let meta = self.row_meta.get(row as usize)?;
-        let ok = fits
-            & req.plainly_valid(&self.cfg)
-            & ((req.generation == 0) | (req.generation == meta.generation))
-            & (req.allocated == r.len)
-            & (req.protected == r.protected)
-            & pool.swa.as_ref().is_none_or(|s| s.rows[row as usize].cursor == req.swa)
-            & !meta.idle_slot;
-        ok.then_some(row)
     }
 
     /// `check_extend`, each check in turn.
@@ -105,7 +87,7 @@ impl Cache {
     /// `out`, writes the new positions' token slots there (`out.len() == n`).
     #[inline]
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, out: Option<&mut [i32]>) -> Result<()> {
-        let (row, new_len) = self.check_extend(self.owned_pool()?, req, n)?;
+        let (row, new_len) = self.check_extend(&self.cfg, self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
         let need =
@@ -126,7 +108,7 @@ impl Cache {
     /// Marks `n` more allocated tokens as final.
     #[inline]
     pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
-        let (_, committed) = self.check_commit(self.owned_pool()?, req, n)?;
+        let (_, committed) = self.check_commit(&self.cfg, self.owned_pool()?, req, n)?;
         req.committed = committed;
         Ok(())
     }
@@ -146,23 +128,28 @@ impl Cache {
                 bail!(InvalidArg, "out_cap {} < the {total} token slots the batch assigns", out.len());
             }
         }
+        // The slots are written as each request is extended; a failing batch puts back what
+        // out_loc held.
+        let mut out = out.map(|o| &mut o[..total as usize]);
+        if let Some(o) = out.as_deref() {
+            self.batch_marks.save_out(o)?;
+        }
         let stamp = self.batch_marks.begin(&mut self.row_meta);
         let mut taken = 0u64;
+        let cfg = self.cfg;
+        let mut at = 0usize;
         for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
-            if let Err(e) = self.extend_in_batch(req, n, stamp, i, &mut taken) {
+            let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
+            if let Err(e) = self.extend_in_batch(&cfg, req, n, slots, stamp, i, &mut taken) {
                 self.undo_extends(&mut reqs[..i], &n_tokens[..i]);
+                if let Some(o) = out {
+                    o.copy_from_slice(&self.batch_marks.saved_out);
+                }
                 return Err(e);
             }
+            at += n as usize;
         }
         let pool = self.pool.owned_mut().expect("owned checked");
-        if let Some(out) = out {
-            let mut at = 0usize;
-            for (req, &n) in reqs.iter().zip(n_tokens) {
-                let slots = &mut out[at..at + n as usize];
-                write_slots(&pool.row_mut(req.row as u32).pages, self.cfg.page_size, req.allocated - n, slots);
-                at += n as usize;
-            }
-        }
         if pool.dirty.is_some() {
             for (req, &n) in reqs.iter().zip(n_tokens) {
                 pool.mapped(req.row as u32, req.allocated - n, req.allocated);
@@ -173,14 +160,71 @@ impl Cache {
 
     /// `reqs[i]`'s part of `alloc_extend_batch`: checked, marked, extended. `taken` counts the
     /// pages the batch took before it (for the error's count of the whole batch's).
+    ///
+    /// A decode step's request, on a model without an SWA pool, needs at most one page: that
+    /// case is done here with the row's record looked up once, and every other (or any doubt)
+    /// goes to `extend_in_batch_in_full`, which does the same with every check in turn.
     #[inline(always)]
-    fn extend_in_batch(&mut self, req: &mut Req, n: u32, stamp: u32, i: usize, taken: &mut u64) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn extend_in_batch(
+        &mut self,
+        cfg: &Config,
+        req: &mut Req,
+        n: u32,
+        slots: Option<&mut [i32]>,
+        stamp: u32,
+        i: usize,
+        taken: &mut u64,
+    ) -> Result<()> {
+        let row = req.row as u32 as usize;
+        if let (Some(m), Backend::Owned(pool)) = (self.row_meta.get(row), &mut self.pool) {
+            if let (Some(Some(r)), None) = (pool.rows.get_mut(row), pool.swa.as_ref()) {
+                let new_len = req.allocated as u64 + n as u64;
+                // Wraps for a req behind its row; the checks below then refuse it.
+                let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize)
+                    .wrapping_sub(r.pages.len());
+                let fine = m.batch.get().0 != stamp
+                    && new_len <= cfg.max_context_len as u64
+                    && req.plainly_valid(cfg)
+                    && (req.generation == 0 || req.generation == m.generation)
+                    && req.allocated == r.len
+                    && req.protected == r.protected
+                    && !m.idle_slot
+                    && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
+                if fine {
+                    m.batch.set((stamp, i as u32));
+                    if let Some(slots) = slots {
+                        write_slots(&r.pages, cfg.page_size, req.allocated, slots);
+                    }
+                    r.len = new_len as u32;
+                    req.allocated = new_len as u32;
+                    *taken += need as u64;
+                    return Ok(());
+                }
+            }
+        }
+        self.extend_in_batch_in_full(cfg, req, n, slots, stamp, i, taken)
+    }
+
+    /// `extend_in_batch`, every case.
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn extend_in_batch_in_full(
+        &mut self,
+        cfg: &Config,
+        req: &mut Req,
+        n: u32,
+        slots: Option<&mut [i32]>,
+        stamp: u32,
+        i: usize,
+        taken: &mut u64,
+    ) -> Result<()> {
         // Marked first: an earlier request on the same row has extended it already, and its
         // checks would then name the length rather than the row named twice.
         mark_row(&self.row_meta, req.row, stamp, i)?;
         let pool = self.pool.owned().expect("owned checked");
-        let (row, new_len) = self.check_extend(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
-        let ps = self.cfg.page_size;
+        let (row, new_len) = self.check_extend(cfg, pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
+        let ps = cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
         let need = pages_for(new_len, ps) - pool.row_mut(row).pages.len() as u32;
         if need > 0 {
@@ -201,7 +245,11 @@ impl Cache {
             pool.grow(row, need).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
             *taken = pages;
         }
-        pool.row_mut(row).len = new_len;
+        let r = pool.row_mut(row);
+        if let Some(slots) = slots {
+            write_slots(&r.pages, ps, req.allocated, slots);
+        }
+        r.len = new_len;
         req.allocated = new_len;
         Ok(())
     }
@@ -226,9 +274,10 @@ impl Cache {
         self.require_owned()?;
         let stamp = self.batch_marks.begin(&mut self.row_meta);
         let pool = self.pool.owned().expect("owned checked");
+        let cfg = self.cfg;
         for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
             let checked = mark_row(&self.row_meta, req.row, stamp, i)
-                .and_then(|_| self.check_commit(pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]"))));
+                .and_then(|_| self.check_commit(&cfg, pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]"))));
             match checked {
                 Ok((_, committed)) => req.committed = committed,
                 Err(e) => {
@@ -241,6 +290,26 @@ impl Cache {
         }
         Ok(())
     }
+}
+
+/// Whether `req` passes every check of an extend or a commit, `fits` being the call's
+/// own (the new length). `cfg` is the caller's copy: a batch keeps it in registers, where
+/// the cache's own would be read again after every mark it writes.: all of them at once, for the rule that a request is fine. `None`
+/// when any fails, or the answer needs more than one compare each: the checks then run in
+/// their documented order, which also says what is wrong.
+#[inline(always)]
+fn plainly_current(cfg: &Config, meta: &[RowMeta], pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
+    let row = u32::try_from(req.row).ok()?;
+    let r = pool.rows.get(row as usize)?.as_ref()?;
+    let meta = meta.get(row as usize)?;
+    let ok = fits
+        && req.plainly_valid(cfg)
+        && (req.generation == 0 || req.generation == meta.generation)
+        && req.allocated == r.len
+        && req.protected == r.protected
+        && pool.swa.as_ref().is_none_or(|s| s.rows[row as usize].cursor == req.swa)
+        && !meta.idle_slot;
+    ok.then_some(row)
 }
 
 #[cold]
@@ -268,9 +337,22 @@ fn mark_row(meta: &[RowMeta], row: i32, stamp: u32, i: usize) -> Result<()> {
 #[derive(Default)]
 pub(crate) struct BatchMarks {
     stamp: u32,
+    /// What out_loc held before the batch extend in progress wrote it (kept to reuse the
+    /// allocation).
+    saved_out: Vec<i32>,
 }
 
 impl BatchMarks {
+    /// Copies `out` aside, for a failing batch to put back.
+    fn save_out(&mut self, out: &[i32]) -> Result<()> {
+        self.saved_out.clear();
+        if self.saved_out.try_reserve(out.len()).is_err() {
+            bail!(OutOfMemory, "no host memory to keep a copy of out_loc's {} values", out.len());
+        }
+        self.saved_out.extend_from_slice(out);
+        Ok(())
+    }
+
     /// Starts a batch call: a stamp no row's mark holds yet.
     fn begin(&mut self, meta: &mut [RowMeta]) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
@@ -413,9 +495,11 @@ mod tests {
             let (mut ra, mut rb) = (rows(&mut a, 3), rows(&mut b, 3));
             ra[2].allocated = 1;
             let before = ra.clone();
-            let e = a.alloc_extend_batch(&mut ra, &[5, 4, 1], Some(&mut [0i32; 10])).unwrap_err();
+            let mut out = [-7i32; 11];
+            let e = a.alloc_extend_batch(&mut ra, &[5, 4, 1], Some(&mut out)).unwrap_err();
             assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[2]: kv_allocated_len 1")), "{e}");
             assert_eq!(ra, before);
+            assert_eq!(out, [-7; 11], "out_loc is put back");
             ra[2].allocated = 0;
             same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[3, 6, 5]);
         }
