@@ -283,6 +283,20 @@ impl OwnedPool {
         self.preload_swa(row);
     }
 
+    /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
+    /// use: a batch extend asks for it a few requests ahead. The row's record is read for it,
+    /// so that load too starts early.
+    #[inline(always)]
+    pub(crate) fn preload_tail(&self, row: u32) {
+        if let Some(Some(r)) = self.rows.get(row as usize) {
+            prefetch(r.pages.as_ptr().wrapping_add(r.pages.len()));
+            if let Some(s) = self.swa.as_ref() {
+                let ids = &s.rows[row as usize].ids;
+                prefetch(ids.as_ptr().wrapping_add(ids.len()));
+            }
+        }
+    }
+
     /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
     #[inline]
     pub(crate) fn set_cursor(&mut self, row: u32, swa: u32) {
