@@ -46,7 +46,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
                 true => None,
                 false => Some(slice_mut(out_loc, n_tokens as usize, "out_loc")?),
             };
-            on_req(c, req, |c, r| c.alloc_extend(r, n_tokens, out), |()| {})
+            on_req_in_place(c, req, |c, r| c.alloc_extend(r, n_tokens, out))
         },
         |t| {
             t.req("req_out", req);
@@ -69,7 +69,7 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
             t.req("req", req).num("n_tokens", n_tokens);
         },
         // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.commit(r, n_tokens), |()| {}) },
+        || unsafe { on_req_in_place(c, req, |c, r| c.commit(r, n_tokens)) },
         |t| {
             t.req("req_out", req);
         },
@@ -101,6 +101,25 @@ fn as_core_reqs(reqs: &mut [skv_req]) -> &mut [Req] {
     // SAFETY: Req and skv_req have one layout (asserted below) of plain integers, for which
     // every bit pattern is valid; the result borrows the same memory for the same lifetime.
     unsafe { std::slice::from_raw_parts_mut(reqs.as_mut_ptr().cast::<Req>(), reqs.len()) }
+}
+
+/// `on_req` for an operation that changes `*req` only once nothing can fail any more (an
+/// extend, a commit): it runs on the caller's req in place, without the copies in and out.
+///
+/// # Safety
+/// `c` must be NULL or a live handle, `req` NULL or a valid skv_req.
+#[inline(always)]
+unsafe fn on_req_in_place(
+    c: *mut skv_cache,
+    req: *mut skv_req,
+    op: impl FnOnce(&mut Cache, &mut Req) -> Result<()>,
+) -> Result<()> {
+    // SAFETY: NULL or valid, by this function's contract.
+    let req = unsafe { out_mut(req, "req") }?;
+    // SAFETY: NULL or a live handle, by this function's contract.
+    let mut cache = unsafe { lock(c) }?;
+    op(&mut cache, as_core_reqs(std::slice::from_mut(req)).first_mut().expect("one req"))?;
+    cache.take_deferred()
 }
 
 /// The caller's req as a core `Req`, without copying it (see `as_core_reqs`).

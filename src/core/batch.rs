@@ -86,7 +86,12 @@ impl Cache {
     /// Maps `n` more positions: the partial last page first, then whole new pages; with
     /// `out`, writes the new positions' token slots there (`out.len() == n`).
     #[inline]
-    pub fn alloc_extend(&mut self, req: &mut Req, n: u32, out: Option<&mut [i32]>) -> Result<()> {
+    pub fn alloc_extend(&mut self, req: &mut Req, n: u32, mut out: Option<&mut [i32]>) -> Result<()> {
+        let (cfg, old) = (self.cfg, req.allocated);
+        if self.extend_plainly(&cfg, req, n, out.as_deref_mut(), None).is_some() {
+            self.pool.owned_mut().expect("owned: extended").mapped(req.row as u32, old, req.allocated);
+            return Ok(());
+        }
         let (row, new_len) = self.check_extend(&self.cfg, self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
@@ -173,39 +178,59 @@ impl Cache {
         cfg: &Config,
         req: &mut Req,
         n: u32,
-        slots: Option<&mut [i32]>,
+        mut slots: Option<&mut [i32]>,
         stamp: u32,
         i: usize,
         taken: &mut u64,
     ) -> Result<()> {
-        let row = req.row as u32 as usize;
-        if let (Some(m), Backend::Owned(pool)) = (self.row_meta.get(row), &mut self.pool) {
-            if let (Some(Some(r)), None) = (pool.rows.get_mut(row), pool.swa.as_ref()) {
-                let new_len = req.allocated as u64 + n as u64;
-                // Wraps for a req behind its row; the checks below then refuse it.
-                let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize)
-                    .wrapping_sub(r.pages.len());
-                let fine = m.batch.get().0 != stamp
-                    && new_len <= cfg.max_context_len as u64
-                    && req.plainly_valid(cfg)
-                    && (req.generation == 0 || req.generation == m.generation)
-                    && req.allocated == r.len
-                    && req.protected == r.protected
-                    && !m.idle_slot
-                    && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
-                if fine {
-                    m.batch.set((stamp, i as u32));
-                    if let Some(slots) = slots {
-                        write_slots(&r.pages, cfg.page_size, req.allocated, slots);
-                    }
-                    r.len = new_len as u32;
-                    req.allocated = new_len as u32;
-                    *taken += need as u64;
-                    return Ok(());
-                }
-            }
+        if let Some(need) = self.extend_plainly(cfg, req, n, slots.as_deref_mut(), Some((stamp, i as u32))) {
+            *taken += need as u64;
+            return Ok(());
         }
         self.extend_in_batch_in_full(cfg, req, n, slots, stamp, i, taken)
+    }
+
+    /// The rule of an extend, done with the row's records looked up once: a request that
+    /// passes every check at once (`plainly_current`'s, and with `mark` = (stamp, position),
+    /// no earlier request of the batch on its row) and needs at most one page, on a model
+    /// without an SWA pool (a decode step's). Returns the pages taken, or `None` having
+    /// changed nothing: the caller then takes the path that checks in order and does every
+    /// case.
+    #[inline(always)]
+    fn extend_plainly(
+        &mut self,
+        cfg: &Config,
+        req: &mut Req,
+        n: u32,
+        slots: Option<&mut [i32]>,
+        mark: Option<(u32, u32)>,
+    ) -> Option<usize> {
+        let row = req.row as u32 as usize;
+        let (m, Backend::Owned(pool)) = (self.row_meta.get(row)?, &mut self.pool) else { return None };
+        let (Some(Some(r)), None) = (pool.rows.get_mut(row), pool.swa.as_ref()) else { return None };
+        let new_len = req.allocated as u64 + n as u64;
+        // Wraps for a req behind its row; the checks below then refuse it.
+        let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize).wrapping_sub(r.pages.len());
+        let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
+            && new_len <= cfg.max_context_len as u64
+            && req.plainly_valid(cfg)
+            && (req.generation == 0 || req.generation == m.generation)
+            && req.allocated == r.len
+            && req.protected == r.protected
+            && !m.idle_slot
+            && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
+        if !fine {
+            return None;
+        }
+        if let Some(mark) = mark {
+            m.batch.set(mark);
+        }
+        if let Some(slots) = slots {
+            write_slots(&r.pages, cfg.page_size, req.allocated, slots);
+        }
+        r.len = new_len as u32;
+        req.allocated = new_len as u32;
+        Some(need)
     }
 
     /// `extend_in_batch`, every case.
