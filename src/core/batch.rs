@@ -427,8 +427,18 @@ impl BatchMarks {
     }
 }
 
-/// The token slots of `row[from..from + out.len())`.
+/// The token slots of `row[from..from + out.len())`. One slot (a decode step's) inline; more
+/// in a loop of their own.
+#[inline(always)]
 fn write_slots(pages: &[u32], ps: u32, from: u32, out: &mut [i32]) {
+    match out {
+        [one] => *one = token_slot(pages, ps, from),
+        _ => write_slots_loop(pages, ps, from, out),
+    }
+}
+
+#[inline(never)]
+fn write_slots_loop(pages: &[u32], ps: u32, from: u32, out: &mut [i32]) {
     for (o, p) in out.iter_mut().zip(from..) {
         *o = token_slot(pages, ps, p);
     }

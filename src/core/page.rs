@@ -5,7 +5,7 @@
 /// page a new token lands in is read through it). The power-of-two test is the bit trick, not
 /// `is_power_of_two`: without `popcnt` in the baseline x86-64 target that is a dozen
 /// instructions, and a per-step call runs this several times a request.
-#[inline]
+#[inline(always)]
 pub fn div_rem(x: u32, ps: u32) -> (u32, u32) {
     if ps & ps.wrapping_sub(1) == 0 {
         (x >> ps.trailing_zeros(), x & (ps - 1))
@@ -33,7 +33,7 @@ pub fn floor_align(x: u32, ps: u32) -> u32 {
 }
 
 /// Pages needed to map `len` tokens.
-#[inline]
+#[inline(always)]
 pub fn pages_for(len: u32, ps: u32) -> u32 {
     let (whole, rest) = div_rem(len, ps);
     whole + (rest != 0) as u32
@@ -41,7 +41,7 @@ pub fn pages_for(len: u32, ps: u32) -> u32 {
 
 /// The KV slot (token index) of position `pos` in a row whose pages are `pages`: the page
 /// the position falls in, times the page size, plus the offset inside it.
-#[inline]
+#[inline(always)]
 pub fn token_slot(pages: &[u32], ps: u32, pos: u32) -> i32 {
     let (page, offset) = div_rem(pos, ps);
     (pages[page as usize] * ps + offset) as i32
