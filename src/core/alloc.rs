@@ -296,11 +296,11 @@ mod tests {
         assert_eq!(got, [3], "the last page freed is the next handed out");
         // Entries without an emptied one are pushed whole, in the same order.
         a.alloc(2, &mut got);
-        assert_eq!(got, [3, 2, 1]);
-        a.free_dropped(&got[1..]);
-        a.free_dropped(&[0, 3, 0]);
+        assert_eq!(got, [3, 1, 4]);
+        a.free_dropped(&got[..2]);
+        a.free_dropped(&[0, 4, 0]);
         let mut again = Vec::new();
         a.alloc(3, &mut again);
-        assert_eq!(again, [3, 1, 2]);
+        assert_eq!(again, [4, 1, 3]);
     }
 }
