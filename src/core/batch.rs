@@ -5,7 +5,7 @@
 
 use super::cache::{Cache, RowMeta};
 use super::error::{bail, Error, Result};
-use super::owned::OwnedPool;
+use super::owned::{OwnedPool, Row, SwaRow};
 use super::page::{pages_for, token_slot};
 use super::pool::Backend;
 use super::req::{Config, Req};
@@ -213,11 +213,7 @@ impl Cache {
         let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize).wrapping_sub(r.pages.len());
         let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
             && new_len <= cfg.max_context_len as u64
-            && req.plainly_valid(cfg)
-            && (req.generation == 0 || req.generation == m.generation)
-            && req.allocated == r.len
-            && req.protected == r.protected
-            && !m.idle_slot
+            && plainly_matches(cfg, req, row, r, m, None)
             && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
         if !fine {
             return None;
@@ -324,12 +320,7 @@ impl Cache {
                 let committed = req.committed as u64 + n as u64;
                 if m.batch.get().0 != stamp
                     && committed <= req.allocated as u64
-                    && req.plainly_valid(&cfg)
-                    && (req.generation == 0 || req.generation == m.generation)
-                    && req.allocated == r.len
-                    && req.protected == r.protected
-                    && swa.is_none_or(|s| s[row].cursor == req.swa)
-                    && !m.idle_slot
+                    && plainly_matches(&cfg, req, row, r, m, swa)
                 {
                     m.batch.set((stamp, i as u32));
                     req.committed = committed as u32;
@@ -362,14 +353,21 @@ fn plainly_current(cfg: &Config, meta: &[RowMeta], pool: &OwnedPool, req: &Req, 
     let row = u32::try_from(req.row).ok()?;
     let r = pool.rows.get(row as usize)?.as_ref()?;
     let meta = meta.get(row as usize)?;
-    let ok = fits
-        && req.plainly_valid(cfg)
+    let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
+    (fits && plainly_matches(cfg, req, row as usize, r, meta, swa)).then_some(row)
+}
+
+/// `plainly_current`'s checks of `req` against its row's records (`r`, `meta`, and the row's
+/// SWA record when there is an SWA pool), the call's own aside: the one statement of the rule
+/// that a request is fine, for the calls that look the records up themselves.
+#[inline(always)]
+fn plainly_matches(cfg: &Config, req: &Req, row: usize, r: &Row, meta: &RowMeta, swa: Option<&[SwaRow]>) -> bool {
+    req.plainly_valid(cfg)
         && (req.generation == 0 || req.generation == meta.generation)
         && req.allocated == r.len
         && req.protected == r.protected
-        && pool.swa.as_ref().is_none_or(|s| s.rows[row as usize].cursor == req.swa)
-        && !meta.idle_slot;
-    ok.then_some(row)
+        && swa.is_none_or(|s| s[row].cursor == req.swa)
+        && !meta.idle_slot
 }
 
 /// How many requests ahead a batch extend starts loading a request's page list.
