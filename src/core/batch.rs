@@ -1,7 +1,8 @@
 //! The per-step calls of a running batch: one call extends (or commits) every request by its
 //! own count. All or nothing: every request is checked — as its single call would check it,
-//! plus no row twice — and the pool's capacity for the whole batch, before the first change.
-//! An error names the request's position (`reqs[17]: ...`).
+//! plus no row twice — and applied in turn; the first that fails (the pool's capacity for the
+//! batch so far included) undoes the ones before it, so a failing call changes nothing. An
+//! error names the request's position (`reqs[17]: ...`).
 
 use super::cache::{Cache, RowMeta};
 use super::error::{bail, Error, Result};
