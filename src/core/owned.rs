@@ -51,6 +51,25 @@ pub struct SwaRow {
 }
 
 impl SwaRow {
+    /// The first entry at or past `from` that a free reads: `from`, or the end of the passed
+    /// run when the run covers `from`.
+    #[inline]
+    fn first_live(&self, from: usize) -> usize {
+        let (lo, hi) = (self.passed.0 as usize, self.passed.1 as usize);
+        if lo <= from && from < hi {
+            hi
+        } else {
+            from
+        }
+    }
+
+    /// Starts loading the entries a free from `from` reads first, for a caller that has other
+    /// work to do before it (the full pool's pages): the loads then overlap that work.
+    #[inline(always)]
+    fn preload_from(&self, from: usize) {
+        prefetch(self.ids.as_ptr().wrapping_add(self.first_live(from)));
+    }
+
     /// Gives back the SWA pages of entries `from..` and drops those entries.
     #[inline]
     pub(crate) fn free_from(&mut self, alloc: &mut SwaAllocator, from: usize) {
@@ -213,10 +232,7 @@ impl OwnedPool {
         let mut r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
         if let Some(s) = self.swa.as_ref() {
-            // Loaded while the full pages go back: the first SWA entries the free reads.
-            let sr = &s.rows[row as usize];
-            let first = if sr.passed.0 as usize <= shared { sr.passed.1 as usize } else { shared };
-            prefetch(sr.ids.as_ptr().wrapping_add(first));
+            s.rows[row as usize].preload_from(shared);
         }
         for &page in &r.pages[..shared] {
             self.unmap_held(page);
@@ -323,11 +339,8 @@ impl OwnedPool {
         let kept = (pages_for(keep, ps) as usize).min(r.pages.len());
         r.len = r.len.min(keep);
         if let Some(s) = self.swa.as_ref() {
-            // The first SWA entries the free below reads, loaded while the full pages go back
-            // (the row's SWA record itself was loaded with its own).
-            let sr = &s.rows[row as usize];
-            let first = if sr.passed.0 as usize <= kept { kept.max(sr.passed.1 as usize) } else { kept };
-            prefetch(sr.ids.as_ptr().wrapping_add(first));
+            // The row's SWA record itself was loaded with its own.
+            s.rows[row as usize].preload_from(kept);
         }
         if kept < r.pages.len() {
             self.pages.free_owned(&r.pages[kept..]);
