@@ -8,6 +8,27 @@
 
 use super::error::{try_vec, Error, Result};
 
+/// The policy above, for both pools' free stacks: pages `1..total`, page 1 on top (the end).
+fn full_stack(total: u32, what: &str) -> Result<Vec<u32>> {
+    let n = total as usize;
+    try_vec(n - 1, what, |i| (n - 1 - i) as u32)
+}
+
+/// Pops the top `n` pages of `stack` into `out`, last-pushed first; the caller has checked
+/// that `n` are there.
+#[inline(always)]
+fn pop_into(stack: &mut Vec<u32>, n: usize, out: &mut Vec<u32>) {
+    let at = stack.len() - n;
+    out.extend(stack[at..].iter().rev().copied());
+    stack.truncate(at);
+}
+
+/// Puts back `popped`, the end of a list the last `pop_into`s filled: the stack is then
+/// exactly as before them.
+fn unpop(stack: &mut Vec<u32>, popped: &[u32]) {
+    stack.extend(popped.iter().rev());
+}
+
 /// The full pool's pages. A page is free (on the stack), a row's own (in one row's list past
 /// its protected prefix), or engine-held (handed out by `pool_alloc`, or inside a protected
 /// prefix). Only the engine-held ones carry a per-page word, their map count: the engine hands
@@ -25,8 +46,7 @@ impl PageAllocator {
     pub fn new(total_pages: u32) -> Result<Self> {
         let n = total_pages as usize;
         let held = try_vec(n, "engine-held pages' map counts", |_| 0)?;
-        let free = try_vec(n - 1, "the free-page stack", |i| (n - 1 - i) as u32)?;
-        Ok(PageAllocator { held, free })
+        Ok(PageAllocator { held, free: full_stack(total_pages, "the free-page stack")? })
     }
 
     #[inline]
@@ -101,17 +121,14 @@ impl PageAllocator {
         if out.try_reserve_exact(n as usize).is_err() {
             return Err(Error::OutOfMemory(format!("no host memory for a list of {n} more pages")));
         }
-        let at = self.free.len() - n as usize;
-        // The stack's top is its end: the pages pop last-pushed first.
-        out.extend(self.free[at..].iter().rev().copied());
-        self.free.truncate(at);
+        pop_into(&mut self.free, n as usize, out);
         Ok(())
     }
 
     /// Puts back `pages`, the end of a list the last allocations filled: the stack is then
-    /// exactly as before them (they popped its top into the list in order).
+    /// exactly as before them.
     pub fn unalloc(&mut self, pages: &[u32]) {
-        self.free.extend(pages.iter().rev());
+        unpop(&mut self.free, pages);
     }
 
     /// Takes back an engine-held page no row maps (the caller has checked).
@@ -164,9 +181,7 @@ pub struct SwaAllocator {
 
 impl SwaAllocator {
     pub fn new(total_pages: u32) -> Result<Self> {
-        let n = total_pages as usize;
-        let free = try_vec(n - 1, "the free SWA-page stack", |i| (n - 1 - i) as u32)?;
-        Ok(SwaAllocator { total: total_pages, free })
+        Ok(SwaAllocator { total: total_pages, free: full_stack(total_pages, "the free SWA-page stack")? })
     }
 
     #[inline]
@@ -183,14 +198,12 @@ impl SwaAllocator {
     /// room in `out`.
     #[inline]
     pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) {
-        let at = self.free.len() - n as usize;
-        out.extend(self.free[at..].iter().rev().copied());
-        self.free.truncate(at);
+        pop_into(&mut self.free, n as usize, out);
     }
 
     /// `PageAllocator::unalloc` for the SWA pool.
     pub fn unalloc(&mut self, ids: &[u32]) {
-        self.free.extend(ids.iter().rev());
+        unpop(&mut self.free, ids);
     }
 
     /// Returns the pages `ids` names, skipping 0 (an entry the window already emptied), and
