@@ -6,27 +6,157 @@
 //! row's tail from its lowest position up; `pool_free`'s distinct pages in ascending order).
 //! Page 0 is the padding page: never on the stack, never handed out.
 
+use std::mem;
+
 use super::error::{try_vec, Error, Result};
 
-/// The policy above, for both pools' free stacks: pages `1..total`, page 1 on top (the end).
-fn full_stack(total: u32, what: &str) -> Result<Vec<u32>> {
-    let n = total as usize;
-    try_vec(n - 1, what, |i| (n - 1 - i) as u32)
+/// A row's page list shorter than this is copied onto the free stack at a release rather than
+/// becoming a run of it: a run costs a list of its own, which a few pages do not repay.
+const MIN_RUN: usize = 32;
+
+/// The free stack of one pool, the policy above, kept as runs: the stack is the runs
+/// concatenated, bottom first, and pops and pushes work on the top one. A released row's
+/// page list becomes a run whole, so a release moves a list instead of copying its pages (at
+/// 100,000 sessions that copy, and the read of the list behind it, were most of a release).
+/// A run emptied by allocations is kept as a spare list for the next row taken. Every run
+/// below the top holds at least half its room in pages, so the stack's lists never hold more
+/// than twice the free pages, plus the top's.
+pub(crate) struct FreeStack {
+    /// The top run.
+    top: Vec<u32>,
+    /// The runs under it, bottom first.
+    below: Vec<Vec<u32>>,
+    /// Pages in `below`.
+    below_len: usize,
+    /// Emptied runs, for rows' page lists.
+    spares: Vec<Vec<u32>>,
+    /// At most this many spares are kept, none with room for more than `max_spare_room`
+    /// pages: the rest go back to the host.
+    max_spares: usize,
+    max_spare_room: usize,
 }
 
-/// Pops the top `n` pages of `stack` into `out`, last-pushed first; the caller has checked
-/// that `n` are there.
-#[inline(always)]
-fn pop_into(stack: &mut Vec<u32>, n: usize, out: &mut Vec<u32>) {
-    let at = stack.len() - n;
-    out.extend(stack[at..].iter().rev().copied());
-    stack.truncate(at);
-}
+impl FreeStack {
+    /// Pages `1..total`, page 1 on top.
+    fn full(total: u32, what: &str, max_spares: usize, max_spare_room: usize) -> Result<Self> {
+        let n = total as usize;
+        let mut spares = Vec::new();
+        if spares.try_reserve_exact(max_spares).is_err() {
+            return Err(Error::OutOfMemory(format!("no host memory for {max_spares} spare page lists")));
+        }
+        Ok(FreeStack {
+            top: try_vec(n - 1, what, |i| (n - 1 - i) as u32)?,
+            below: Vec::new(),
+            below_len: 0,
+            spares,
+            max_spares,
+            max_spare_room,
+        })
+    }
 
-/// Puts back `popped`, the end of a list the last `pop_into`s filled: the stack is then
-/// exactly as before them.
-fn unpop(stack: &mut Vec<u32>, popped: &[u32]) {
-    stack.extend(popped.iter().rev());
+    #[inline(always)]
+    fn len(&self) -> usize {
+        self.top.len() + self.below_len
+    }
+
+    #[inline(always)]
+    fn pop(&mut self) -> Option<u32> {
+        match self.top.pop() {
+            Some(page) => Some(page),
+            None => self.pop_below(),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn pop_below(&mut self) -> Option<u32> {
+        self.next_run()?;
+        self.top.pop()
+    }
+
+    /// The emptied top gives way to the run under it: `None` when there is none.
+    fn next_run(&mut self) -> Option<()> {
+        let run = self.below.pop()?;
+        self.below_len -= run.len();
+        let emptied = mem::replace(&mut self.top, run);
+        self.keep_spare(emptied);
+        Some(())
+    }
+
+    fn keep_spare(&mut self, list: Vec<u32>) {
+        debug_assert!(list.is_empty());
+        if self.spares.len() < self.max_spares && list.capacity() <= self.max_spare_room {
+            self.spares.push(list);
+        }
+    }
+
+    /// Pops the top `n` pages into `out`, last-pushed first; the caller has checked that `n`
+    /// are there.
+    #[inline(always)]
+    fn pop_into(&mut self, mut n: usize, out: &mut Vec<u32>) {
+        loop {
+            let k = n.min(self.top.len());
+            let at = self.top.len() - k;
+            out.extend(self.top[at..].iter().rev().copied());
+            self.top.truncate(at);
+            n -= k;
+            if n == 0 {
+                return;
+            }
+            self.next_run().expect("the caller checked that n pages are free");
+        }
+    }
+
+    /// Puts back `popped`, the end of a list the last pops filled: the stack is then exactly
+    /// as before them (the concatenation; a run the pops emptied is not restored).
+    fn unpop(&mut self, popped: &[u32]) {
+        self.top.extend(popped.iter().rev());
+    }
+
+    #[inline(always)]
+    fn push(&mut self, page: u32) {
+        self.top.push(page);
+    }
+
+    /// Pushes `pages` in the order given.
+    #[inline(always)]
+    fn extend(&mut self, pages: &[u32]) {
+        self.top.extend_from_slice(pages);
+    }
+
+    /// Pushes `list[from..]` in order, and keeps the list. A list long enough, and not mostly
+    /// room, becomes the top run whole; the top it covers is cut to its pages first if it is
+    /// mostly room, so the runs below stay dense. Any other is copied onto the top and kept,
+    /// emptied, as a spare.
+    fn push_list(&mut self, mut list: Vec<u32>, from: usize) {
+        let n = list.len() - from;
+        if from > 0 || n < MIN_RUN || list.capacity() > 2 * n || self.below.try_reserve(1).is_err() {
+            self.top.extend_from_slice(&list[from..]);
+            list.clear();
+            self.keep_spare(list);
+            return;
+        }
+        let mut covered = mem::replace(&mut self.top, list);
+        if covered.is_empty() {
+            self.keep_spare(covered);
+            return;
+        }
+        if covered.capacity() > 2 * covered.len() {
+            covered.shrink_to_fit();
+        }
+        self.below_len += covered.len();
+        self.below.push(covered);
+    }
+
+    /// An empty list for a row: a spare, or a new one.
+    fn take_spare(&mut self) -> Vec<u32> {
+        self.spares.pop().unwrap_or_default()
+    }
+
+    /// Every page on the stack, bottom first.
+    fn iter(&self) -> impl Iterator<Item = &u32> + '_ {
+        self.below.iter().flatten().chain(&self.top)
+    }
 }
 
 /// The full pool's pages. A page is free (on the stack), a row's own (in one row's list past
@@ -39,14 +169,16 @@ fn unpop(stack: &mut Vec<u32>, popped: &[u32]) {
 pub struct PageAllocator {
     /// Per page: 0 unless engine-held, then 1 + the rows mapping it.
     held: Vec<u32>,
-    free: Vec<u32>,
+    free: FreeStack,
 }
 
 impl PageAllocator {
-    pub fn new(total_pages: u32) -> Result<Self> {
+    /// A pool of `total_pages`, keeping up to `rows` spare page lists of at most `row_pages`
+    /// pages' room (see `FreeStack`).
+    pub fn new(total_pages: u32, rows: usize, row_pages: usize) -> Result<Self> {
         let n = total_pages as usize;
         let held = try_vec(n, "engine-held pages' map counts", |_| 0)?;
-        Ok(PageAllocator { held, free: full_stack(total_pages, "the free-page stack")? })
+        Ok(PageAllocator { held, free: FreeStack::full(total_pages, "the free-page stack", rows, row_pages)? })
     }
 
     #[inline]
@@ -121,14 +253,14 @@ impl PageAllocator {
         if out.try_reserve_exact(n as usize).is_err() {
             return Err(Error::OutOfMemory(format!("no host memory for a list of {n} more pages")));
         }
-        pop_into(&mut self.free, n as usize, out);
+        self.free.pop_into(n as usize, out);
         Ok(())
     }
 
     /// Puts back `pages`, the end of a list the last allocations filled: the stack is then
     /// exactly as before them.
     pub fn unalloc(&mut self, pages: &[u32]) {
-        unpop(&mut self.free, pages);
+        self.free.unpop(pages);
     }
 
     /// Takes back an engine-held page no row maps (the caller has checked).
@@ -141,18 +273,39 @@ impl PageAllocator {
     /// Returns a row's own pages, pushed in the order given (as one by one would).
     #[inline]
     pub fn free_owned(&mut self, pages: &[u32]) {
-        self.free.extend_from_slice(pages);
+        self.free.extend(pages);
     }
 
-    /// The free stack, for the audit.
-    pub fn free_list(&self) -> &[u32] {
-        &self.free
+    /// Takes back a released row's page list, whose pages from `from` on are the row's own:
+    /// pushed in order, as `free_owned` would, but the list itself may become part of the
+    /// stack (no copy).
+    #[inline]
+    pub fn free_list_of_row(&mut self, list: Vec<u32>, from: usize) {
+        self.free.push_list(list, from);
     }
 
-    /// The free stack, for tests that break it on purpose.
+    /// An empty page list for a row taken: one a released row or an emptied run left, when
+    /// there is one.
+    #[inline]
+    pub fn take_list(&mut self) -> Vec<u32> {
+        self.free.take_spare()
+    }
+
+    /// Every page on the free stack, bottom first, for the audit.
+    pub fn free_stack(&self) -> impl Iterator<Item = &u32> + '_ {
+        self.free.iter()
+    }
+
+    /// The top of the free stack (the next page handed out), for the audit's tests.
+    #[cfg(test)]
+    pub(crate) fn next_free(&self) -> Option<u32> {
+        self.free.iter().last().copied()
+    }
+
+    /// The free stack's top run, for tests that break it on purpose.
     #[cfg(test)]
     pub(crate) fn free_stack_mut(&mut self) -> &mut Vec<u32> {
-        &mut self.free
+        &mut self.free.top
     }
 
     /// Per page, whether it is on the free stack: for the paths that must tell a free page
@@ -160,7 +313,7 @@ impl PageAllocator {
     #[cold]
     pub fn free_marks(&self) -> Result<Vec<bool>> {
         let mut marks = try_vec(self.held.len(), "the free-page marks", |_| false)?;
-        for &p in &self.free {
+        for &p in self.free.iter() {
             if let Some(m) = marks.get_mut(p as usize) {
                 *m = true;
             }
@@ -176,12 +329,13 @@ impl PageAllocator {
 /// as `PageAllocator`: a LIFO stack starting `1, 2, 3, ...`, page 0 never handed out.
 pub struct SwaAllocator {
     total: u32,
-    free: Vec<u32>,
+    free: FreeStack,
 }
 
 impl SwaAllocator {
     pub fn new(total_pages: u32) -> Result<Self> {
-        Ok(SwaAllocator { total: total_pages, free: full_stack(total_pages, "the free SWA-page stack")? })
+        // Rows' SWA lists are never pushed whole (a window leaves holes in them): one run.
+        Ok(SwaAllocator { total: total_pages, free: FreeStack::full(total_pages, "the free SWA-page stack", 0, 0)? })
     }
 
     #[inline]
@@ -198,12 +352,12 @@ impl SwaAllocator {
     /// room in `out`.
     #[inline]
     pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) {
-        pop_into(&mut self.free, n as usize, out);
+        self.free.pop_into(n as usize, out);
     }
 
     /// `PageAllocator::unalloc` for the SWA pool.
     pub fn unalloc(&mut self, ids: &[u32]) {
-        unpop(&mut self.free, ids);
+        self.free.unpop(ids);
     }
 
     /// Returns the pages `ids` names, skipping 0 (an entry the window already emptied), and
@@ -225,7 +379,9 @@ impl SwaAllocator {
         // vector steps. A push loop, not `extend_from_slice`: for a trim's few entries the
         // copy call made a hybrid match at 100,000 sessions 2x slower.)
         if ids.iter().fold(false, |any, &id| any | (id == 0)) {
-            self.free.extend(ids.iter().copied().filter(|&id| id != 0));
+            for &id in ids.iter().filter(|&&id| id != 0) {
+                self.free.push(id);
+            }
         } else {
             for &id in ids {
                 self.free.push(id);
@@ -233,9 +389,9 @@ impl SwaAllocator {
         }
     }
 
-    /// The free stack, for the audit.
-    pub fn free_list(&self) -> &[u32] {
-        &self.free
+    /// Every page on the free stack, bottom first, for the audit.
+    pub fn free_stack(&self) -> impl Iterator<Item = &u32> + '_ {
+        self.free.iter()
     }
 }
 
@@ -245,7 +401,7 @@ mod tests {
 
     #[test]
     fn lifo_from_page_one() {
-        let mut a = PageAllocator::new(5).unwrap();
+        let mut a = PageAllocator::new(5, 4, 64).unwrap();
         let mut got = Vec::new();
         a.alloc(2, &mut got).unwrap();
         assert_eq!(got, [1, 2]);
@@ -257,7 +413,7 @@ mod tests {
 
     #[test]
     fn all_or_nothing() {
-        let mut a = PageAllocator::new(3).unwrap();
+        let mut a = PageAllocator::new(3, 4, 64).unwrap();
         let mut got = Vec::new();
         assert!(a.alloc(3, &mut got).is_err());
         assert!(a.alloc_held(3, &mut got).is_err());
@@ -268,7 +424,7 @@ mod tests {
 
     #[test]
     fn only_engine_held_pages_carry_a_map_count() {
-        let mut a = PageAllocator::new(6).unwrap();
+        let mut a = PageAllocator::new(6, 4, 64).unwrap();
         let mut row = Vec::new();
         a.alloc(2, &mut row).unwrap();
         let mut engine = Vec::new();
@@ -287,7 +443,7 @@ mod tests {
 
     #[test]
     fn bulk_free_pushes_in_order() {
-        let mut a = PageAllocator::new(6).unwrap();
+        let mut a = PageAllocator::new(6, 4, 64).unwrap();
         let mut got = Vec::new();
         a.alloc(4, &mut got).unwrap();
         assert_eq!(got, [1, 2, 3, 4]);
@@ -319,5 +475,115 @@ mod tests {
         let mut again = Vec::new();
         a.alloc(3, &mut again);
         assert_eq!(again, [4, 1, 3]);
+    }
+}
+
+/// The free stack kept as runs against the one stack it stands for.
+#[cfg(test)]
+mod runs {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A row takes `n` pages (a list from `take_list`), or one page (`take_one`).
+        Take(usize),
+        TakeOne(usize),
+        /// Row `i` gives back its last `n` pages (a trim).
+        Trim(usize, usize),
+        /// Row `i` is released; its first `shared` pages are not its own (they go nowhere).
+        Release(usize, usize),
+        /// Row `i`'s last `n` pages are put back as the last allocation's (an undo).
+        Undo(usize, usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1..80usize).prop_map(Op::Take),
+            (0..8usize).prop_map(Op::TakeOne),
+            (0..8usize, 1..6usize).prop_map(|(i, n)| Op::Trim(i, n)),
+            (0..8usize, 0..3usize).prop_map(|(i, s)| Op::Release(i, s)),
+            (0..8usize, 1..4usize).prop_map(|(i, n)| Op::Undo(i, n)),
+        ]
+    }
+
+    proptest! {
+        /// Every call hands out the pages one plain stack would, in the same order; the runs
+        /// below the top stay dense; emptied runs come back as rows' lists.
+        #[test]
+        fn runs_are_one_stack(ops in proptest::collection::vec(op(), 1..120)) {
+            const TOTAL: u32 = 400;
+            let mut a = PageAllocator::new(TOTAL, 8, 128).unwrap();
+            let mut model: Vec<u32> = (1..TOTAL).rev().collect();
+            let mut rows: Vec<Vec<u32>> = Vec::new();
+            for op in ops {
+                match op {
+                    Op::Take(n) if n <= model.len() && rows.len() < 8 => {
+                        let mut list = a.take_list();
+                        prop_assert!(list.is_empty());
+                        a.alloc(n as u32, &mut list).unwrap();
+                        let want: Vec<u32> = model.drain(model.len() - n..).rev().collect();
+                        prop_assert_eq!(&list, &want);
+                        rows.push(list);
+                    }
+                    Op::TakeOne(i) if i < rows.len() && !model.is_empty() => {
+                        a.alloc(1, &mut rows[i]).unwrap();
+                        prop_assert_eq!(rows[i].last().copied(), model.pop());
+                    }
+                    Op::Trim(i, n) if i < rows.len() => {
+                        let r = &mut rows[i];
+                        let at = r.len().saturating_sub(n);
+                        a.free_owned(&r[at..]);
+                        model.extend_from_slice(&r[at..]);
+                        r.truncate(at);
+                    }
+                    Op::Release(i, shared) if i < rows.len() => {
+                        let list = rows.swap_remove(i);
+                        let shared = shared.min(list.len());
+                        model.extend_from_slice(&list[shared..]);
+                        // The shared pages stay with the engine in the pool; here they leave.
+                        a.free_list_of_row(list, shared);
+                    }
+                    Op::Undo(i, n) if i < rows.len() => {
+                        let r = &mut rows[i];
+                        let at = r.len().saturating_sub(n);
+                        a.unalloc(&r[at..]);
+                        model.extend(r[at..].iter().rev());
+                        r.truncate(at);
+                    }
+                    _ => {}
+                }
+                prop_assert_eq!(a.free_pages() as usize, model.len());
+                prop_assert_eq!(a.free_stack().copied().collect::<Vec<_>>(), model.clone());
+                let s = &a.free;
+                prop_assert!(s.below.iter().all(|run| !run.is_empty() && run.capacity() <= 2 * run.len()));
+                prop_assert_eq!(s.below_len, s.below.iter().map(Vec::len).sum::<usize>());
+                prop_assert!(s.spares.len() <= 8 && s.spares.iter().all(|l| l.is_empty() && l.capacity() <= 128));
+            }
+        }
+    }
+
+    #[test]
+    fn a_released_list_is_moved_and_its_run_comes_back_as_a_spare() {
+        let mut a = PageAllocator::new(200, 4, 64).unwrap();
+        let mut row = a.take_list();
+        a.alloc(MIN_RUN as u32, &mut row).unwrap();
+        let at = row.as_ptr();
+        a.free_list_of_row(row, 0);
+        assert_eq!(a.free.top.as_ptr(), at, "the row's list is the top run: no page was copied");
+        assert_eq!(a.free.below.len(), 1, "the run it covers");
+        let mut next = Vec::new();
+        a.alloc(MIN_RUN as u32 + 1, &mut next).unwrap();
+        let spare = a.take_list();
+        assert_eq!(spare.as_ptr(), at, "the emptied run is the next row's list");
+        // A short list is copied, and kept as a spare.
+        let mut short = a.take_list();
+        a.alloc(3, &mut short).unwrap();
+        let at = short.as_ptr();
+        a.free_list_of_row(short, 0);
+        assert_ne!(a.free.top.as_ptr(), at);
+        let spare = a.take_list();
+        assert_eq!(spare.as_ptr(), at);
     }
 }

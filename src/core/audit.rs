@@ -197,7 +197,7 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
             Some(false) => {}
         }
     };
-    for &id in s.alloc.free_list() {
+    for &id in s.alloc.free_stack() {
         mark(id, &|| "the SWA free list".into(), rep);
     }
     rep.swa_pages_free = s.alloc.free_pages() as u64;
@@ -250,7 +250,7 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
 /// are not engine-held; returns, per page, whether the list holds it.
 fn check_free_list(alloc: &PageAllocator, rep: &mut Report) -> Result<Vec<bool>> {
     let mut on_list = try_vec(alloc.total_pages() as usize, "the audit's free-list marks", |_| false)?;
-    for &p in alloc.free_list() {
+    for &p in alloc.free_stack() {
         let ok = p != 0 && alloc.held_maps(p).is_none();
         match on_list.get_mut(p as usize) {
             Some(m) if ok && !*m => *m = true,

@@ -150,10 +150,6 @@ pub struct OwnedPool {
     /// The SWA pool, when the config sizes one.
     pub(crate) swa: Option<SwaSide>,
     free_rows: Vec<u32>,
-    /// The page lists of rows given back, emptied, for the next rows taken: a release hands
-    /// the host allocator nothing, and a new turn's first extend finds room. At most one per
-    /// row, so room for all is reserved up front.
-    spare_lists: Vec<Vec<u32>>,
     hooks: Option<Box<dyn EngineHooks>>,
     /// Page lists a call sorts to find duplicates, kept to reuse the allocation.
     pub(crate) scratch: Vec<u32>,
@@ -171,11 +167,12 @@ impl OwnedPool {
         };
         Ok(OwnedPool {
             ps: cfg.page_size,
-            pages: PageAllocator::new(total)?,
+            // Spare page lists for the rows (see `take_row`): at most one per row, of at most a
+            // full row's room.
+            pages: PageAllocator::new(total, n, pages_for(cfg.max_context_len, cfg.page_size) as usize)?,
             rows: try_vec(n, "rows", |_| None)?,
             swa,
             free_rows: try_vec(n, "the free-row stack", |i| (n - 1 - i) as u32)?,
-            spare_lists: spare_lists(n)?,
             hooks: None,
             scratch: Vec::new(),
             dirty: None,
@@ -222,14 +219,16 @@ impl OwnedPool {
 
     pub(crate) fn take_row(&mut self) -> Option<u32> {
         let row = self.free_rows.pop()?;
-        self.rows[row as usize] = Some(Row { pages: self.spare_lists.pop().unwrap_or_default(), len: 0, protected: 0 });
+        // A list a released row or an emptied run left: a new turn's first extend finds room,
+        // and a release hands the host allocator nothing.
+        self.rows[row as usize] = Some(Row { pages: self.pages.take_list(), len: 0, protected: 0 });
         Some(row)
     }
 
     /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
     /// pages lose one map.
     fn free_row(&mut self, row: u32) {
-        let mut r = self.rows[row as usize].take().expect("row in use");
+        let r = self.rows[row as usize].take().expect("row in use");
         let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
         if let Some(s) = self.swa.as_ref() {
             s.rows[row as usize].preload_from(shared);
@@ -237,15 +236,13 @@ impl OwnedPool {
         for &page in &r.pages[..shared] {
             self.unmap_held(page);
         }
-        self.pages.free_owned(&r.pages[shared..]);
         if let Some(s) = self.swa.as_mut() {
             let sr = &mut s.rows[row as usize];
             sr.free_from(&mut s.alloc, shared);
             (sr.cursor, sr.passed) = (0, (0, 0));
             sr.ids.clear();
         }
-        r.pages.clear();
-        self.spare_lists.push(r.pages);
+        self.pages.free_list_of_row(r.pages, shared);
         self.free_rows.push(row);
     }
 
@@ -360,6 +357,14 @@ impl OwnedPool {
         }
     }
 
+    /// Whether `next` frees `row`, and a trim to `keep` before it frees only pages the row's
+    /// free would (`keep` is the row's page-aligned protected prefix).
+    fn row_freed_next(&self, row: u32, keep: u32, next: Option<&Effect>) -> bool {
+        matches!(next, Some(&Effect::FreeRow { row: r }) if r == row)
+            && keep.is_multiple_of(self.ps)
+            && self.rows[row as usize].as_ref().is_some_and(|r| r.protected == keep)
+    }
+
     fn hook(
         &mut self,
         failures: &mut Vec<String>,
@@ -372,15 +377,6 @@ impl OwnedPool {
             }
         }
     }
-}
-
-/// An empty stack with room for one spare page list per row.
-fn spare_lists(rows: usize) -> Result<Vec<Vec<u32>>> {
-    let mut v = Vec::new();
-    if v.try_reserve_exact(rows).is_err() {
-        bail!(OutOfMemory, "no host memory for {rows} spare page lists");
-    }
-    Ok(v)
 }
 
 /// A hint to load `p`'s cache line; `p` need not be valid (nothing is read through it).
@@ -452,8 +448,11 @@ impl Pool for OwnedPool {
 
     fn apply(&mut self, effects: &[Effect]) -> Result<()> {
         let mut failures = Vec::new();
-        for e in effects {
+        for (i, e) in effects.iter().enumerate() {
             match *e {
+                // A release frees the row's tail, then the row: the row's free alone gives back
+                // the same pages in the same order, and can hand its list to the free stack whole.
+                Effect::FreeKv { row, keep, .. } if self.row_freed_next(row, keep, effects.get(i + 1)) => {}
                 Effect::DecLockRef { node, receipt } => self.hook(
                     &mut failures,
                     |h| h.dec_lock_ref(node, receipt),

@@ -445,7 +445,7 @@ fn distinct_held_pages(pool: &OwnedPool, indices: &[i32], pages: &mut Vec<u32>) 
 /// free stack is searched).
 #[cold]
 fn not_held(pool: &OwnedPool, page: u32) -> &'static str {
-    if pool.pages.free_list().contains(&page) {
+    if pool.pages.free_stack().any(|&p| p == page) {
         "free"
     } else {
         "owned by a row"

@@ -723,7 +723,7 @@ fn the_audit_sees_every_full_page() {
     });
     assert!(m.contains("(leaked)"), "{m}");
     let m = corrupt(&|p, _| {
-        let top = *p.pages.free_list().last().unwrap();
+        let top = p.pages.next_free().unwrap();
         p.pages.free_stack_mut().push(top)
     });
     assert!(m.contains("free list holds page"), "{m}");
@@ -738,7 +738,7 @@ fn the_audit_sees_every_full_page() {
     });
     assert!(m.contains("counts 5 maps, rows map it 1 times"), "{m}");
     let m = corrupt(&|p, row| {
-        let free = *p.pages.free_list().last().unwrap();
+        let free = p.pages.next_free().unwrap();
         p.row_mut(row).pages[2] = free
     });
     assert!(m.contains("(leaked)") || m.contains("is mapped by 1 rows"), "{m}");
