@@ -300,6 +300,22 @@ impl OwnedPool {
         self.preload_swa(row);
     }
 
+    /// Starts loading the SWA entries a release of `row` gives back (with an SWA pool), for a
+    /// release that has its session's bookkeeping still to do: the loads then overlap it. The
+    /// row's records were loaded by `preload_row`; the full side needs nothing, as its list is
+    /// handed to the free stack unread.
+    #[inline(always)]
+    pub(crate) fn preload_release(&self, row: u32) {
+        let (Some(s), Some(Some(r))) = (self.swa.as_ref(), self.rows.get(row as usize)) else { return };
+        let sr = &s.rows[row as usize];
+        let from = sr.first_live(((r.protected / self.ps) as usize).min(r.pages.len()));
+        let ids = sr.ids.as_ptr();
+        // A cache line holds 16 entries; the first four lines cover a 1,024-token window.
+        for at in (from..sr.ids.len()).step_by(16).take(4) {
+            prefetch(ids.wrapping_add(at));
+        }
+    }
+
     /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
     /// use: a batch extend asks for it a few requests ahead. The row's record is read for it,
     /// so that load too starts early.
@@ -344,8 +360,8 @@ impl OwnedPool {
             r.pages.truncate(kept);
             // Held rows cost 4 bytes per mapped page, not per page they ever mapped; halving
             // only when less than half is used keeps a turn's trim and the next turn's growth
-            // from reallocating every time. An emptied list keeps its room: a release follows
-            // (and hands the list to the next row taken), or the row grows again.
+            // from reallocating every time. An emptied list keeps its room: the row grows
+            // again, or a release hands the list to the free stack, kept for a row taken.
             if kept > 0 && r.pages.capacity() > 2 * kept.max(4) {
                 r.pages.shrink_to_fit();
             }

@@ -380,6 +380,9 @@ impl Cache {
             }
             push_release(&mut self.effects, self.cfg.page_size, row, s);
         }
+        if let Some(p) = self.pool.owned() {
+            rows.iter().for_each(|&row| p.preload_release(row));
+        }
         self.run_effects(|c| {
             for &row in rows {
                 c.slots.remove(row);
