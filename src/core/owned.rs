@@ -35,6 +35,15 @@ pub struct Row {
     pub protected: u32,
 }
 
+impl Row {
+    /// The leading pages the engine holds (inside the protected prefix): the rest are the row's
+    /// own.
+    #[inline(always)]
+    fn shared_pages(&self, ps: u32) -> usize {
+        ((self.protected / ps) as usize).min(self.pages.len())
+    }
+}
+
 /// One row's side of the SWA pool, kept together so a call on the row reads one record: 36
 /// bytes, so aligned to a cache line of its own (unaligned, three rows in eight straddled two).
 #[derive(Debug, Default)]
@@ -63,11 +72,15 @@ impl SwaRow {
         }
     }
 
-    /// Starts loading the entries a free from `from` reads first, for a caller that has other
-    /// work to do before it (the full pool's pages): the loads then overlap that work.
+    /// Starts loading the first `lines` cache lines (16 entries each) of the entries a free
+    /// from `from` reads, for a caller that has other work to do before it: the loads then
+    /// overlap that work.
     #[inline(always)]
-    fn preload_from(&self, from: usize) {
-        prefetch(self.ids.as_ptr().wrapping_add(self.first_live(from)));
+    fn preload_from(&self, from: usize, lines: usize) {
+        let ids = self.ids.as_ptr();
+        for at in (self.first_live(from)..self.ids.len()).step_by(16).take(lines) {
+            prefetch(ids.wrapping_add(at));
+        }
     }
 
     /// Gives back the SWA pages of entries `from..` and drops those entries.
@@ -229,9 +242,9 @@ impl OwnedPool {
     /// pages lose one map.
     fn free_row(&mut self, row: u32) {
         let r = self.rows[row as usize].take().expect("row in use");
-        let shared = ((r.protected / self.ps) as usize).min(r.pages.len());
+        let shared = r.shared_pages(self.ps);
         if let Some(s) = self.swa.as_ref() {
-            s.rows[row as usize].preload_from(shared);
+            s.rows[row as usize].preload_from(shared, 1);
         }
         for &page in &r.pages[..shared] {
             self.unmap_held(page);
@@ -307,13 +320,8 @@ impl OwnedPool {
     #[inline(always)]
     pub(crate) fn preload_release(&self, row: u32) {
         let (Some(s), Some(Some(r))) = (self.swa.as_ref(), self.rows.get(row as usize)) else { return };
-        let sr = &s.rows[row as usize];
-        let from = sr.first_live(((r.protected / self.ps) as usize).min(r.pages.len()));
-        let ids = sr.ids.as_ptr();
-        // A cache line holds 16 entries; the first four lines cover a 1,024-token window.
-        for at in (from..sr.ids.len()).step_by(16).take(4) {
-            prefetch(ids.wrapping_add(at));
-        }
+        // Four lines: a 1,024-token window's entries at page size 16.
+        s.rows[row as usize].preload_from(r.shared_pages(self.ps), 4);
     }
 
     /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
@@ -353,7 +361,7 @@ impl OwnedPool {
         r.len = r.len.min(keep);
         if let Some(s) = self.swa.as_ref() {
             // The row's SWA record itself was loaded with its own.
-            s.rows[row as usize].preload_from(kept);
+            s.rows[row as usize].preload_from(kept, 1);
         }
         if kept < r.pages.len() {
             self.pages.free_owned(&r.pages[kept..]);
