@@ -312,12 +312,15 @@ impl Cache {
         let pool = self.pool.owned().expect("owned checked");
         let cfg = self.cfg;
         let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
+        // The tables as slices held for the loop: read through the cache, their bounds were
+        // loaded again after every mark's store.
+        let (meta, rows) = (&self.row_meta[..], &pool.rows[..]);
         // No loads started ahead, as extends have: a commit reads no page list, and measured,
         // the hints cost more than they saved.
         for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
             // The rule, with the row's records looked up once: `plainly_current` and the mark.
             let row = req.row as u32 as usize;
-            if let (Some(m), Some(Some(r))) = (self.row_meta.get(row), pool.rows.get(row)) {
+            if let (Some(m), Some(Some(r))) = (meta.get(row), rows.get(row)) {
                 let committed = req.committed as u64 + n as u64;
                 if m.batch.get().0 != stamp
                     && committed <= req.allocated as u64
