@@ -89,9 +89,11 @@ impl Cache {
     #[inline]
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, mut out: Option<&mut [i32]>) -> Result<()> {
         let (cfg, old) = (self.cfg, req.allocated);
-        if self.extend_plainly(&cfg, req, n, out.as_deref_mut(), None).is_some() {
-            self.pool.owned_mut().expect("owned: extended").mapped(req.row as u32, old, req.allocated);
-            return Ok(());
+        if let Backend::Owned(pool) = &mut self.pool {
+            if extend_plainly(&cfg, &self.row_meta, pool, req, n, out.as_deref_mut(), None).is_some() {
+                pool.mapped(req.row as u32, old, req.allocated);
+                return Ok(());
+            }
         }
         let (row, new_len) = self.check_extend(&self.cfg, self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
@@ -143,12 +145,36 @@ impl Cache {
         let stamp = self.batch_marks.begin(&mut self.row_meta);
         let mut taken = 0u64;
         let cfg = self.cfg;
-        let mut at = 0usize;
-        for i in 0..reqs.len() {
+        let (mut at, mut i) = (0usize, 0usize);
+        while i < reqs.len() {
+            // A decode step's requests, each with its row's records looked up once
+            // (`extend_plainly`), the tables held across them: read through the cache, their
+            // bounds were loaded again after every store.
+            if let Backend::Owned(pool) = &mut self.pool {
+                let meta = &self.row_meta[..];
+                while i < reqs.len() {
+                    if let Some(near) = reqs.get(i + AHEAD) {
+                        pool.preload_tail(near.row as u32);
+                    }
+                    let n = n_tokens[i];
+                    let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
+                    let Some(need) = extend_plainly(&cfg, meta, pool, &mut reqs[i], n, slots, Some((stamp, i as u32)))
+                    else {
+                        break;
+                    };
+                    taken += need as u64;
+                    at += n as usize;
+                    i += 1;
+                }
+            }
+            if i == reqs.len() {
+                break;
+            }
+            // Any other request: every check in turn.
             self.preload_ahead(reqs, i);
             let (req, n) = (&mut reqs[i], n_tokens[i]);
             let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
-            if let Err(e) = self.extend_in_batch(&cfg, req, n, slots, stamp, i, &mut taken) {
+            if let Err(e) = self.extend_in_batch_in_full(&cfg, req, n, slots, stamp, i, &mut taken) {
                 self.undo_extends(&mut reqs[..i], &n_tokens[..i]);
                 if let Some(o) = out {
                     o.copy_from_slice(&self.batch_marks.saved_out);
@@ -156,6 +182,7 @@ impl Cache {
                 return Err(e);
             }
             at += n as usize;
+            i += 1;
         }
         let pool = self.pool.owned_mut().expect("owned checked");
         if pool.dirty.is_some() {
@@ -166,71 +193,9 @@ impl Cache {
         Ok(())
     }
 
-    /// `reqs[i]`'s part of `alloc_extend_batch`: checked, marked, extended. `taken` counts the
-    /// pages the batch took before it (for the error's count of the whole batch's).
-    ///
-    /// A decode step's request, on a model without an SWA pool, needs at most one page: that
-    /// case is done here with the row's record looked up once, and every other (or any doubt)
-    /// goes to `extend_in_batch_in_full`, which does the same with every check in turn.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn extend_in_batch(
-        &mut self,
-        cfg: &Config,
-        req: &mut Req,
-        n: u32,
-        mut slots: Option<&mut [i32]>,
-        stamp: u32,
-        i: usize,
-        taken: &mut u64,
-    ) -> Result<()> {
-        if let Some(need) = self.extend_plainly(cfg, req, n, slots.as_deref_mut(), Some((stamp, i as u32))) {
-            *taken += need as u64;
-            return Ok(());
-        }
-        self.extend_in_batch_in_full(cfg, req, n, slots, stamp, i, taken)
-    }
-
-    /// The rule of an extend, done with the row's records looked up once: a request that
-    /// passes every check at once (`plainly_current`'s, and with `mark` = (stamp, position),
-    /// no earlier request of the batch on its row) and needs at most one page, on a model
-    /// without an SWA pool (a decode step's). Returns the pages taken, or `None` having
-    /// changed nothing: the caller then takes the path that checks in order and does every
-    /// case.
-    #[inline(always)]
-    fn extend_plainly(
-        &mut self,
-        cfg: &Config,
-        req: &mut Req,
-        n: u32,
-        slots: Option<&mut [i32]>,
-        mark: Option<(u32, u32)>,
-    ) -> Option<usize> {
-        let row = req.row as u32 as usize;
-        let (m, Backend::Owned(pool)) = (self.row_meta.get(row)?, &mut self.pool) else { return None };
-        let (Some(Some(r)), None) = (pool.rows.get_mut(row), pool.swa.as_ref()) else { return None };
-        let new_len = req.allocated as u64 + n as u64;
-        // Wraps for a req behind its row; the checks below then refuse it.
-        let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize).wrapping_sub(r.pages.len());
-        let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
-            && new_len <= cfg.max_context_len as u64
-            && plainly_matches(cfg, req, row, r, m, None)
-            && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
-        if !fine {
-            return None;
-        }
-        if let Some(mark) = mark {
-            m.batch.set(mark);
-        }
-        if let Some(slots) = slots {
-            write_slots(&r.pages, cfg.page_size, req.allocated, slots);
-        }
-        r.len = new_len as u32;
-        req.allocated = new_len as u32;
-        Some(need)
-    }
-
-    /// `extend_in_batch`, every case.
+    /// `reqs[i]`'s part of `alloc_extend_batch`, every case and every check in turn: checked,
+    /// marked, extended. `taken` counts the pages the batch took before it (for the error's
+    /// count of the whole batch's).
     #[inline(never)]
     #[allow(clippy::too_many_arguments)]
     fn extend_in_batch_in_full(
@@ -345,6 +310,46 @@ impl Cache {
         }
         Ok(())
     }
+}
+
+/// The rule of an extend, done with the row's records looked up once: a request that passes
+/// every check at once (`plainly_current`'s, and with `mark` = (stamp, position), no earlier
+/// request of the batch on its row) and needs at most one page, on a model without an SWA pool
+/// (a decode step's). Returns the pages taken, or `None` having changed nothing: the caller
+/// then takes the path that checks in order and does every case.
+#[inline(always)]
+fn extend_plainly(
+    cfg: &Config,
+    meta: &[RowMeta],
+    pool: &mut OwnedPool,
+    req: &mut Req,
+    n: u32,
+    slots: Option<&mut [i32]>,
+    mark: Option<(u32, u32)>,
+) -> Option<usize> {
+    let row = req.row as u32 as usize;
+    let (Some(m), Some(Some(r)), None) = (meta.get(row), pool.rows.get_mut(row), pool.swa.as_ref()) else {
+        return None;
+    };
+    let new_len = req.allocated as u64 + n as u64;
+    // Wraps for a req behind its row; the checks below then refuse it.
+    let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize).wrapping_sub(r.pages.len());
+    let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
+        && new_len <= cfg.max_context_len as u64
+        && plainly_matches(cfg, req, row, r, m, None)
+        && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
+    if !fine {
+        return None;
+    }
+    if let Some(mark) = mark {
+        m.batch.set(mark);
+    }
+    if let Some(slots) = slots {
+        write_slots(&r.pages, cfg.page_size, req.allocated, slots);
+    }
+    r.len = new_len as u32;
+    req.allocated = new_len as u32;
+    Some(need)
 }
 
 /// Whether `req` passes every check of an extend or a commit, `fits` being the call's
