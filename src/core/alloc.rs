@@ -487,8 +487,9 @@ mod runs {
 
     #[derive(Debug, Clone)]
     enum Op {
-        /// A row takes `n` pages (a list from `take_list`), or one page (`take_one`).
+        /// A new row takes `n` pages into a list from `take_list`.
         Take(usize),
+        /// Row `i` takes one more page.
         TakeOne(usize),
         /// Row `i` gives back its last `n` pages (a trim).
         Trim(usize, usize),
