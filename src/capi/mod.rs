@@ -245,7 +245,16 @@ impl Drop for CallbackScope {
 /// Whether this thread is running a libskv callback.
 #[inline]
 pub(crate) fn in_callback() -> bool {
-    CALLBACKS_RUNNING.load(Ordering::Relaxed) != 0 && CALLBACK_DEPTH.get() > 0
+    CALLBACKS_RUNNING.load(Ordering::Relaxed) != 0 && this_thread_in_callback()
+}
+
+/// `in_callback`'s thread-local half, out of line: inlined, the compiler computes the
+/// thread-local's address (in the shared library a `__tls_get_addr` call) before the global
+/// test that makes it unnecessary, on every call.
+#[cold]
+#[inline(never)]
+fn this_thread_in_callback() -> bool {
+    CALLBACK_DEPTH.get() > 0
 }
 
 /// Locks a handle for one call. A shared reference is enough, also for calls that change the

@@ -511,8 +511,8 @@ pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stat
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
             let out = out_mut(out, "out")?;
-            let s = lock(c)?.stats()?;
-            *out = s.into();
+            // Written under the lock: the counters then need no registers across the unlock.
+            *out = lock(c)?.stats()?.into();
             Ok(())
         },
         |t| {
