@@ -20,6 +20,12 @@
 //! of hybrid median / full median: the machine's speed moves between runs (up to 2x here),
 //! hardly within a pair. A filter selecting a hybrid op also runs its full-attention op.
 //!
+//! Every call goes through the library's function table (`skv_get_api`), as an engine that
+//! loads libskv with `dlopen` calls it. By default the table is this crate's own, linked into
+//! the bench; `SKV_BENCH_LIB=target/release/libskv.so` (built by `cargo build --release`)
+//! takes it from the shared library instead, whose calls an engine pays (a thread-local there
+//! is a `__tls_get_addr` call, a global one more load).
+//!
 //! `cargo bench --bench hot_path` runs 1,000 and 100,000 sessions (`SKV_BENCH_SESSIONS=1000`
 //! chooses; `SKV_BENCH_CALLS` sets the calls per operation, default 400,000). Without
 //! `--bench` (`cargo test --benches`) it runs every operation for a few rounds on 64 sessions
@@ -35,8 +41,98 @@ use std::time::Instant;
 
 mod common;
 
-use common::{check, clock_overhead_ns};
-use skv::*;
+use common::clock_overhead_ns;
+use skv::{skv_cache, skv_cache_config, skv_check_report, skv_match, skv_req, skv_stats, skv_status};
+use via_table::*;
+
+/// The exports the bench calls, each through the table (see the top of this file).
+mod via_table {
+    use std::ffi::{c_char, CStr, CString};
+    use std::sync::OnceLock;
+
+    use skv::{skv_api, skv_cache, skv_cache_config, skv_check_report, skv_match, skv_req, skv_stats, skv_status};
+
+    static TABLE: OnceLock<&'static skv_api> = OnceLock::new();
+
+    /// The table: `SKV_BENCH_LIB`'s, or the linked-in library's.
+    fn table() -> &'static skv_api {
+        TABLE.get_or_init(|| {
+            let api = match std::env::var("SKV_BENCH_LIB").ok().filter(|p| !p.is_empty()) {
+                None => skv::skv_get_api(skv::SKV_ABI_VERSION),
+                Some(path) => {
+                    let name = CString::new(path.clone()).expect("SKV_BENCH_LIB");
+                    // SAFETY: name is a NUL-terminated path; the library stays loaded for the
+                    // process (never dlclosed), so the table it gives is 'static.
+                    unsafe {
+                        let lib = libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
+                        assert!(!lib.is_null(), "SKV_BENCH_LIB={path}: {:?}", CStr::from_ptr(libc::dlerror()));
+                        let sym = libc::dlsym(lib, c"skv_get_api".as_ptr());
+                        assert!(!sym.is_null(), "SKV_BENCH_LIB={path}: no skv_get_api");
+                        let get: unsafe extern "C" fn(u32) -> *const skv_api = std::mem::transmute(sym);
+                        eprintln!("calls through {path}");
+                        get(skv::SKV_ABI_VERSION)
+                    }
+                }
+            };
+            // SAFETY: a non-NULL table is static in its library, which stays loaded.
+            unsafe { api.as_ref() }.expect("skv_get_api(SKV_ABI_VERSION) gave no table")
+        })
+    }
+
+    macro_rules! via_table {
+        ($($export:ident => $field:ident($($arg:ident: $ty:ty),*);)*) => {$(
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)] // the export's own arguments
+            pub unsafe fn $export($($arg: $ty),*) -> skv_status {
+                // SAFETY: the caller's arguments, passed on to the export under its contract.
+                unsafe { (table().$field.expect(stringify!($field)))($($arg),*) }
+            }
+        )*};
+    }
+
+    via_table! {
+        skv_cache_new => cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache);
+        skv_alloc_row => alloc_row(c: *mut skv_cache, req: *mut skv_req);
+        skv_alloc_extend => alloc_extend(c: *mut skv_cache, req: *mut skv_req, n: u32, out_loc: *mut i32);
+        skv_commit => commit(c: *mut skv_cache, req: *mut skv_req, n: u32);
+        skv_swa_evict => swa_evict(
+            c: *mut skv_cache, req: *mut skv_req, pre_len: u32, window: u32, eviction_interval: u32,
+            retain_floor: i64, flags: u32, freed: *mut u32);
+        skv_cache_finished_req => cache_finished_req(
+            c: *mut skv_cache, session_id: u64, branch_id: u64, req: *mut skv_req, aborted: u32);
+        skv_match_prefix => match_prefix(
+            c: *mut skv_cache, session_id: u64, branch_id: u64, req: *mut skv_req, key_len: u32, pre_aborted: u32,
+            out: *mut skv_match);
+        skv_free_tail => free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32);
+        skv_release_session => release_session(c: *mut skv_cache, session_id: u64);
+        skv_cache_stats => cache_stats(c: *const skv_cache, out: *mut skv_stats);
+        skv_cache_check => cache_check(c: *const skv_cache, out: *mut skv_check_report);
+        skv_alloc_extend_batch => alloc_extend_batch(
+            c: *mut skv_cache, reqs: *mut skv_req, n: usize, n_tokens: *const u32, out_loc: *mut i32, out_cap: usize);
+        skv_commit_batch => commit_batch(c: *mut skv_cache, reqs: *mut skv_req, n: usize, n_tokens: *const u32);
+    }
+
+    /// `skv_cache_free` (it returns nothing).
+    pub unsafe fn skv_cache_free(c: *mut skv_cache) {
+        // SAFETY: the caller's handle, under the export's contract.
+        unsafe { (table().cache_free.expect("cache_free"))(c) }
+    }
+
+    /// The calling thread's last error message, from the library the calls went to.
+    pub fn last_error() -> String {
+        let get: extern "C" fn() -> *const c_char = table().last_error.expect("last_error");
+        // SAFETY: skv_last_error returns a NUL-terminated thread-local string.
+        unsafe { CStr::from_ptr(get()) }.to_string_lossy().into_owned()
+    }
+
+    /// Panics with the status's name and the library's message unless `st` is `SKV_OK` (a
+    /// benchmark's setup must not fail).
+    pub fn check(st: skv_status, what: &str) {
+        if st != skv_status::SKV_OK {
+            panic!("{what}: {}: {}", st.name(), last_error());
+        }
+    }
+}
 
 const PS: u32 = 16;
 const TOKENS: u32 = 4096;
@@ -341,8 +437,7 @@ impl Bed {
             }
         }
         if failed {
-            // SAFETY: thread-local NUL-terminated string.
-            panic!("{:?}: a timed call failed: {}", op, unsafe { CStr::from_ptr(skv_last_error()) }.to_string_lossy());
+            panic!("{:?}: a timed call failed: {}", op, last_error());
         }
         for id in 0..self.n {
             self.put_back(op, id);
