@@ -214,23 +214,23 @@ impl PageAllocator {
     pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) -> Result<()> {
         // One page into a list with room is what a decode step asks for: inlined, it is a
         // pop and a push, where the general path below costs ~70 instructions.
-        if n == 1 && self.take_one(out) {
+        if n == 1 && self.take_one(out).is_some() {
             return Ok(());
         }
         self.alloc_many(n, out)
     }
 
     /// Pops one page into `out` if a page is free and `out` has room (nothing to allocate):
-    /// whether it did.
+    /// the page, or `None` having changed nothing.
     #[inline(always)]
-    pub fn take_one(&mut self, out: &mut Vec<u32>) -> bool {
+    pub fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
         if out.len() < out.capacity() {
             if let Some(page) = self.free.pop() {
                 out.push(page);
-                return true;
+                return Some(page);
             }
         }
-        false
+        None
     }
 
     /// `alloc`, the pages handed to the engine (engine-held, mapped by no row).

@@ -337,15 +337,23 @@ fn extend_plainly(
     let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
         && new_len <= cfg.max_context_len as u64
         && plainly_matches(cfg, req, row, r, m, None)
-        && (need == 0 || (need == 1 && pool.pages.take_one(&mut r.pages)));
+        && need <= 1;
     if !fine {
         return None;
     }
+    let taken = match need {
+        0 => None,
+        _ => Some(pool.pages.take_one(&mut r.pages)?),
+    };
     if let Some(mark) = mark {
         m.batch.set(mark);
     }
-    if let Some(slots) = slots {
-        write_slots(&r.pages, cfg.page_size, req.allocated, slots);
+    match (slots, taken) {
+        // One token on the page it just took (a decode step's every page-size-th token): the
+        // page's first slot, from the id in hand rather than read back from the list.
+        (Some([one]), Some(page)) => *one = (page * cfg.page_size) as i32,
+        (Some(slots), _) => write_slots(&r.pages, cfg.page_size, req.allocated, slots),
+        (None, _) => {}
     }
     r.len = new_len as u32;
     req.allocated = new_len as u32;
