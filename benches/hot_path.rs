@@ -493,6 +493,37 @@ unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status 
     }
 }
 
+/// How much of the core this thread has now: independent adds per ns (four chains of adds;
+/// the core runs up to four a cycle at ~2.85 cycles per ns). This machine's core is shared: a
+/// chain of dependent adds runs at the same ~2.85 per ns at every moment, while this figure
+/// moves between about 4.5 and 9.5 from one second to the next, and the calls' times move
+/// with it. Printed beside each call's median, it tells a busy moment from a change in the
+/// code. 0 where the adds cannot be written (not x86-64).
+fn core_adds_per_ns() -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        const ROUNDS: u64 = 50_000;
+        let (mut a, mut b, mut c, mut d) = (0u64, 0u64, 0u64, 0u64);
+        let t = Instant::now();
+        for _ in 0..ROUNDS {
+            // SAFETY: adds on four registers; nothing else is read or written.
+            unsafe {
+                std::arch::asm!(
+                    "add {0}, 1", "add {1}, 1", "add {2}, 1", "add {3}, 1",
+                    "add {0}, 1", "add {1}, 1", "add {2}, 1", "add {3}, 1",
+                    inout(reg) a, inout(reg) b, inout(reg) c, inout(reg) d,
+                    options(nomem, nostack),
+                );
+            }
+        }
+        let ns = t.elapsed().as_nanos() as f64;
+        assert_eq!(black_box(a + b + c + d), 8 * ROUNDS);
+        (8 * ROUNDS) as f64 / ns
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    0.0
+}
+
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_unstable_by(f64::total_cmp);
     v[((v.len() - 1) as f64 * p).round() as usize]
@@ -518,9 +549,10 @@ fn main() {
         println!("hot path, owned mode, page size {PS}, sessions of {TOKENS} tokens, round-robin");
         println!("hybrid ops: SWA pool, window {WINDOW} tokens; vs full = median / the full-attention op's");
         println!("clock overhead {overhead} ns (subtracted from p50/p99)");
+        println!("core = independent adds per ns around the grouped rounds (the core's share this thread had)");
         println!(
-            "{:<42} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8}",
-            "call", "sessions", "median", "p50", "p99", "target", "vs C", "vs full"
+            "{:<42} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>6}",
+            "call", "sessions", "median", "p50", "p99", "target", "vs C", "vs full", "core"
         );
     }
     for &n in &sizes {
@@ -532,6 +564,8 @@ fn main() {
             }
             let rounds = if bench { (calls / n).max(4) } else { 2 };
             let (mut each, mut groups) = (Vec::new(), Vec::new());
+            // The core's throughput around each grouped round (`core_adds_per_ns`).
+            let mut rates = Vec::new();
             // A hybrid op's timed rounds alternate with its full-attention op's, each pair's
             // medians giving one ratio: the box's speed moves between runs, hardly within a pair.
             let mut pair_ratios = Vec::new();
@@ -545,7 +579,9 @@ fn main() {
                     } else {
                         let (mut fg, mut hg) = (Vec::new(), Vec::new());
                         fb.round(f, None, Some(&mut fg), overhead);
+                        let before = core_adds_per_ns();
                         hb.round(op, None, Some(&mut hg), overhead);
+                        rates.push((before + core_adds_per_ns()) / 2.0);
                         pair_ratios.push(percentile(&mut hg, 0.5) / percentile(&mut fg, 0.5));
                         groups.extend(hg);
                     }
@@ -557,7 +593,9 @@ fn main() {
                     if r % 2 == 0 {
                         bed.round(op, Some(&mut each), None, overhead);
                     } else {
+                        let before = core_adds_per_ns();
                         bed.round(op, None, Some(&mut groups), overhead);
+                        rates.push((before + core_adds_per_ns()) / 2.0);
                     }
                 }
             }
@@ -571,8 +609,12 @@ fn main() {
                 true => "-".into(),
                 false => format!("{:.2}x", percentile(&mut pair_ratios, 0.5)),
             };
+            let core = match rates.is_empty() || rates.contains(&0.0) {
+                true => "-".into(),
+                false => format!("{:.1}", percentile(&mut rates, 0.5)),
+            };
             println!(
-                "{:<42} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>8}",
+                "{:<42} {:>8} {:>8.1} {:>8.1} {:>8.1} {:>9} {:>9} {:>8} {:>6}",
                 op.name(),
                 n,
                 median,
@@ -580,7 +622,8 @@ fn main() {
                 p99,
                 op.target(),
                 vs_c,
-                vs_full
+                vs_full,
+                core
             );
         }
         for bed in [&full, &hybrid].into_iter().flatten() {
