@@ -496,7 +496,7 @@ unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status 
 /// How much of the core this thread has now: independent adds per ns (four chains of adds;
 /// the core runs up to four a cycle at ~2.85 cycles per ns). This machine's core is shared: a
 /// chain of dependent adds runs at the same ~2.85 per ns at every moment, while this figure
-/// moves between about 4.5 and 9.5 from one second to the next, and the calls' times move
+/// moves between about 4.5 and 11 from one second to the next, and the calls' times move
 /// with it. Printed beside each call's median, it tells a busy moment from a change in the
 /// code. 0 where the adds cannot be written (not x86-64).
 fn core_adds_per_ns() -> f64 {
