@@ -350,7 +350,9 @@ fn extend_plainly(
     }
     match (slots, taken) {
         // One token on the page it just took (a decode step's every page-size-th token): the
-        // page's first slot, from the id in hand rather than read back from the list.
+        // page's first slot, from the id in hand rather than read back from the list. (A row
+        // maps pages_for(len) pages, an invariant the audit checks, so one token needing a
+        // page starts it.)
         (Some([one]), Some(page)) => *one = (page * cfg.page_size) as i32,
         (Some(slots), _) => write_slots(&r.pages, cfg.page_size, req.allocated, slots),
         (None, _) => {}
