@@ -32,6 +32,9 @@ test-c: build | deps
 	SKV_CTEST_SANITIZE=address ctests/run.sh target/release
 	SKV_CTEST_SANITIZE=undefined ctests/run.sh target/release
 	SKV_CTEST_VALGRIND=1 ctests/run.sh target/release
+# The hot-path bench's smoke run with its calls through the shared library, as
+# SKV_BENCH_LIB measures it.
+	SKV_BENCH_LIB=$(abspath $(TARGET_DIR))/release/libskv.so $(CARGO) test --bench hot_path
 
 test-integration: build | deps
 	ctests/integration.sh --no-build
