@@ -378,10 +378,12 @@ fn plainly_current(cfg: &Config, meta: &[RowMeta], pool: &OwnedPool, req: &Req, 
 
 /// `plainly_current`'s checks of `req` against its row's records (`r`, `meta`, and the row's
 /// SWA record when there is an SWA pool), the call's own aside: the one statement of the rule
-/// that a request is fine, for the calls that look the records up themselves.
+/// that a request is fine, for the calls that look the records up themselves. (Finding the
+/// records, and the protected length equal to the row's, make `plainly_valid`'s row and
+/// alignment checks hold: `plainly_valid_lengths` does the rest.)
 #[inline(always)]
 fn plainly_matches(cfg: &Config, req: &Req, row: usize, r: &Row, meta: &RowMeta, swa: Option<&[SwaRow]>) -> bool {
-    req.plainly_valid(cfg)
+    req.plainly_valid_lengths(cfg)
         && (req.generation == 0 || req.generation == meta.generation)
         && req.allocated == r.len
         && req.protected == r.protected

@@ -192,11 +192,20 @@ impl Req {
     /// checks in order, which also name the first field that is wrong.
     #[inline(always)]
     pub fn plainly_valid(&self, cfg: &Config) -> bool {
+        ((self.row as u32).wrapping_add(1) <= cfg.num_rows)
+            && super::page::is_aligned(self.protected, cfg.page_size)
+            && self.plainly_valid_lengths(cfg)
+    }
+
+    /// `plainly_valid` less its row and protected-alignment checks, for a req that is also
+    /// matched against its row's records: the row was found in the row tables (`num_rows`
+    /// entries), and a protected length equal to the row's is page-aligned (a row's always is;
+    /// the audit checks it).
+    #[inline(always)]
+    pub fn plainly_valid_lengths(&self, cfg: &Config) -> bool {
         let r = self;
-        ((r.row as u32).wrapping_add(1) <= cfg.num_rows)
-            && (r.committed <= r.allocated)
+        (r.committed <= r.allocated)
             && (r.protected <= r.committed)
-            && super::page::is_aligned(r.protected, cfg.page_size)
             && (r.allocated <= cfg.max_context_len)
             && (r.swa_floor <= cfg.max_context_len)
             && (r.swa <= r.allocated)
