@@ -278,8 +278,9 @@ impl Cache {
         let cfg = self.cfg;
         let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
         // The tables as slices held for the loop: read through the cache, their bounds were
-        // loaded again after every mark's store.
-        let (meta, rows) = (&self.row_meta[..], &pool.rows[..]);
+        // loaded again after every mark's store. Both of one length (num_rows), so a row found
+        // in one needs no second bounds check in the other.
+        let (meta, rows) = (&self.row_meta[..], &pool.rows[..self.row_meta.len()]);
         // No loads started ahead, as extends have: a commit reads no page list, and measured,
         // the hints cost more than they saved.
         for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
