@@ -152,9 +152,12 @@ impl Cache {
             // bounds were loaded again after every store.
             if let Backend::Owned(pool) = &mut self.pool {
                 let meta = &self.row_meta[..];
+                let preload = pool.lists_outgrow_cache();
                 while i < reqs.len() {
-                    if let Some(near) = reqs.get(i + AHEAD) {
-                        pool.preload_tail(near.row as u32);
+                    if preload {
+                        if let Some(near) = reqs.get(i + AHEAD) {
+                            pool.preload_tail(near.row as u32);
+                        }
                     }
                     let n = n_tokens[i];
                     let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);

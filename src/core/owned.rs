@@ -324,6 +324,17 @@ impl OwnedPool {
         s.rows[row as usize].preload_from(r.shared_pages(self.ps), 4);
     }
 
+    /// Whether the rows' page lists have outgrown the caches: more than `LISTS_IN_CACHE` bytes
+    /// of page ids mapped. Beyond it a batch extend starts loading each list's end a few
+    /// requests ahead (`preload_tail`); below it the lists stay in cache and those loads are
+    /// only instructions (measured at 1,000 sessions of 4,096 tokens, 1 MiB of ids: 19.0 ns
+    /// a request with them, 15.9 without; at 100,000, 24.4 with, 31.3 without).
+    #[inline]
+    pub(crate) fn lists_outgrow_cache(&self) -> bool {
+        let mapped = self.pages.total_pages() - self.pages.free_pages();
+        mapped as u64 * std::mem::size_of::<u32>() as u64 > LISTS_IN_CACHE
+    }
+
     /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
     /// use: a batch extend asks for it a few requests ahead. The row's record is read for it,
     /// so that load too starts early.
@@ -402,6 +413,10 @@ impl OwnedPool {
         }
     }
 }
+
+/// Page ids a core's caches and TLB are taken to hold (8 MiB: what 2,048 TLB entries of 4 KiB
+/// pages map, a common x86 second-level TLB): see `OwnedPool::lists_outgrow_cache`.
+const LISTS_IN_CACHE: u64 = 8 << 20;
 
 /// A hint to load `p`'s cache line; `p` need not be valid (nothing is read through it).
 #[inline(always)]
