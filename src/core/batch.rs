@@ -510,6 +510,38 @@ mod tests {
         assert_eq!((reqs[0].committed, reqs[1].committed), (5, 1));
     }
 
+    /// Past 8 MiB of mapped page ids a batch extend loads its requests' list ends ahead: the
+    /// same batch, slot for slot.
+    #[test]
+    fn a_batch_over_lists_larger_than_the_caches_is_the_same_batch() {
+        // Page size 1: one long row maps 2^21 + 1024 pages, 8 MiB and 4 KiB of page ids.
+        let long_len: u32 = (1 << 21) + 1024;
+        let cfg = Config {
+            page_size: 1,
+            num_token_slots: long_len as u64 + 64,
+            num_rows: 32,
+            max_context_len: long_len,
+            aligned_reuse: false,
+            swa_num_token_slots: 0,
+        };
+        let mut c = Cache::new_owned(cfg).unwrap();
+        let mut long = Req::default();
+        c.alloc_row(&mut long).unwrap();
+        // More requests than the loads run ahead (AHEAD), so some are loaded ahead.
+        let mut reqs = rows(&mut c, 3 * AHEAD);
+        assert!(!c.owned_pool().unwrap().lists_outgrow_cache());
+        c.alloc_extend(&mut long, long_len, None).unwrap();
+        assert!(c.owned_pool().unwrap().lists_outgrow_cache());
+        let (ones, mut out) = (vec![1; reqs.len()], vec![0i32; reqs.len()]);
+        c.alloc_extend_batch(&mut reqs, &ones, Some(&mut out)).unwrap();
+        for (r, &slot) in reqs.iter().zip(&out) {
+            let mut want = [0i32];
+            c.row_indices(r.row as u32, 0, 1, false, &mut want).unwrap();
+            assert_eq!((r.allocated, slot), (1, want[0]));
+        }
+        assert_eq!(c.check().unwrap().violations, 0);
+    }
+
     #[test]
     fn the_batch_stamp_wraps_without_forgetting_a_row_named_twice() {
         let mut c = cache(16);
