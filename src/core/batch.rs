@@ -145,6 +145,7 @@ impl Cache {
         let stamp = self.batch_marks.begin(&mut self.row_meta);
         let mut taken = 0u64;
         let cfg = self.cfg;
+        let preload = self.pool.owned().expect("owned checked").lists_outgrow_cache();
         let (mut at, mut i) = (0usize, 0usize);
         while i < reqs.len() {
             // A decode step's requests, each with its row's records looked up once
@@ -152,12 +153,9 @@ impl Cache {
             // bounds were loaded again after every store.
             if let Backend::Owned(pool) = &mut self.pool {
                 let meta = &self.row_meta[..];
-                let preload = pool.lists_outgrow_cache();
                 while i < reqs.len() {
                     if preload {
-                        if let Some(near) = reqs.get(i + AHEAD) {
-                            pool.preload_tail(near.row as u32);
-                        }
+                        preload_ahead(pool, reqs, i);
                     }
                     let n = n_tokens[i];
                     let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
@@ -174,7 +172,9 @@ impl Cache {
                 break;
             }
             // Any other request: every check in turn.
-            self.preload_ahead(reqs, i);
+            if preload {
+                preload_ahead(self.pool.owned().expect("owned checked"), reqs, i);
+            }
             let (req, n) = (&mut reqs[i], n_tokens[i]);
             let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
             if let Err(e) = self.extend_in_batch_in_full(&cfg, req, n, slots, stamp, i, &mut taken) {
@@ -244,18 +244,6 @@ impl Cache {
         r.len = new_len;
         req.allocated = new_len;
         Ok(())
-    }
-
-    /// Starts loading the page-list end of the request `AHEAD` on from `reqs[i]`. With
-    /// thousands of rows a request's records are rarely in cache, and they are a chain of
-    /// loads (the row's record, then its list): started this early, they overlap with the
-    /// requests in between. (Hints for the records alone measured no gain.)
-    #[inline(always)]
-    fn preload_ahead(&self, reqs: &[Req], i: usize) {
-        let pool = self.pool.owned().expect("owned checked");
-        if let Some(near) = reqs.get(i + AHEAD) {
-            pool.preload_tail(near.row as u32);
-        }
     }
 
     /// Undoes the extends of `reqs` (each extended by its `n_tokens`), newest first.
@@ -397,6 +385,18 @@ fn plainly_matches(cfg: &Config, req: &Req, row: usize, r: &Row, meta: &RowMeta,
 
 /// How many requests ahead a batch extend starts loading a request's page list.
 const AHEAD: usize = 8;
+
+/// Starts loading the page-list end of the request `AHEAD` on from `reqs[i]`. With thousands
+/// of rows a request's records are rarely in cache, and they are a chain of loads (the row's
+/// record, then its list): started this early, they overlap with the requests in between.
+/// (Hints for the records alone measured no gain.) A batch asks only when the lists have
+/// outgrown the caches (`OwnedPool::lists_outgrow_cache`).
+#[inline(always)]
+fn preload_ahead(pool: &OwnedPool, reqs: &[Req], i: usize) {
+    if let Some(near) = reqs.get(i + AHEAD) {
+        pool.preload_tail(near.row as u32);
+    }
+}
 
 #[cold]
 #[inline(never)]
