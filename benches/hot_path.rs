@@ -27,7 +27,13 @@
 //! is a `__tls_get_addr` call, a global one more load).
 //!
 //! `cargo bench --bench hot_path` runs 1,000 and 100,000 sessions (`SKV_BENCH_SESSIONS=1000`
-//! chooses; `SKV_BENCH_CALLS` sets the calls per operation, default 400,000). Without
+//! chooses; `SKV_BENCH_CALLS` sets the calls per operation, default 400,000).
+//!
+//! Sessions take their rows in call order by default, so a batch names consecutive rows and
+//! the row tables are read as streams. `SKV_BENCH_ROWS=scattered` has them take rows in a
+//! fixed random order instead: what an engine sees once sessions have come and gone (its free
+//! rows handed out in whatever order they came back), where each request's row records are
+//! misses of their own. Without
 //! `--bench` (`cargo test --benches`) it runs every operation for a few rounds on 64 sessions
 //! and checks both beds' audits.
 
@@ -251,6 +257,8 @@ struct Bed {
     reqs: Vec<skv_req>,
     ones: Vec<u32>,
     out_loc: Vec<i32>,
+    /// The order sessions take their rows in (`SKV_BENCH_ROWS`): `0..n`, or a fixed shuffle.
+    order: Vec<usize>,
 }
 
 impl Bed {
@@ -272,11 +280,12 @@ impl Bed {
         let mut c = std::ptr::null_mut();
         // SAFETY: cfg and c are locals.
         check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
+        let order = row_order(n);
         let mut bed =
-            Bed { c, n, hybrid, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256] };
+            Bed { c, n, hybrid, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256], order };
         let t = Instant::now();
-        for id in 0..n {
-            bed.hold(id);
+        for i in 0..n {
+            bed.hold(bed.order[i]);
         }
         let window = if hybrid { format!(", SWA window {WINDOW}") } else { String::new() };
         eprintln!("setup: {n} sessions of {TOKENS} tokens{window} in {:.2} s", t.elapsed().as_secs_f64());
@@ -439,8 +448,9 @@ impl Bed {
         if failed {
             panic!("{:?}: a timed call failed: {}", op, last_error());
         }
-        for id in 0..self.n {
-            self.put_back(op, id);
+        // In the rows' order: a release round's sessions take rows again as the setup's did.
+        for i in 0..self.n {
+            self.put_back(op, self.order[i]);
         }
     }
 
@@ -529,6 +539,26 @@ fn percentile(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() - 1) as f64 * p).round() as usize]
 }
 
+/// The order sessions take their rows in: call order, or with `SKV_BENCH_ROWS=scattered` a
+/// fixed shuffle (Fisher-Yates over a xorshift stream, the same every run).
+fn row_order(n: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..n).collect();
+    match std::env::var("SKV_BENCH_ROWS").as_deref() {
+        Ok("scattered") => {
+            let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+            for i in (1..n).rev() {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                order.swap(i, (x % (i as u64 + 1)) as usize);
+            }
+        }
+        Ok("") | Ok("consecutive") | Err(_) => {}
+        Ok(other) => panic!("SKV_BENCH_ROWS={other}: consecutive (the default) or scattered"),
+    }
+    order
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let bench = args.iter().any(|a| a == "--bench");
@@ -546,7 +576,11 @@ fn main() {
     let selected = |op: Op| named(op) || ops.iter().any(|&h| h.full() == Some(op) && named(h));
     let overhead = clock_overhead_ns() as f64;
     if bench {
-        println!("hot path, owned mode, page size {PS}, sessions of {TOKENS} tokens, round-robin");
+        let rows = std::env::var("SKV_BENCH_ROWS").ok().filter(|r| !r.is_empty());
+        println!(
+            "hot path, owned mode, page size {PS}, sessions of {TOKENS} tokens, round-robin, rows {}",
+            rows.as_deref().unwrap_or("consecutive")
+        );
         println!("hybrid ops: SWA pool, window {WINDOW} tokens; vs full = median / the full-attention op's");
         println!("clock overhead {overhead} ns (subtracted from p50/p99)");
         println!("core = independent adds per ns around the grouped rounds (the core's share this thread had)");
