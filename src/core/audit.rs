@@ -48,7 +48,7 @@ impl Cache {
     fn check_slot_windows(&self, pool: &OwnedPool, s: &SwaSide, rep: &mut Report) {
         let ps = self.cfg.page_size;
         for (row, slot) in self.slots.iter().filter(|(_, s)| !s.in_flight) {
-            let Some(r) = pool.rows.get(row as usize).and_then(|r| r.as_ref()) else { continue };
+            let Some(r) = pool.rows.get(row as usize).and_then(|r| r.in_use.as_ref()) else { continue };
             let (lo, hi) = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
             let ids = &s.rows[row as usize].ids;
             let shared = (r.protected / ps) as usize;
@@ -73,7 +73,7 @@ impl Cache {
     /// Every slot's row is in use, an idle slot's record matches its row, and the slot holds
     /// the row's current generation; each row's idle flag says whether an idle slot holds it.
     fn check_slots(&self, pool: &OwnedPool, rep: &mut Report) {
-        for (row, m) in self.row_meta.iter().enumerate() {
+        for (row, m) in pool.rows.iter().map(|r| &r.meta).enumerate() {
             let idle = self.slots.of_row(row as u32).is_some_and(|s| !s.in_flight);
             if m.idle_slot != idle {
                 rep.violation(|| {
@@ -82,7 +82,7 @@ impl Cache {
             }
         }
         for (row, s) in self.slots.iter() {
-            match pool.rows.get(row as usize).and_then(|r| r.as_ref()) {
+            match pool.rows.get(row as usize).and_then(|r| r.in_use.as_ref()) {
                 None => rep.violation(|| format!("session {} branch {} holds unused row {row}", s.session, s.branch)),
                 Some(r) if !s.in_flight && (r.len != s.allocated || r.protected != s.protected) => {
                     rep.violation(|| {
@@ -115,7 +115,7 @@ fn count_row_maps(pool: &OwnedPool, ps: u32, rep: &mut Report) -> Result<(Vec<u3
     let mut maps = try_vec(n_pages, "the audit's map counts", |_| 0u32)?;
     let mut owners = try_vec(n_pages, "the audit's owner counts", |_| 0u32)?;
     for (row, r) in pool.rows.iter().enumerate() {
-        let Some(r) = r else { continue };
+        let Some(r) = &r.in_use else { continue };
         if r.pages.len() != pages_for(r.len, ps) as usize {
             rep.violation(|| format!("row {row} maps {} tokens in {} pages", r.len, r.pages.len()));
         }
@@ -217,7 +217,7 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
         if lo < hi && ids.get(lo..hi).is_none_or(|run| run.iter().any(|&id| id != 0)) {
             rep.violation(|| format!("row {row}'s SWA entries [{lo}, {hi}), which frees skip, are not all empty"));
         }
-        let Some(r) = r else {
+        let Some(r) = &r.in_use else {
             if !ids.is_empty() {
                 rep.violation(|| format!("unused row {row} names {} SWA pages", ids.len()));
             }

@@ -6,7 +6,7 @@
 
 use super::cache::{Cache, RowMeta};
 use super::error::{bail, Error, Result};
-use super::owned::{OwnedPool, Row, SwaRow};
+use super::owned::{OwnedPool, Row, RowRecord, SwaRow};
 use super::page::{pages_for, token_slot};
 use super::pool::Backend;
 use super::req::{Config, Req};
@@ -34,7 +34,7 @@ impl Cache {
     #[inline(always)]
     fn check_extend(&self, cfg: &Config, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         let new_len = req.allocated as u64 + n as u64;
-        match plainly_current(cfg, &self.row_meta, pool, req, new_len <= cfg.max_context_len as u64) {
+        match plainly_current(cfg, pool, req, new_len <= cfg.max_context_len as u64) {
             Some(row) => Ok((row, new_len as u32)),
             None => self.check_extend_in_order(pool, req, n),
         }
@@ -44,7 +44,7 @@ impl Cache {
     #[inline(always)]
     fn check_commit(&self, cfg: &Config, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         let committed = req.committed as u64 + n as u64;
-        match plainly_current(cfg, &self.row_meta, pool, req, committed <= req.allocated as u64) {
+        match plainly_current(cfg, pool, req, committed <= req.allocated as u64) {
             Some(row) => Ok((row, committed as u32)),
             None => self.check_commit_in_order(pool, req, n),
         }
@@ -90,7 +90,7 @@ impl Cache {
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, mut out: Option<&mut [i32]>) -> Result<()> {
         let (cfg, old) = (self.cfg, req.allocated);
         if let Backend::Owned(pool) = &mut self.pool {
-            if extend_plainly(&cfg, &self.row_meta, pool, req, n, out.as_deref_mut(), None).is_some() {
+            if extend_plainly(&cfg, pool, req, n, out.as_deref_mut(), None).is_some() {
                 pool.mapped(req.row as u32, old, req.allocated);
                 return Ok(());
             }
@@ -98,12 +98,11 @@ impl Cache {
         let (row, new_len) = self.check_extend(&self.cfg, self.owned_pool()?, req, n)?;
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
-        let need =
-            pages_for(new_len, ps) - pool.rows[row as usize].as_ref().expect("row checked in use").pages.len() as u32;
+        let need = pages_for(new_len, ps) - pool.row_mut(row).pages.len() as u32;
         if need > 0 {
             pool.grow(row, need).map_err(|e| e.at(format_args!("n_tokens {n}")))?;
         }
-        let r = pool.rows[row as usize].as_mut().expect("row checked in use");
+        let r = pool.row_mut(row);
         r.len = new_len;
         if let Some(out) = out {
             write_slots(&r.pages, ps, req.allocated, out);
@@ -142,25 +141,20 @@ impl Cache {
         if let Some(o) = out.as_deref() {
             self.batch_marks.save_out(o)?;
         }
-        let stamp = self.batch_marks.begin(&mut self.row_meta);
+        let stamp = self.batch_marks.begin(&mut self.pool.owned_mut().expect("owned checked").rows);
         let mut taken = 0u64;
         let cfg = self.cfg;
-        let preload = self.pool.owned().expect("owned checked").lists_outgrow_cache();
+        let ahead = Ahead::extends(self.pool.owned().expect("owned checked"), reqs);
         let (mut at, mut i) = (0usize, 0usize);
         while i < reqs.len() {
-            // A decode step's requests, each with its row's records looked up once
-            // (`extend_plainly`), the tables held across them: read through the cache, their
-            // bounds were loaded again after every store.
+            // A decode step's requests, each with its row's record looked up once
+            // (`extend_plainly`).
             if let Backend::Owned(pool) = &mut self.pool {
-                let meta = &self.row_meta[..];
                 while i < reqs.len() {
-                    if preload {
-                        preload_ahead(pool, reqs, i);
-                    }
+                    ahead.load(pool, reqs, i);
                     let n = n_tokens[i];
                     let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
-                    let Some(need) = extend_plainly(&cfg, meta, pool, &mut reqs[i], n, slots, Some((stamp, i as u32)))
-                    else {
+                    let Some(need) = extend_plainly(&cfg, pool, &mut reqs[i], n, slots, Some((stamp, i as u32))) else {
                         break;
                     };
                     taken += need as u64;
@@ -172,9 +166,7 @@ impl Cache {
                 break;
             }
             // Any other request: every check in turn.
-            if preload {
-                preload_ahead(self.pool.owned().expect("owned checked"), reqs, i);
-            }
+            ahead.load(self.pool.owned().expect("owned checked"), reqs, i);
             let (req, n) = (&mut reqs[i], n_tokens[i]);
             let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
             if let Err(e) = self.extend_in_batch_in_full(&cfg, req, n, slots, stamp, i, &mut taken) {
@@ -213,8 +205,8 @@ impl Cache {
     ) -> Result<()> {
         // Marked first: an earlier request on the same row has extended it already, and its
         // checks would then name the length rather than the row named twice.
-        mark_row(&self.row_meta, req.row, stamp, i)?;
         let pool = self.pool.owned().expect("owned checked");
+        mark_row(&pool.rows, req.row, stamp, i)?;
         let (row, new_len) = self.check_extend(cfg, pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
         let ps = cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
@@ -264,20 +256,20 @@ impl Cache {
     /// and committed in turn; one that fails undoes those before it.
     pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
         self.require_owned()?;
-        let stamp = self.batch_marks.begin(&mut self.row_meta);
+        let stamp = self.batch_marks.begin(&mut self.pool.owned_mut().expect("owned checked").rows);
         let pool = self.pool.owned().expect("owned checked");
         let cfg = self.cfg;
         let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
-        // The tables as slices held for the loop: read through the cache, their bounds were
-        // loaded again after every mark's store. Both of one length (num_rows), so a row found
-        // in one needs no second bounds check in the other.
-        let (meta, rows) = (&self.row_meta[..], &pool.rows[..self.row_meta.len()]);
-        // No loads started ahead, as extends have: a commit reads no page list, and measured,
-        // the hints cost more than they saved.
-        for (i, (req, &n)) in reqs.iter_mut().zip(n_tokens).enumerate() {
-            // The rule, with the row's records looked up once: `plainly_current` and the mark.
+        // The table as a slice held for the loop: read through the pool, its bounds were loaded
+        // again after every mark's store.
+        let rows = &pool.rows[..];
+        let ahead = Ahead::commits(pool, reqs);
+        for i in 0..reqs.len().min(n_tokens.len()) {
+            ahead.load(pool, reqs, i);
+            let (req, n) = (&mut reqs[i], n_tokens[i]);
+            // The rule, with the row's record looked up once: `plainly_current` and the mark.
             let row = req.row as u32 as usize;
-            if let (Some(m), Some(Some(r))) = (meta.get(row), rows.get(row)) {
+            if let Some(RowRecord { meta: m, in_use: Some(r) }) = rows.get(row) {
                 let committed = req.committed as u64 + n as u64;
                 if m.batch.get().0 != stamp
                     && committed <= req.allocated as u64
@@ -288,7 +280,7 @@ impl Cache {
                     continue;
                 }
             }
-            let checked = mark_row(&self.row_meta, req.row, stamp, i)
+            let checked = mark_row(rows, req.row, stamp, i)
                 .and_then(|_| self.check_commit(&cfg, pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]"))));
             match checked {
                 Ok((_, committed)) => req.committed = committed,
@@ -304,7 +296,7 @@ impl Cache {
     }
 }
 
-/// The rule of an extend, done with the row's records looked up once: a request that passes
+/// The rule of an extend, done with the row's record looked up once: a request that passes
 /// every check at once (`plainly_current`'s, and with `mark` = (stamp, position), no earlier
 /// request of the batch on its row) and needs at most one page, on a model without an SWA pool
 /// (a decode step's). Returns the pages taken, or `None` having changed nothing: the caller
@@ -312,7 +304,6 @@ impl Cache {
 #[inline(always)]
 fn extend_plainly(
     cfg: &Config,
-    meta: &[RowMeta],
     pool: &mut OwnedPool,
     req: &mut Req,
     n: u32,
@@ -320,7 +311,7 @@ fn extend_plainly(
     mark: Option<(u32, u32)>,
 ) -> Option<usize> {
     let row = req.row as u32 as usize;
-    let (Some(m), Some(Some(r)), None) = (meta.get(row), pool.rows.get_mut(row), pool.swa.as_ref()) else {
+    let (Some(RowRecord { meta: m, in_use: Some(r) }), None) = (pool.rows.get_mut(row), pool.swa.as_ref()) else {
         return None;
     };
     let new_len = req.allocated as u64 + n as u64;
@@ -360,16 +351,15 @@ fn extend_plainly(
 /// their documented order, which also says what is wrong. `cfg` is the caller's copy: a batch
 /// keeps it in registers, where the cache's own would be read again after every mark.
 #[inline(always)]
-fn plainly_current(cfg: &Config, meta: &[RowMeta], pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
+fn plainly_current(cfg: &Config, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
     let row = u32::try_from(req.row).ok()?;
-    let r = pool.rows.get(row as usize)?.as_ref()?;
-    let meta = meta.get(row as usize)?;
+    let RowRecord { meta, in_use: Some(r) } = pool.rows.get(row as usize)? else { return None };
     let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
     (fits && plainly_matches(cfg, req, row as usize, r, meta, swa)).then_some(row)
 }
 
-/// `plainly_current`'s checks of `req` against its row's records (`r`, `meta`, and the row's
-/// SWA record when there is an SWA pool), the call's own aside: the one statement of the rule
+/// `plainly_current`'s checks of `req` against its row's records (`r` and `meta`, its
+/// `RowRecord`, and the row's SWA record when there is an SWA pool), the call's own aside: the one statement of the rule
 /// that a request is fine, for the calls that look the records up themselves. (Finding the
 /// records, and the protected length equal to the row's, make `plainly_valid`'s row and
 /// alignment checks hold: `plainly_valid_lengths` does the rest.)
@@ -383,18 +373,66 @@ fn plainly_matches(cfg: &Config, req: &Req, row: usize, r: &Row, meta: &RowMeta,
         && !meta.idle_slot
 }
 
-/// How many requests ahead a batch extend starts loading a request's page list.
+/// How many requests ahead a batch starts loading what a request reads.
 const AHEAD: usize = 8;
 
-/// Starts loading the page-list end of the request `AHEAD` on from `reqs[i]`. With thousands
-/// of rows a request's records are rarely in cache, and they are a chain of loads (the row's
-/// record, then its list): started this early, they overlap with the requests in between.
-/// (Hints for the records alone measured no gain.) A batch asks only when the lists have
-/// outgrown the caches (`OwnedPool::lists_outgrow_cache`).
-#[inline(always)]
-fn preload_ahead(pool: &OwnedPool, reqs: &[Req], i: usize) {
-    if let Some(near) = reqs.get(i + AHEAD) {
-        pool.preload_tail(near.row as u32);
+/// What a batch starts loading ahead of its requests, decided once per batch. With thousands
+/// of rows a request's state is rarely in cache, and it is a chain of loads (the row's
+/// record, then for an extend the end of its page list): started early, the loads overlap
+/// with the requests in between.
+/// - `records`: the row's record (and SWA record), from `AHEAD` requests on (an extend's,
+///   from `2 * AHEAD`, so that the list load can follow). Only when the records outgrow a
+///   core's cache and the batch's rows are not in order (`rows_in_order`): rows in order are
+///   streamed by the hardware, and there these loads only cost instructions.
+/// - `lists`: an extend's list end, from `AHEAD` on, when the lists outgrow the caches
+///   (`OwnedPool::lists_outgrow_cache`). Even rows in order have their lists apart.
+#[derive(Clone, Copy)]
+struct Ahead {
+    records: bool,
+    lists: bool,
+    /// How far ahead the records are loaded.
+    records_at: usize,
+}
+
+impl Ahead {
+    fn extends(pool: &OwnedPool, reqs: &[Req]) -> Ahead {
+        let records = pool.records_outgrow_cache() && !rows_in_order(reqs);
+        Ahead { records, lists: pool.lists_outgrow_cache(), records_at: 2 * AHEAD }
+    }
+
+    fn commits(pool: &OwnedPool, reqs: &[Req]) -> Ahead {
+        let records = pool.records_outgrow_cache() && !rows_in_order(reqs);
+        Ahead { records, lists: false, records_at: AHEAD }
+    }
+
+    /// Starts the loads for the requests ahead of `reqs[i]`.
+    #[inline(always)]
+    fn load(self, pool: &OwnedPool, reqs: &[Req], i: usize) {
+        // One test a request when there is nothing to load (state in cache).
+        if !(self.records | self.lists) {
+            return;
+        }
+        if self.records {
+            if let Some(far) = reqs.get(i + self.records_at) {
+                pool.preload_row(far.row as u32);
+            }
+        }
+        if self.lists {
+            if let Some(near) = reqs.get(i + AHEAD) {
+                pool.preload_tail(near.row as u32);
+            }
+        }
+    }
+}
+
+/// Whether a batch's rows look in order, judged from its ends: the last row is the first plus
+/// or minus (n - 1), as when each request's row follows the one before it (rows handed out
+/// in turn and never recycled). A hint only: a batch judged wrongly is as correct, and only
+/// loads ahead, or not, in vain.
+fn rows_in_order(reqs: &[Req]) -> bool {
+    match (reqs.first(), reqs.last()) {
+        (Some(a), Some(b)) => (b.row as i64 - a.row as i64).unsigned_abs() == reqs.len() as u64 - 1,
+        _ => true,
     }
 }
 
@@ -407,9 +445,9 @@ fn batch_short_of_pages(i: usize, n: u32, pages: u64, free: u64) -> Error {
 /// Marks `reqs[i]`'s row for batch `stamp`; refuses a row an earlier request named. A row out
 /// of range is left to the request's checks.
 #[inline(always)]
-fn mark_row(meta: &[RowMeta], row: i32, stamp: u32, i: usize) -> Result<()> {
-    let Some(m) = meta.get(row as u32 as usize) else { return Ok(()) };
-    let m = &m.batch;
+fn mark_row(rows: &[RowRecord], row: i32, stamp: u32, i: usize) -> Result<()> {
+    let Some(r) = rows.get(row as u32 as usize) else { return Ok(()) };
+    let m = &r.meta.batch;
     let (seen, j) = m.get();
     if seen == stamp {
         bail!(InvalidArg, "reqs[{i}]: row {row} is also reqs[{j}]'s: one request per row in a batch");
@@ -440,10 +478,10 @@ impl BatchMarks {
     }
 
     /// Starts a batch call: a stamp no row's mark holds yet.
-    fn begin(&mut self, meta: &mut [RowMeta]) -> u32 {
+    fn begin(&mut self, rows: &mut [RowRecord]) -> u32 {
         self.stamp = self.stamp.wrapping_add(1);
         if self.stamp == 0 {
-            meta.iter_mut().for_each(|m| m.batch.set((0, 0)));
+            rows.iter_mut().for_each(|r| r.meta.batch.set((0, 0)));
             self.stamp = 1;
         }
         self.stamp
@@ -538,6 +576,50 @@ mod tests {
             let mut want = [0i32];
             c.row_indices(r.row as u32, 0, 1, false, &mut want).unwrap();
             assert_eq!((r.allocated, slot), (1, want[0]));
+        }
+        assert_eq!(c.check().unwrap().violations, 0);
+    }
+
+    #[test]
+    fn rows_in_order_are_judged_from_the_batch_ends() {
+        let reqs = |rows: &[i32]| rows.iter().map(|&row| Req { row, ..Req::default() }).collect::<Vec<_>>();
+        assert!(rows_in_order(&reqs(&[3, 4, 5, 6])));
+        assert!(rows_in_order(&reqs(&[6, 5, 4, 3])), "handed out again in reverse after a release");
+        assert!(!rows_in_order(&reqs(&[3, 9, 1, 5])));
+        assert!(rows_in_order(&reqs(&[7])) && rows_in_order(&[]));
+    }
+
+    /// Past 1 MiB of row records, a batch whose rows are not in order loads each request's
+    /// record ahead: the same batches, slot for slot.
+    #[test]
+    fn a_batch_over_scattered_rows_past_the_cache_is_the_same_batch() {
+        let cfg = Config {
+            page_size: 4,
+            num_token_slots: 4 * 4096,
+            num_rows: 20_000,
+            max_context_len: 64,
+            aligned_reuse: false,
+            swa_num_token_slots: 0,
+        };
+        let mut c = Cache::new_owned(cfg).unwrap();
+        let mut reqs = rows(&mut c, 5 * AHEAD);
+        // Rows out of order: every 7th of the 40, in turn.
+        let n = reqs.len();
+        reqs = (0..n).map(|i| reqs[i * 7 % n]).collect();
+        assert!(c.owned_pool().unwrap().records_outgrow_cache() && !rows_in_order(&reqs));
+        for round in 0..6u32 {
+            let lens: Vec<u32> = (0..n as u32).map(|i| 1 + (i + round) % 3).collect();
+            let mut out = vec![0i32; lens.iter().sum::<u32>() as usize];
+            c.alloc_extend_batch(&mut reqs, &lens, Some(&mut out)).unwrap();
+            let mut at = 0;
+            for (r, &k) in reqs.iter().zip(&lens) {
+                let mut want = vec![0i32; k as usize];
+                c.row_indices(r.row as u32, r.allocated - k, r.allocated, false, &mut want).unwrap();
+                assert_eq!(out[at..at + k as usize], want[..], "row {} in round {round}", r.row);
+                at += k as usize;
+            }
+            c.commit_batch(&mut reqs, &lens).unwrap();
+            assert!(reqs.iter().all(|r| r.committed == r.allocated));
         }
         assert_eq!(c.check().unwrap().violations, 0);
     }

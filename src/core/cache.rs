@@ -17,9 +17,11 @@ pub struct Cache {
     pub(crate) pool: Backend,
     /// The effects of the call in progress (kept to reuse its allocation).
     pub(crate) effects: Vec<Effect>,
-    /// What the cache knows of each row beyond the pool, indexed by row.
-    pub(crate) row_meta: Vec<RowMeta>,
-    /// Which rows the batch call in progress has named (the marks are in `row_meta`).
+    /// What the cache knows of each row beyond the pool, indexed by row: engine mode's. Owned
+    /// mode keeps each row's beside its mapping (`OwnedPool::rows`), so that a request's checks
+    /// read one cache line; this is then empty. `meta` finds a row's, either way.
+    engine_meta: Vec<RowMeta>,
+    /// Which rows the batch call in progress has named (the marks are in the rows' `RowMeta`).
     pub(crate) batch_marks: BatchMarks,
     /// A free callback that failed part-way through the last call (see `take_deferred`).
     deferred: Option<Error>,
@@ -34,13 +36,14 @@ pub struct Cache {
 impl Cache {
     /// A cache over `pool`; `cfg` must already be valid for the pool's mode.
     pub fn new(cfg: Config, pool: Backend) -> Result<Self> {
-        // External rows exist before libskv sees them: they start at generation 1.
-        let first = if pool.owned().is_some() { 0 } else { 1 };
+        // External rows exist before libskv sees them: they start at generation 1. (Owned
+        // rows start at 0, and `alloc_row` moves them on.)
+        let engine_rows = if pool.owned().is_some() { 0 } else { cfg.num_rows as usize };
         Ok(Cache {
             cfg,
             slots: Slots::new(cfg.num_rows)?,
-            row_meta: super::error::try_vec(cfg.num_rows as usize, "row generations", |_| RowMeta {
-                generation: first,
+            engine_meta: super::error::try_vec(engine_rows, "row generations", |_| RowMeta {
+                generation: 1,
                 ..RowMeta::default()
             })?,
             pool,
@@ -76,7 +79,7 @@ impl Cache {
         if self.pool.owned().is_none() {
             for e in &self.effects {
                 if let Effect::FreeRow { row } = *e {
-                    next_generation(&mut self.row_meta[row as usize].generation);
+                    next_generation(&mut self.engine_meta[row as usize].generation);
                 }
             }
         }
@@ -98,7 +101,7 @@ impl Cache {
     /// running request works on the row as usual).
     #[inline]
     pub(crate) fn guard_idle_session_row(&self, row: u32) -> Result<()> {
-        match self.row_meta.get(row as usize) {
+        match self.meta(row) {
             Some(m) if m.idle_slot => self.idle_session_row(row),
             _ => Ok(()),
         }
@@ -114,13 +117,30 @@ impl Cache {
     /// Brings the row's `idle_slot` flag in step with its slot: called wherever a slot is
     /// created, dropped, or starts or ends a turn.
     pub(crate) fn sync_idle(&mut self, row: u32) {
-        self.row_meta[row as usize].idle_slot = self.slots.of_row(row).is_some_and(|s| !s.in_flight);
+        self.meta_mut(row).idle_slot = self.slots.of_row(row).is_some_and(|s| !s.in_flight);
     }
 
     /// The row's generation (see `RowMeta::generation`).
     #[inline]
     pub(crate) fn generation(&self, row: u32) -> u32 {
-        self.row_meta[row as usize].generation
+        self.meta(row).expect("row in range").generation
+    }
+
+    /// The row's `RowMeta`, wherever the mode keeps it; `None` for a row out of range.
+    #[inline(always)]
+    pub(crate) fn meta(&self, row: u32) -> Option<&RowMeta> {
+        match &self.pool {
+            Backend::Owned(p) => p.rows.get(row as usize).map(|r| &r.meta),
+            Backend::Engine(_) => self.engine_meta.get(row as usize),
+        }
+    }
+
+    /// The row's `RowMeta`, for a row in range.
+    fn meta_mut(&mut self, row: u32) -> &mut RowMeta {
+        match &mut self.pool {
+            Backend::Owned(p) => &mut p.rows[row as usize].meta,
+            Backend::Engine(_) => &mut self.engine_meta[row as usize],
+        }
     }
 
     /// Checks a req and its row against everything libskv knows, in the documented order of
@@ -185,12 +205,12 @@ impl Cache {
 
     /// The row changes lifetime: copies stamped with its old generation become stale.
     pub(crate) fn bump_generation(&mut self, row: u32) -> u32 {
-        next_generation(&mut self.row_meta[row as usize].generation)
+        next_generation(&mut self.meta_mut(row).generation)
     }
 }
 
-/// A row's facts the per-request checks read, side by side: a batch request finds all of them
-/// in one cache line rather than in one array each.
+/// A row's facts the per-request checks read, side by side. In owned mode they share a cache
+/// line with the row's mapping (`RowRecord`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct RowMeta {
     /// Owned mode bumps it when `alloc_row` hands the row out, external mode when libskv

@@ -10,6 +10,7 @@
 //! model without one pays nothing for it.
 
 use super::alloc::{PageAllocator, SwaAllocator};
+use super::cache::RowMeta;
 use super::error::{bail, try_vec, Error, Result};
 use super::mirror::Dirty;
 use super::page::pages_for;
@@ -23,10 +24,8 @@ pub trait EngineHooks: Send {
     fn free_aux(&mut self, aux_state: i64) -> Result<(), i32>;
 }
 
-/// One req_to_token row in use. 32 bytes, aligned to 32 so that no record straddles two
-/// cache lines.
+/// One req_to_token row in use (32 bytes; kept in the row's `RowRecord`).
 #[derive(Debug, Default)]
-#[repr(align(32))]
 pub struct Row {
     pub pages: Vec<u32>,
     /// Tokens mapped.
@@ -34,6 +33,18 @@ pub struct Row {
     /// Leading tokens whose pages are engine-held.
     pub protected: u32,
 }
+
+/// One row of the pool: what the cache knows of it (`RowMeta`, kept for every row) and, while
+/// the row is in use, its mapping. 64 bytes, aligned to a cache line: a request's checks read
+/// both, so where an engine's rows are scattered they cost one miss, not one per table.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct RowRecord {
+    pub(crate) meta: RowMeta,
+    pub(crate) in_use: Option<Row>,
+}
+
+const _: () = assert!(std::mem::size_of::<RowRecord>() == 64, "a row's record is one cache line");
 
 impl Row {
     /// The leading pages the engine holds (inside the protected prefix): the rest are the row's
@@ -159,7 +170,7 @@ impl SwaSide {
 pub struct OwnedPool {
     pub(crate) ps: u32,
     pub(crate) pages: PageAllocator,
-    pub(crate) rows: Vec<Option<Row>>,
+    pub(crate) rows: Vec<RowRecord>,
     /// The SWA pool, when the config sizes one.
     pub(crate) swa: Option<SwaSide>,
     free_rows: Vec<u32>,
@@ -183,7 +194,7 @@ impl OwnedPool {
             // Spare page lists for the rows (see `take_row`): at most one per row, of at most a
             // full row's room.
             pages: PageAllocator::new(total, n, pages_for(cfg.max_context_len, cfg.page_size) as usize)?,
-            rows: try_vec(n, "rows", |_| None)?,
+            rows: try_vec(n, "rows", |_| RowRecord::default())?,
             swa,
             free_rows: try_vec(n, "the free-row stack", |i| (n - 1 - i) as u32)?,
             hooks: None,
@@ -211,7 +222,7 @@ impl OwnedPool {
     /// The row record, or `NotFound`.
     #[inline(always)]
     pub fn row(&self, row: u32) -> Result<&Row> {
-        match self.rows.get(row as usize) {
+        match self.rows.get(row as usize).map(|r| &r.in_use) {
             Some(Some(r)) => Ok(r),
             Some(None) => bail!(NotFound, "row {row} is not in use"),
             None => bail!(InvalidArg, "row {row} out of range [0, {})", self.rows.len()),
@@ -219,7 +230,7 @@ impl OwnedPool {
     }
 
     pub(crate) fn row_mut(&mut self, row: u32) -> &mut Row {
-        self.rows[row as usize].as_mut().expect("row checked in use")
+        self.rows[row as usize].in_use.as_mut().expect("row checked in use")
     }
 
     /// Records that `row` maps positions `lo..hi` anew (for a device copy, if any).
@@ -234,14 +245,14 @@ impl OwnedPool {
         let row = self.free_rows.pop()?;
         // A list a released row or an emptied run left: a new turn's first extend finds room,
         // and a release hands the host allocator nothing.
-        self.rows[row as usize] = Some(Row { pages: self.pages.take_list(), len: 0, protected: 0 });
+        self.rows[row as usize].in_use = Some(Row { pages: self.pages.take_list(), len: 0, protected: 0 });
         Some(row)
     }
 
     /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
     /// pages lose one map.
     fn free_row(&mut self, row: u32) {
-        let r = self.rows[row as usize].take().expect("row in use");
+        let r = self.rows[row as usize].in_use.take().expect("row in use");
         let shared = r.shared_pages(self.ps);
         if let Some(s) = self.swa.as_ref() {
             s.rows[row as usize].preload_from(shared, 1);
@@ -262,7 +273,7 @@ impl OwnedPool {
     /// Maps `n` more pages at the end of `row`, in both pools; all or nothing.
     #[inline]
     pub(crate) fn grow(&mut self, row: u32, n: u32) -> Result<()> {
-        let r = self.rows[row as usize].as_mut().expect("row checked in use");
+        let r = self.rows[row as usize].in_use.as_mut().expect("row checked in use");
         let Some(s) = self.swa.as_mut() else {
             return self.pages.alloc(n, &mut r.pages);
         };
@@ -279,7 +290,7 @@ impl OwnedPool {
     /// Undoes the `grow`s that took `row` past its first `keep` pages, the last one first:
     /// both free stacks are as they were before them.
     pub(crate) fn ungrow(&mut self, row: u32, keep: usize) {
-        let r = self.rows[row as usize].as_mut().expect("row in use");
+        let r = self.rows[row as usize].in_use.as_mut().expect("row in use");
         self.pages.unalloc(&r.pages[keep..]);
         r.pages.truncate(keep);
         if let Some(s) = self.swa.as_mut() {
@@ -319,7 +330,9 @@ impl OwnedPool {
     /// handed to the free stack unread.
     #[inline(always)]
     pub(crate) fn preload_release(&self, row: u32) {
-        let (Some(s), Some(Some(r))) = (self.swa.as_ref(), self.rows.get(row as usize)) else { return };
+        let (Some(s), Some(Some(r))) = (self.swa.as_ref(), self.rows.get(row as usize).map(|r| &r.in_use)) else {
+            return;
+        };
         // Four lines: a 1,024-token window's entries at page size 16.
         s.rows[row as usize].preload_from(r.shared_pages(self.ps), 4);
     }
@@ -335,12 +348,19 @@ impl OwnedPool {
         mapped as u64 * std::mem::size_of::<u32>() as u64 > LISTS_IN_CACHE
     }
 
+    /// Whether the row records outgrow a core's own cache (`RECORDS_IN_CACHE`): beyond it a batch
+    /// whose rows are not in order starts loading each request's record a few requests ahead.
+    #[inline]
+    pub(crate) fn records_outgrow_cache(&self) -> bool {
+        (self.rows.len() * std::mem::size_of::<RowRecord>()) as u64 > RECORDS_IN_CACHE
+    }
+
     /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
     /// use: a batch extend asks for it a few requests ahead. The row's record is read for it,
     /// so that load too starts early.
     #[inline(always)]
     pub(crate) fn preload_tail(&self, row: u32) {
-        if let Some(Some(r)) = self.rows.get(row as usize) {
+        if let Some(Some(r)) = self.rows.get(row as usize).map(|r| &r.in_use) {
             prefetch(r.pages.as_ptr().wrapping_add(r.pages.len()));
             if let Some(s) = self.swa.as_ref() {
                 let ids = &s.rows[row as usize].ids;
@@ -367,7 +387,7 @@ impl OwnedPool {
     /// Frees the row's pages past those holding its first `keep` tokens.
     fn truncate(&mut self, row: u32, keep: u32) {
         let ps = self.ps;
-        let r = self.rows[row as usize].as_mut().expect("row in use");
+        let r = self.rows[row as usize].in_use.as_mut().expect("row in use");
         let kept = (pages_for(keep, ps) as usize).min(r.pages.len());
         r.len = r.len.min(keep);
         if let Some(s) = self.swa.as_ref() {
@@ -397,7 +417,7 @@ impl OwnedPool {
     fn row_freed_next(&self, row: u32, keep: u32, next: Option<&Effect>) -> bool {
         matches!(next, Some(&Effect::FreeRow { row: r }) if r == row)
             && keep.is_multiple_of(self.ps)
-            && self.rows[row as usize].as_ref().is_some_and(|r| r.protected == keep)
+            && self.rows[row as usize].in_use.as_ref().is_some_and(|r| r.protected == keep)
     }
 
     fn hook(
@@ -418,6 +438,10 @@ impl OwnedPool {
 /// pages map, a common x86 second-level TLB): see `OwnedPool::lists_outgrow_cache`.
 const LISTS_IN_CACHE: u64 = 8 << 20;
 
+/// Row records a core's own cache is taken to hold (1 MiB: the second-level cache of common
+/// x86 cores): see `OwnedPool::records_outgrow_cache`.
+const RECORDS_IN_CACHE: u64 = 1 << 20;
+
 /// A hint to load `p`'s cache line; `p` need not be valid (nothing is read through it).
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
@@ -432,7 +456,7 @@ fn prefetch<T>(p: *const T) {
 
 impl Pool for OwnedPool {
     fn mapped_len(&self, row: u32) -> Option<u32> {
-        self.rows.get(row as usize)?.as_ref().map(|r| r.len)
+        self.rows.get(row as usize)?.in_use.as_ref().map(|r| r.len)
     }
 
     #[inline(always)]
