@@ -7,7 +7,8 @@ so the machine's moments fall on all labels alike. Per call and label the table 
 median of the runs' medians [their range], then the median over the runs whose `core` figure
 (the bench's gauge of how much of a shared core it had) was at least --free, and over those
 below --busy, with their counts. A hybrid call's cell adds the median of the bench's own
-`vs full` ratios (each from a pair of rounds run back to back).
+`vs full` ratios (each from a pair of rounds run back to back). The bench's other settings
+pass through the environment (SKV_BENCH_ROWS=scattered: sessions take rows in a random order).
 
   cargo bench --bench hot_path --no-run
   scripts/hot_path_pairs.py --runs 20 --sessions 1000 before=/tmp/old/libskv.so after=target/release/libskv.so
@@ -79,7 +80,8 @@ def main():
                     ops.append(op)
         print(f"run {r + 1}/{args.runs} done", file=sys.stderr)
     head = "| call |" + "".join(f" {l}: all [range] | free (n) | busy (n) |" for l, _ in labels)
-    print(f"{binary}, {args.sessions} sessions, {args.calls} calls, {args.runs} runs per label; "
+    rows = os.environ.get("SKV_BENCH_ROWS") or "consecutive"
+    print(f"{binary}, {args.sessions} sessions ({rows} rows), {args.calls} calls, {args.runs} runs per label; "
           f"free: core >= {args.free}, busy: core < {args.busy}")
     print(head)
     print("|---|" + "---|---|---|" * len(labels))
