@@ -48,7 +48,7 @@ impl Cache {
     fn check_slot_windows(&self, pool: &OwnedPool, s: &SwaSide, rep: &mut Report) {
         let ps = self.cfg.page_size;
         for (row, slot) in self.slots.iter().filter(|(_, s)| !s.in_flight) {
-            let Some(r) = pool.rows.get(row as usize).and_then(|r| r.in_use.as_ref()) else { continue };
+            let Some(r) = pool.in_use(row) else { continue };
             let (lo, hi) = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
             let ids = &s.rows[row as usize].ids;
             let shared = (r.protected / ps) as usize;
@@ -82,7 +82,7 @@ impl Cache {
             }
         }
         for (row, s) in self.slots.iter() {
-            match pool.rows.get(row as usize).and_then(|r| r.in_use.as_ref()) {
+            match pool.in_use(row) {
                 None => rep.violation(|| format!("session {} branch {} holds unused row {row}", s.session, s.branch)),
                 Some(r) if !s.in_flight && (r.len != s.allocated || r.protected != s.protected) => {
                     rep.violation(|| {

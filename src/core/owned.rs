@@ -219,6 +219,12 @@ impl OwnedPool {
         &self.pages
     }
 
+    /// The row's mapping, if the row is in range and in use.
+    #[inline(always)]
+    pub(crate) fn in_use(&self, row: u32) -> Option<&Row> {
+        self.rows.get(row as usize)?.in_use.as_ref()
+    }
+
     /// The row record, or `NotFound`.
     #[inline(always)]
     pub fn row(&self, row: u32) -> Result<&Row> {
@@ -330,9 +336,7 @@ impl OwnedPool {
     /// handed to the free stack unread.
     #[inline(always)]
     pub(crate) fn preload_release(&self, row: u32) {
-        let (Some(s), Some(Some(r))) = (self.swa.as_ref(), self.rows.get(row as usize).map(|r| &r.in_use)) else {
-            return;
-        };
+        let (Some(s), Some(r)) = (self.swa.as_ref(), self.in_use(row)) else { return };
         // Four lines: a 1,024-token window's entries at page size 16.
         s.rows[row as usize].preload_from(r.shared_pages(self.ps), 4);
     }
@@ -360,7 +364,7 @@ impl OwnedPool {
     /// so that load too starts early.
     #[inline(always)]
     pub(crate) fn preload_tail(&self, row: u32) {
-        if let Some(Some(r)) = self.rows.get(row as usize).map(|r| &r.in_use) {
+        if let Some(r) = self.in_use(row) {
             prefetch(r.pages.as_ptr().wrapping_add(r.pages.len()));
             if let Some(s) = self.swa.as_ref() {
                 let ids = &s.rows[row as usize].ids;
@@ -417,7 +421,7 @@ impl OwnedPool {
     fn row_freed_next(&self, row: u32, keep: u32, next: Option<&Effect>) -> bool {
         matches!(next, Some(&Effect::FreeRow { row: r }) if r == row)
             && keep.is_multiple_of(self.ps)
-            && self.rows[row as usize].in_use.as_ref().is_some_and(|r| r.protected == keep)
+            && self.in_use(row).is_some_and(|r| r.protected == keep)
     }
 
     fn hook(
@@ -456,7 +460,7 @@ fn prefetch<T>(p: *const T) {
 
 impl Pool for OwnedPool {
     fn mapped_len(&self, row: u32) -> Option<u32> {
-        self.rows.get(row as usize)?.in_use.as_ref().map(|r| r.len)
+        self.in_use(row).map(|r| r.len)
     }
 
     #[inline(always)]

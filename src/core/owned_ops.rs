@@ -317,12 +317,11 @@ impl Cache {
         let pool = self.owned_pool_mut()?;
         let Some(mut dirty) = pool.dirty.take() else { return Ok(()) };
         let mut spans = Vec::new();
-        dirty
-            .drain(|r| pool.rows[r as usize].in_use.as_ref().map_or(0, |r| r.len), |r, lo, hi| spans.push((r, lo, hi)));
+        dirty.drain(|r| pool.in_use(r).map_or(0, |r| r.len), |r, lo, hi| spans.push((r, lo, hi)));
         pool.dirty = Some(dirty);
         let mut buf = Vec::new();
         for (i, &(row, lo, hi)) in spans.iter().enumerate() {
-            let r = pool.rows[row as usize].in_use.as_ref().expect("clipped to rows in use");
+            let r = pool.in_use(row).expect("clipped to rows in use");
             buf.clear();
             buf.extend((lo..hi).map(|p| token_slot(&r.pages, ps, p)));
             if let Err(e) = upload(row, lo, &buf) {
