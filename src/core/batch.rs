@@ -359,10 +359,10 @@ fn plainly_current(cfg: &Config, pool: &OwnedPool, req: &Req, fits: bool) -> Opt
 }
 
 /// `plainly_current`'s checks of `req` against its row's records (`r` and `meta`, its
-/// `RowRecord`, and the row's SWA record when there is an SWA pool), the call's own aside: the one statement of the rule
-/// that a request is fine, for the calls that look the records up themselves. (Finding the
-/// records, and the protected length equal to the row's, make `plainly_valid`'s row and
-/// alignment checks hold: `plainly_valid_lengths` does the rest.)
+/// `RowRecord`, and the row's SWA record when there is an SWA pool), the call's own aside:
+/// the one statement of the rule that a request is fine, for the calls that look the records
+/// up themselves. (Finding the records, and the protected length equal to the row's, make
+/// `plainly_valid`'s row and alignment checks hold: `plainly_valid_lengths` does the rest.)
 #[inline(always)]
 fn plainly_matches(cfg: &Config, req: &Req, row: usize, r: &Row, meta: &RowMeta, swa: Option<&[SwaRow]>) -> bool {
     req.plainly_valid_lengths(cfg)
