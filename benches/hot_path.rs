@@ -6,7 +6,12 @@
 //! each session in order (timed), and puts every session back (untimed). Rounds alternate
 //! between timing each call alone (p50 / p99, the clock's own cost subtracted) and timing
 //! groups of `GROUP` consecutive calls (the median of the group means, free of clock cost).
-//! Batch calls are timed per call and reported per request.
+//! Batch calls are timed per call and reported per request. `alloc_extend_batch B, per req`
+//! has every request take a page (the sessions sit at a page's end: the worst step);
+//! `alloc_extend_batch B, 1 in 16 a page` is a decode step, its sessions at every offset in a
+//! page, so one request in 16 takes one. `reqs alone B` makes no call: it reads and writes
+//! the batch's reqs as the engine does around a commit batch, the floor the engine's own
+//! memory sets under every batch figure at this shape.
 //!
 //! The hybrid ops (`match_hybrid`, `finish_hybrid`, `release_hybrid`) make the same calls on a
 //! second bed whose cache also has an SWA pool (a hybrid model's sliding-window layers): each
@@ -163,6 +168,11 @@ enum Op {
     ReleaseHybrid,
     ExtendBatch(usize),
     CommitBatch(usize),
+    /// A decode step's extend: one token a request, and one request in `PS` takes a page.
+    StepBatch(usize),
+    /// The engine's own reads and writes of a commit batch's reqs, no libskv call: the floor
+    /// under a batch call at this shape.
+    ReqsOnly(usize),
 }
 
 impl Op {
@@ -180,7 +190,7 @@ impl Op {
         ];
         if batches {
             for b in [64, 256] {
-                v.extend([Op::ExtendBatch(b), Op::CommitBatch(b)]);
+                v.extend([Op::ExtendBatch(b), Op::StepBatch(b), Op::CommitBatch(b), Op::ReqsOnly(b)]);
             }
         }
         v
@@ -195,6 +205,8 @@ impl Op {
             Op::Stats => "skv_cache_stats (boundary)".into(),
             Op::ExtendBatch(b) => format!("alloc_extend_batch {b}, per req"),
             Op::CommitBatch(b) => format!("commit_batch {b}, per req"),
+            Op::StepBatch(b) => format!("alloc_extend_batch {b}, 1 in {PS} a page"),
+            Op::ReqsOnly(b) => format!("reqs alone {b} (no call), per req"),
             Op::MatchHybrid => "match_hybrid, hit freeing a 4-page tail".into(),
             Op::FinishHybrid => "finish_hybrid, trimming a 4-page overshoot".into(),
             Op::ReleaseHybrid => "release_hybrid, 4096-token session".into(),
@@ -208,8 +220,9 @@ impl Op {
             Op::Extend => "40".into(),
             Op::Release => "300".into(),
             Op::Stats => "12".into(),
-            Op::ExtendBatch(_) => "15".into(),
+            Op::ExtendBatch(_) | Op::StepBatch(_) => "15".into(),
             Op::CommitBatch(_) => "8".into(),
+            Op::ReqsOnly(_) => "-".into(),
             Op::MatchHybrid | Op::FinishHybrid | Op::ReleaseHybrid => format!("{HYBRID_LIMIT}x full"),
         }
     }
@@ -238,7 +251,7 @@ impl Op {
 
     fn batch(self) -> usize {
         match self {
-            Op::ExtendBatch(b) | Op::CommitBatch(b) => b,
+            Op::ExtendBatch(b) | Op::StepBatch(b) | Op::CommitBatch(b) | Op::ReqsOnly(b) => b,
             _ => 1,
         }
     }
@@ -363,7 +376,15 @@ impl Bed {
                 req.finished_len = 8;
             }
             Op::Extend | Op::ExtendBatch(_) => self.restore(id),
-            Op::CommitBatch(_) => {
+            Op::StepBatch(_) => {
+                // Sessions at every offset in a page: the step's token starts a page for one in PS.
+                self.restore(id);
+                let into_page = id as u32 % PS;
+                if into_page > 0 {
+                    self.extend(id, into_page);
+                }
+            }
+            Op::CommitBatch(_) | Op::ReqsOnly(_) => {
                 self.restore(id);
                 self.extend(id, 1);
             }
@@ -373,9 +394,13 @@ impl Bed {
 
     fn put_back(&mut self, op: Op, id: usize) {
         match op {
-            Op::MatchTailFree | Op::MatchHybrid | Op::Extend | Op::ExtendBatch(_) | Op::CommitBatch(_) => {
-                self.finish_back(id)
-            }
+            Op::MatchTailFree
+            | Op::MatchHybrid
+            | Op::Extend
+            | Op::ExtendBatch(_)
+            | Op::StepBatch(_)
+            | Op::CommitBatch(_)
+            | Op::ReqsOnly(_) => self.finish_back(id),
             Op::FinishTrim | Op::FinishHybrid => assert_eq!(self.reqs[id].req_pool_idx, -1),
             Op::Release | Op::ReleaseHybrid => self.hold(id),
             Op::Stats => {}
@@ -405,7 +430,16 @@ impl Bed {
                     let mut s = std::mem::MaybeUninit::<skv_stats>::uninit();
                     skv_cache_stats(c, s.as_mut_ptr())
                 }
-                Op::ExtendBatch(_) | Op::CommitBatch(_) => batch_call(self, op, lo, hi),
+                Op::ExtendBatch(_) | Op::StepBatch(_) | Op::CommitBatch(_) => batch_call(self, op, lo, hi),
+                Op::ReqsOnly(_) => {
+                    for r in &mut self.reqs[lo..hi] {
+                        if r.kv_committed_len < r.kv_allocated_len && r.req_pool_idx >= 0 {
+                            r.kv_committed_len += 1;
+                        }
+                    }
+                    black_box(&mut self.reqs);
+                    skv_status::SKV_OK
+                }
             }
         }
     }
@@ -493,7 +527,7 @@ unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status 
     match op {
         // SAFETY: the bed's live handle; n reqs (the slice above), n counts by this function's
         // contract, out_loc with its own length as the cap.
-        Op::ExtendBatch(_) => unsafe {
+        Op::ExtendBatch(_) | Op::StepBatch(_) => unsafe {
             skv_alloc_extend_batch(bed.c, reqs, n, bed.ones.as_ptr(), bed.out_loc.as_mut_ptr(), bed.out_loc.len())
         },
         // SAFETY: the bed's live handle; n reqs (the slice above), n counts by this function's
