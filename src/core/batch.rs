@@ -7,7 +7,7 @@
 use super::cache::{Cache, RowMeta};
 use super::error::{bail, Error, Result};
 use super::owned::{OwnedPool, Row, RowRecord, SwaRow};
-use super::page::{pages_for, token_slot};
+use super::page::{div_rem, pages_for, token_slot};
 use super::pool::Backend;
 use super::req::{Config, Req};
 
@@ -151,7 +151,7 @@ impl Cache {
             // (`extend_plainly`).
             if let Backend::Owned(pool) = &mut self.pool {
                 while i < reqs.len() {
-                    ahead.load(pool, reqs, i);
+                    ahead.load(pool, reqs, n_tokens, i);
                     let n = n_tokens[i];
                     let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
                     let Some(need) = extend_plainly(&cfg, pool, &mut reqs[i], n, slots, Some((stamp, i as u32))) else {
@@ -166,7 +166,7 @@ impl Cache {
                 break;
             }
             // Any other request: every check in turn.
-            ahead.load(self.pool.owned().expect("owned checked"), reqs, i);
+            ahead.load(self.pool.owned().expect("owned checked"), reqs, n_tokens, i);
             let (req, n) = (&mut reqs[i], n_tokens[i]);
             let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
             if let Err(e) = self.extend_in_batch_in_full(&cfg, req, n, slots, stamp, i, &mut taken) {
@@ -265,7 +265,7 @@ impl Cache {
         let rows = &pool.rows[..];
         let ahead = Ahead::commits(pool, reqs);
         for i in 0..reqs.len().min(n_tokens.len()) {
-            ahead.load(pool, reqs, i);
+            ahead.load(pool, reqs, n_tokens, i);
             let (req, n) = (&mut reqs[i], n_tokens[i]);
             // The rule, with the row's record looked up once: `plainly_current` and the mark.
             let row = req.row as u32 as usize;
@@ -326,7 +326,7 @@ fn extend_plainly(
     }
     let taken = match need {
         0 => None,
-        _ => Some(pool.pages.take_one(&mut r.pages)?),
+        _ => Some(r.pages.take_one(&mut pool.pages)?),
     };
     if let Some(mark) = mark {
         m.batch.set(mark);
@@ -337,6 +337,10 @@ fn extend_plainly(
         // maps pages_for(len) pages, an invariant the audit checks, so one token needing a
         // page starts it.)
         (Some([one]), Some(page)) => *one = (page * cfg.page_size) as i32,
+        // One token on the last page (the other steps'): from the record's copy of that page.
+        (Some([one]), None) => {
+            *one = (r.pages.last_page() * cfg.page_size + div_rem(req.allocated, cfg.page_size).1) as i32
+        }
         (Some(slots), _) => write_slots(&r.pages, cfg.page_size, req.allocated, slots),
         (None, _) => {}
     }
@@ -407,7 +411,7 @@ impl Ahead {
 
     /// Starts the loads for the requests ahead of `reqs[i]`.
     #[inline(always)]
-    fn load(self, pool: &OwnedPool, reqs: &[Req], i: usize) {
+    fn load(self, pool: &OwnedPool, reqs: &[Req], n_tokens: &[u32], i: usize) {
         // One test a request when there is nothing to load (state in cache).
         if !(self.records | self.lists) {
             return;
@@ -418,8 +422,8 @@ impl Ahead {
             }
         }
         if self.lists {
-            if let Some(near) = reqs.get(i + AHEAD) {
-                pool.preload_tail(near.row as u32);
+            if let (Some(near), Some(&n)) = (reqs.get(i + AHEAD), n_tokens.get(i + AHEAD)) {
+                pool.preload_tail(near.row as u32, n);
             }
         }
     }
@@ -622,6 +626,36 @@ mod tests {
             assert!(reqs.iter().all(|r| r.committed == r.allocated));
         }
         assert_eq!(c.check().unwrap().violations, 0);
+    }
+
+    /// A token on its row's last page takes its slot from the record's copy of that page: the
+    /// slot the list names, token after token, across trims and the pages taken again after
+    /// them, in single calls and in batches.
+    #[test]
+    fn a_token_on_the_last_page_gets_the_slot_the_list_names() {
+        let mut c = cache(32);
+        let mut reqs = rows(&mut c, 2);
+        let slot_of = |c: &Cache, r: &Req| {
+            let mut want = [0i32];
+            c.row_indices(r.row as u32, r.allocated - 1, r.allocated, false, &mut want).unwrap();
+            want[0]
+        };
+        for keep in [9u32, 4, 0, 7] {
+            for _ in 0..10 {
+                let mut one = [-1i32];
+                c.alloc_extend(&mut reqs[0], 1, Some(&mut one)).unwrap();
+                assert_eq!(one[0], slot_of(&c, &reqs[0]), "single call at {}", reqs[0].allocated);
+                let mut two = [-1i32; 2];
+                c.alloc_extend_batch(&mut reqs, &[1, 1], Some(&mut two)).unwrap();
+                assert_eq!(two, [slot_of(&c, &reqs[0]), slot_of(&c, &reqs[1])], "batch at {}", reqs[0].allocated);
+            }
+            for r in reqs.iter_mut() {
+                r.committed = r.allocated;
+                c.free_tail(r, keep).unwrap();
+                assert_eq!(r.allocated, keep);
+            }
+            assert_eq!(c.check().unwrap().violations, 0);
+        }
     }
 
     #[test]

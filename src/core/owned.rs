@@ -24,10 +24,73 @@ pub trait EngineHooks: Send {
     fn free_aux(&mut self, aux_state: i64) -> Result<(), i32>;
 }
 
-/// One req_to_token row in use (32 bytes; kept in the row's `RowRecord`).
+/// A row's page list, and a copy of its last page kept beside it: a decode step's token lands
+/// on the last page, so its slot comes from the row's record without a read of the list (at
+/// 100,000 rows the list's end was a miss of its own a request). Every change goes through
+/// `edit`, which keeps the copy; reads see the pages as a slice.
+#[derive(Debug, Default)]
+pub struct PageList {
+    ids: Vec<u32>,
+    /// `ids`' last page, 0 when it is empty.
+    last: u32,
+}
+
+impl PageList {
+    pub fn new(ids: Vec<u32>) -> Self {
+        let last = ids.last().copied().unwrap_or(0);
+        PageList { ids, last }
+    }
+
+    /// The last page (0 when there is none), read from the copy.
+    #[inline(always)]
+    pub fn last_page(&self) -> u32 {
+        self.last
+    }
+
+    /// Changes the list, and with it the copy of its last page.
+    #[inline(always)]
+    pub fn edit<R>(&mut self, f: impl FnOnce(&mut Vec<u32>) -> R) -> R {
+        let r = f(&mut self.ids);
+        self.last = self.ids.last().copied().unwrap_or(0);
+        r
+    }
+
+    /// `PageAllocator::take_one` onto this list: a decode step's page.
+    #[inline(always)]
+    pub fn take_one(&mut self, alloc: &mut PageAllocator) -> Option<u32> {
+        let page = alloc.take_one(&mut self.ids)?;
+        self.last = page;
+        Some(page)
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.ids.capacity()
+    }
+
+    pub fn into_vec(self) -> Vec<u32> {
+        self.ids
+    }
+
+    /// Breaks the copy, for the audit's tests.
+    #[cfg(test)]
+    pub(crate) fn break_last(&mut self, page: u32) {
+        self.last = page;
+    }
+}
+
+impl std::ops::Deref for PageList {
+    type Target = [u32];
+
+    #[inline(always)]
+    fn deref(&self) -> &[u32] {
+        &self.ids
+    }
+}
+
+/// One req_to_token row in use (40 bytes; kept in the row's `RowRecord`).
 #[derive(Debug, Default)]
 pub struct Row {
-    pub pages: Vec<u32>,
+    pub pages: PageList,
     /// Tokens mapped.
     pub len: u32,
     /// Leading tokens whose pages are engine-held.
@@ -251,7 +314,8 @@ impl OwnedPool {
         let row = self.free_rows.pop()?;
         // A list a released row or an emptied run left: a new turn's first extend finds room,
         // and a release hands the host allocator nothing.
-        self.rows[row as usize].in_use = Some(Row { pages: self.pages.take_list(), len: 0, protected: 0 });
+        self.rows[row as usize].in_use =
+            Some(Row { pages: PageList::new(self.pages.take_list()), len: 0, protected: 0 });
         Some(row)
     }
 
@@ -272,7 +336,7 @@ impl OwnedPool {
             (sr.cursor, sr.passed) = (0, (0, 0));
             sr.ids.clear();
         }
-        self.pages.free_list_of_row(r.pages, shared);
+        self.pages.free_list_of_row(r.pages.into_vec(), shared);
         self.free_rows.push(row);
     }
 
@@ -281,14 +345,14 @@ impl OwnedPool {
     pub(crate) fn grow(&mut self, row: u32, n: u32) -> Result<()> {
         let r = self.rows[row as usize].in_use.as_mut().expect("row checked in use");
         let Some(s) = self.swa.as_mut() else {
-            return self.pages.alloc(n, &mut r.pages);
+            return r.pages.edit(|v| self.pages.alloc(n, v));
         };
         s.check_room(n as u64)?;
         let ids = &mut s.rows[row as usize].ids;
         if ids.try_reserve_exact(n as usize).is_err() {
             bail!(OutOfMemory, "no host memory for a list of {n} more SWA pages");
         }
-        self.pages.alloc(n, &mut r.pages)?;
+        r.pages.edit(|v| self.pages.alloc(n, v))?;
         s.alloc.alloc(n, ids);
         Ok(())
     }
@@ -298,7 +362,7 @@ impl OwnedPool {
     pub(crate) fn ungrow(&mut self, row: u32, keep: usize) {
         let r = self.rows[row as usize].in_use.as_mut().expect("row in use");
         self.pages.unalloc(&r.pages[keep..]);
-        r.pages.truncate(keep);
+        r.pages.edit(|v| v.truncate(keep));
         if let Some(s) = self.swa.as_mut() {
             let ids = &mut s.rows[row as usize].ids;
             s.alloc.unalloc(&ids[keep..]);
@@ -360,11 +424,17 @@ impl OwnedPool {
     }
 
     /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
-    /// use: a batch extend asks for it a few requests ahead. The row's record is read for it,
-    /// so that load too starts early.
+    /// use and an extend by `n` reads or writes it: a batch extend asks for it a few requests
+    /// ahead. A token on the row's last page needs no list (its slot comes from the record's
+    /// copy of that page), so a decode step loads one list in `ps`. The row's record is read
+    /// for the test, so that load too starts early.
     #[inline(always)]
-    pub(crate) fn preload_tail(&self, row: u32) {
+    pub(crate) fn preload_tail(&self, row: u32, n: u32) {
         if let Some(r) = self.in_use(row) {
+            let room = r.pages.len() as u64 * self.ps as u64 - r.len as u64;
+            if n == 1 && room > 0 {
+                return;
+            }
             prefetch(r.pages.as_ptr().wrapping_add(r.pages.len()));
             if let Some(s) = self.swa.as_ref() {
                 let ids = &s.rows[row as usize].ids;
@@ -400,13 +470,13 @@ impl OwnedPool {
         }
         if kept < r.pages.len() {
             self.pages.free_owned(&r.pages[kept..]);
-            r.pages.truncate(kept);
+            r.pages.edit(|v| v.truncate(kept));
             // Held rows cost 4 bytes per mapped page, not per page they ever mapped; halving
             // only when less than half is used keeps a turn's trim and the next turn's growth
             // from reallocating every time. An emptied list keeps its room: the row grows
             // again, or a release hands the list to the free stack, kept for a row taken.
             if kept > 0 && r.pages.capacity() > 2 * kept.max(4) {
-                r.pages.shrink_to_fit();
+                r.pages.edit(|v| v.shrink_to_fit());
             }
         }
         if let Some(s) = self.swa.as_mut() {

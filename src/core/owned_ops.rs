@@ -199,7 +199,7 @@ impl Cache {
             sr.ids.extend(pages.iter().map(|&p| s.held[p as usize]));
             sr.passed = (0, 0);
         }
-        *pool.row_mut(row) = super::owned::Row { pages, len: n, protected: n };
+        *pool.row_mut(row) = super::owned::Row { pages: super::owned::PageList::new(pages), len: n, protected: n };
         pool.mapped(row, 0, n);
         (req.allocated, req.committed, req.protected) = (n, n, n);
         Ok(())
@@ -367,7 +367,7 @@ impl Cache {
         for (i, &row) in rows.iter().enumerate() {
             let r = pool.row(row as u32).expect("checked by flashinfer_len");
             let n = pages_for(r.len, ps) as usize;
-            let ids = side.map_or(&r.pages, |s| &s.rows[row as usize].ids);
+            let ids = side.map_or(&r.pages[..], |s| &s.rows[row as usize].ids[..]);
             for (o, &p) in indices[at..at + n].iter_mut().zip(ids) {
                 *o = p as i32;
             }

@@ -739,9 +739,14 @@ fn the_audit_sees_every_full_page() {
     assert!(m.contains("counts 5 maps, rows map it 1 times"), "{m}");
     let m = corrupt(&|p, row| {
         let free = p.pages.next_free().unwrap();
-        p.row_mut(row).pages[2] = free
+        p.row_mut(row).pages.edit(|v| v[2] = free)
     });
     assert!(m.contains("(leaked)") || m.contains("is mapped by 1 rows"), "{m}");
+    let m = corrupt(&|p, row| {
+        let wrong = p.row_mut(row).pages.last_page() + 1;
+        p.row_mut(row).pages.break_last(wrong)
+    });
+    assert!(m.contains("as its last page, its list ends with"), "{m}");
     let m = corrupt(&|p, _| p.pages.free_stack_mut().push(0));
     assert!(m.contains("free list holds page 0"), "{m}");
 }
