@@ -324,6 +324,9 @@ fn extend_plainly(
     if !fine {
         return None;
     }
+    // The row's last page before the extend: with the page taken (if any), it holds every
+    // position the extend maps, so the slots come from the two ids in hand, not the list.
+    let last = r.pages.last_page();
     let taken = match need {
         0 => None,
         _ => Some(r.pages.take_one(&mut pool.pages)?),
@@ -331,17 +334,15 @@ fn extend_plainly(
     if let Some(mark) = mark {
         m.batch.set(mark);
     }
+    let ps = cfg.page_size;
     match (slots, taken) {
         // One token on the page it just took (a decode step's every page-size-th token): the
-        // page's first slot, from the id in hand rather than read back from the list. (A row
-        // maps pages_for(len) pages, an invariant the audit checks, so one token needing a
-        // page starts it.)
-        (Some([one]), Some(page)) => *one = (page * cfg.page_size) as i32,
-        // One token on the last page (the other steps'): from the record's copy of that page.
-        (Some([one]), None) => {
-            *one = (r.pages.last_page() * cfg.page_size + div_rem(req.allocated, cfg.page_size).1) as i32
-        }
-        (Some(slots), _) => write_slots(&r.pages, cfg.page_size, req.allocated, slots),
+        // page's first slot. (A row maps pages_for(len) pages, an invariant the audit checks,
+        // so one token needing a page starts it.)
+        (Some([one]), Some(page)) => *one = (page * ps) as i32,
+        // One token on the last page (the other steps').
+        (Some([one]), None) => *one = (last * ps + div_rem(req.allocated, ps).1) as i32,
+        (Some(slots), _) => write_step_slots(slots, ps, req.allocated, last, taken),
         (None, _) => {}
     }
     r.len = new_len as u32;
@@ -492,6 +493,22 @@ impl BatchMarks {
     }
 }
 
+/// The token slots of positions `from..from + out.len()` of an extend that maps at most one
+/// new page: the positions left on the row's last page (`last`, before the extend), then those
+/// on the page it took (`taken`).
+#[inline(never)]
+fn write_step_slots(out: &mut [i32], ps: u32, from: u32, last: u32, taken: Option<u32>) {
+    let off = div_rem(from, ps).1;
+    let room = if off == 0 { 0 } else { (ps - off) as usize };
+    let new = taken.unwrap_or(0) * ps;
+    for (k, o) in out.iter_mut().enumerate() {
+        *o = match k < room {
+            true => (last * ps + off + k as u32) as i32,
+            false => (new + (k - room) as u32) as i32,
+        };
+    }
+}
+
 /// The token slots of `row[from..from + out.len())`. One slot (a decode step's) inline; more
 /// in a loop of their own.
 #[inline(always)]
@@ -628,26 +645,31 @@ mod tests {
         assert_eq!(c.check().unwrap().violations, 0);
     }
 
-    /// A token on its row's last page takes its slot from the record's copy of that page: the
-    /// slot the list names, token after token, across trims and the pages taken again after
-    /// them, in single calls and in batches.
+    /// An extend that maps at most one new page takes its slots from the record's copy of the
+    /// last page and the page it took: the slots the list names, one token or several, across
+    /// trims and the pages taken again after them, in single calls and in batches.
     #[test]
     fn a_token_on_the_last_page_gets_the_slot_the_list_names() {
-        let mut c = cache(32);
+        let mut c = cache(48);
         let mut reqs = rows(&mut c, 2);
-        let slot_of = |c: &Cache, r: &Req| {
-            let mut want = [0i32];
-            c.row_indices(r.row as u32, r.allocated - 1, r.allocated, false, &mut want).unwrap();
-            want[0]
+        // The last `k` slots of `r`'s row, as its list names them.
+        let slots_of = |c: &Cache, r: &Req, k: u32| {
+            let mut want = vec![0i32; k as usize];
+            c.row_indices(r.row as u32, r.allocated - k, r.allocated, false, &mut want).unwrap();
+            want
         };
         for keep in [9u32, 4, 0, 7] {
-            for _ in 0..10 {
+            for step in 0..10 {
                 let mut one = [-1i32];
                 c.alloc_extend(&mut reqs[0], 1, Some(&mut one)).unwrap();
-                assert_eq!(one[0], slot_of(&c, &reqs[0]), "single call at {}", reqs[0].allocated);
-                let mut two = [-1i32; 2];
-                c.alloc_extend_batch(&mut reqs, &[1, 1], Some(&mut two)).unwrap();
-                assert_eq!(two, [slot_of(&c, &reqs[0]), slot_of(&c, &reqs[1])], "batch at {}", reqs[0].allocated);
+                assert_eq!(one[..], slots_of(&c, &reqs[0], 1), "single call at {}", reqs[0].allocated);
+                // Several tokens a request (a speculative step's), on the last page and past it.
+                let lens = if step % 3 == 0 { [3, 2] } else { [1, 1] };
+                let mut out = [-1i32; 5];
+                let out = &mut out[..(lens[0] + lens[1]) as usize];
+                c.alloc_extend_batch(&mut reqs, &lens, Some(out)).unwrap();
+                let want = [slots_of(&c, &reqs[0], lens[0]), slots_of(&c, &reqs[1], lens[1])].concat();
+                assert_eq!(out[..], want[..], "batch of {lens:?} at {}", reqs[0].allocated);
             }
             for r in reqs.iter_mut() {
                 r.committed = r.allocated;

@@ -424,15 +424,15 @@ impl OwnedPool {
     }
 
     /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
-    /// use and an extend by `n` reads or writes it: a batch extend asks for it a few requests
-    /// ahead. A token on the row's last page needs no list (its slot comes from the record's
-    /// copy of that page), so a decode step loads one list in `ps`. The row's record is read
-    /// for the test, so that load too starts early.
+    /// use and an extend by `n` writes it: a batch extend asks for it a few requests ahead.
+    /// Without an SWA pool, an extend that takes no page reads no list (its slots come from
+    /// the record's copy of the last page), so a decode step loads one list in `ps`. The row's
+    /// record is read for the test, so that load too starts early.
     #[inline(always)]
     pub(crate) fn preload_tail(&self, row: u32, n: u32) {
         if let Some(r) = self.in_use(row) {
             let room = r.pages.len() as u64 * self.ps as u64 - r.len as u64;
-            if n == 1 && room > 0 {
+            if n as u64 <= room && self.swa.is_none() {
                 return;
             }
             prefetch(r.pages.as_ptr().wrapping_add(r.pages.len()));
