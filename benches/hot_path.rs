@@ -13,14 +13,15 @@
 //! the batch's reqs as the engine does around a commit batch, the floor the engine's own
 //! memory sets under every batch figure at this shape.
 //!
-//! The hybrid ops (`match_hybrid`, `finish_hybrid`, `release_hybrid`) make the same calls on a
+//! The hybrid ops (`match_hybrid`, `finish_hybrid`, `release_hybrid`, `extend_batch_hybrid`)
+//! make the same calls on a
 //! second bed whose cache also has an SWA pool (a hybrid model's sliding-window layers): each
 //! session's first turn ended with a window step (`skv_swa_evict`, window `WINDOW` = 1,024
 //! tokens), so its row keeps the SWA pages of its last 1,024 positions (64 pages) and the
 //! window has given the other 192 back. A release then frees `[0, 3072)` full-side only and
 //! `[3072, 4096)` to both pools; a finish's or a match's 4-page tail lies inside the window and
-//! goes back to both pools (no window step runs during the turn, so the bed's state after a
-//! round is the one before it). A hybrid op's grouped rounds alternate with rounds of its
+//! goes back to both pools, as does a decode step's page (no window step runs during the turn,
+//! so the bed's state after a round is the one before it). A hybrid op's grouped rounds alternate with rounds of its
 //! full-attention op on a bed of the same size, and `vs full` is the median over those pairs
 //! of hybrid median / full median: the machine's speed moves between runs (up to 2x here),
 //! hardly within a pair. A filter selecting a hybrid op also runs its full-attention op.
@@ -170,6 +171,8 @@ enum Op {
     CommitBatch(usize),
     /// A decode step's extend: one token a request, and one request in `PS` takes a page.
     StepBatch(usize),
+    /// `StepBatch` on the hybrid bed: a page taken maps an SWA page too.
+    StepBatchHybrid(usize),
     /// The engine's own reads and writes of a commit batch's reqs, no libskv call: the floor
     /// under a batch call at this shape.
     ReqsOnly(usize),
@@ -190,7 +193,13 @@ impl Op {
         ];
         if batches {
             for b in [64, 256] {
-                v.extend([Op::ExtendBatch(b), Op::StepBatch(b), Op::CommitBatch(b), Op::ReqsOnly(b)]);
+                v.extend([
+                    Op::ExtendBatch(b),
+                    Op::StepBatch(b),
+                    Op::StepBatchHybrid(b),
+                    Op::CommitBatch(b),
+                    Op::ReqsOnly(b),
+                ]);
             }
         }
         v
@@ -206,6 +215,7 @@ impl Op {
             Op::ExtendBatch(b) => format!("alloc_extend_batch {b}, per req"),
             Op::CommitBatch(b) => format!("commit_batch {b}, per req"),
             Op::StepBatch(b) => format!("alloc_extend_batch {b}, 1 in {PS} a page"),
+            Op::StepBatchHybrid(b) => format!("extend_batch_hybrid {b}, 1 in {PS} a page"),
             Op::ReqsOnly(b) => format!("reqs alone {b} (no call), per req"),
             Op::MatchHybrid => "match_hybrid, hit freeing a 4-page tail".into(),
             Op::FinishHybrid => "finish_hybrid, trimming a 4-page overshoot".into(),
@@ -223,7 +233,9 @@ impl Op {
             Op::ExtendBatch(_) | Op::StepBatch(_) => "15".into(),
             Op::CommitBatch(_) => "8".into(),
             Op::ReqsOnly(_) => "-".into(),
-            Op::MatchHybrid | Op::FinishHybrid | Op::ReleaseHybrid => format!("{HYBRID_LIMIT}x full"),
+            Op::MatchHybrid | Op::FinishHybrid | Op::ReleaseHybrid | Op::StepBatchHybrid(_) => {
+                format!("{HYBRID_LIMIT}x full")
+            }
         }
     }
 
@@ -233,6 +245,7 @@ impl Op {
             Op::MatchHybrid => Some(Op::MatchTailFree),
             Op::FinishHybrid => Some(Op::FinishTrim),
             Op::ReleaseHybrid => Some(Op::Release),
+            Op::StepBatchHybrid(b) => Some(Op::StepBatch(b)),
             _ => None,
         }
     }
@@ -251,7 +264,7 @@ impl Op {
 
     fn batch(self) -> usize {
         match self {
-            Op::ExtendBatch(b) | Op::StepBatch(b) | Op::CommitBatch(b) | Op::ReqsOnly(b) => b,
+            Op::ExtendBatch(b) | Op::StepBatch(b) | Op::StepBatchHybrid(b) | Op::CommitBatch(b) | Op::ReqsOnly(b) => b,
             _ => 1,
         }
     }
@@ -376,7 +389,7 @@ impl Bed {
                 req.finished_len = 8;
             }
             Op::Extend | Op::ExtendBatch(_) => self.restore(id),
-            Op::StepBatch(_) => {
+            Op::StepBatch(_) | Op::StepBatchHybrid(_) => {
                 // Sessions at every offset in a page: the step's token starts a page for one in PS.
                 self.restore(id);
                 let into_page = id as u32 % PS;
@@ -399,6 +412,7 @@ impl Bed {
             | Op::Extend
             | Op::ExtendBatch(_)
             | Op::StepBatch(_)
+            | Op::StepBatchHybrid(_)
             | Op::CommitBatch(_)
             | Op::ReqsOnly(_) => self.finish_back(id),
             Op::FinishTrim | Op::FinishHybrid => assert_eq!(self.reqs[id].req_pool_idx, -1),
@@ -430,7 +444,9 @@ impl Bed {
                     let mut s = std::mem::MaybeUninit::<skv_stats>::uninit();
                     skv_cache_stats(c, s.as_mut_ptr())
                 }
-                Op::ExtendBatch(_) | Op::StepBatch(_) | Op::CommitBatch(_) => batch_call(self, op, lo, hi),
+                Op::ExtendBatch(_) | Op::StepBatch(_) | Op::StepBatchHybrid(_) | Op::CommitBatch(_) => {
+                    batch_call(self, op, lo, hi)
+                }
                 Op::ReqsOnly(_) => {
                     for r in &mut self.reqs[lo..hi] {
                         if r.kv_committed_len < r.kv_allocated_len && r.req_pool_idx >= 0 {
@@ -527,7 +543,7 @@ unsafe fn batch_call(bed: &mut Bed, op: Op, lo: usize, hi: usize) -> skv_status 
     match op {
         // SAFETY: the bed's live handle; n reqs (the slice above), n counts by this function's
         // contract, out_loc with its own length as the cap.
-        Op::ExtendBatch(_) | Op::StepBatch(_) => unsafe {
+        Op::ExtendBatch(_) | Op::StepBatch(_) | Op::StepBatchHybrid(_) => unsafe {
             skv_alloc_extend_batch(bed.c, reqs, n, bed.ones.as_ptr(), bed.out_loc.as_mut_ptr(), bed.out_loc.len())
         },
         // SAFETY: the bed's live handle; n reqs (the slice above), n counts by this function's
