@@ -359,6 +359,19 @@ impl SwaAllocator {
         self.free.pop_into(n as usize, out);
     }
 
+    /// `alloc(1, out)` when a page is free and `out` has room (nothing to allocate): the page,
+    /// or `None` having changed nothing.
+    #[inline(always)]
+    pub fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
+        if out.len() < out.capacity() {
+            if let Some(page) = self.free.pop() {
+                out.push(page);
+                return Some(page);
+            }
+        }
+        None
+    }
+
     /// `PageAllocator::unalloc` for the SWA pool.
     pub fn unalloc(&mut self, ids: &[u32]) {
         self.free.unpop(ids);

@@ -6,7 +6,7 @@
 
 use super::cache::{Cache, RowMeta};
 use super::error::{bail, Error, Result};
-use super::owned::{OwnedPool, Row, RowRecord, SwaRow};
+use super::owned::{OwnedPool, Row, RowRecord};
 use super::page::{div_rem, pages_for, token_slot};
 use super::pool::Backend;
 use super::req::{Config, Req};
@@ -90,7 +90,12 @@ impl Cache {
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, mut out: Option<&mut [i32]>) -> Result<()> {
         let (cfg, old) = (self.cfg, req.allocated);
         if let Backend::Owned(pool) = &mut self.pool {
-            if extend_plainly(&cfg, pool, req, n, out.as_deref_mut(), None).is_some() {
+            let slots = out.as_deref_mut();
+            let plain = match pool.swa.is_some() {
+                true => extend_plainly::<true>(&cfg, pool, req, n, slots, None),
+                false => extend_plainly::<false>(&cfg, pool, req, n, slots, None),
+            };
+            if plain.is_some() {
                 pool.mapped(req.row as u32, old, req.allocated);
                 return Ok(());
             }
@@ -150,16 +155,10 @@ impl Cache {
             // A decode step's requests, each with its row's record looked up once
             // (`extend_plainly`).
             if let Backend::Owned(pool) = &mut self.pool {
-                while i < reqs.len() {
-                    ahead.load(pool, reqs, n_tokens, i);
-                    let n = n_tokens[i];
-                    let slots = out.as_deref_mut().map(|o| &mut o[at..at + n as usize]);
-                    let Some(need) = extend_plainly(&cfg, pool, &mut reqs[i], n, slots, Some((stamp, i as u32))) else {
-                        break;
-                    };
-                    taken += need as u64;
-                    at += n as usize;
-                    i += 1;
+                let run = Run { cfg: &cfg, ahead, stamp };
+                match pool.swa.is_some() {
+                    true => run.extend::<true>(pool, reqs, n_tokens, &mut out, (&mut i, &mut at, &mut taken)),
+                    false => run.extend::<false>(pool, reqs, n_tokens, &mut out, (&mut i, &mut at, &mut taken)),
                 }
             }
             if i == reqs.len() {
@@ -259,7 +258,7 @@ impl Cache {
         let stamp = self.batch_marks.begin(&mut self.pool.owned_mut().expect("owned checked").rows);
         let pool = self.pool.owned().expect("owned checked");
         let cfg = self.cfg;
-        let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
+        let swa = pool.swa.is_some();
         // The table as a slice held for the loop: read through the pool, its bounds were loaded
         // again after every mark's store.
         let rows = &pool.rows[..];
@@ -273,7 +272,7 @@ impl Cache {
                 let committed = req.committed as u64 + n as u64;
                 if m.batch.get().0 != stamp
                     && committed <= req.allocated as u64
-                    && plainly_matches(&cfg, req, row, r, m, swa)
+                    && plainly_matches(&cfg, req, r, m, swa)
                 {
                     m.batch.set((stamp, i as u32));
                     req.committed = committed as u32;
@@ -296,13 +295,49 @@ impl Cache {
     }
 }
 
+/// A batch extend's run of requests that `extend_plainly` serves.
+struct Run<'a> {
+    cfg: &'a Config,
+    ahead: Ahead,
+    stamp: u32,
+}
+
+impl Run<'_> {
+    /// `extend_plainly` on `reqs[i..]`, up to the first request it leaves to the checks in
+    /// order (or the end), moving `(i, at, taken)` (the request, its first slot in `out`, the
+    /// pages taken so far) past each one served. `SWA` says whether there is an SWA pool,
+    /// decided once for the run, so a model without one pays nothing for it.
+    #[inline(always)]
+    fn extend<const SWA: bool>(
+        &self,
+        pool: &mut OwnedPool,
+        reqs: &mut [Req],
+        n_tokens: &[u32],
+        out: &mut Option<&mut [i32]>,
+        (i, at, taken): (&mut usize, &mut usize, &mut u64),
+    ) {
+        while *i < reqs.len() {
+            self.ahead.load(pool, reqs, n_tokens, *i);
+            let n = n_tokens[*i];
+            let slots = out.as_deref_mut().map(|o| &mut o[*at..*at + n as usize]);
+            let mark = Some((self.stamp, *i as u32));
+            let Some(need) = extend_plainly::<SWA>(self.cfg, pool, &mut reqs[*i], n, slots, mark) else {
+                return;
+            };
+            *taken += need as u64;
+            *at += n as usize;
+            *i += 1;
+        }
+    }
+}
+
 /// The rule of an extend, done with the row's record looked up once: a request that passes
 /// every check at once (`plainly_current`'s, and with `mark` = (stamp, position), no earlier
-/// request of the batch on its row) and needs at most one page, on a model without an SWA pool
-/// (a decode step's). Returns the pages taken, or `None` having changed nothing: the caller
-/// then takes the path that checks in order and does every case.
+/// request of the batch on its row) and needs at most one page (a decode step's), with an SWA
+/// page beside it when there is an SWA pool. Returns the pages taken, or `None` having changed
+/// nothing: the caller then takes the path that checks in order and does every case.
 #[inline(always)]
-fn extend_plainly(
+fn extend_plainly<const SWA: bool>(
     cfg: &Config,
     pool: &mut OwnedPool,
     req: &mut Req,
@@ -311,7 +346,7 @@ fn extend_plainly(
     mark: Option<(u32, u32)>,
 ) -> Option<usize> {
     let row = req.row as u32 as usize;
-    let (Some(RowRecord { meta: m, in_use: Some(r) }), None) = (pool.rows.get_mut(row), pool.swa.as_ref()) else {
+    let Some(RowRecord { meta: m, in_use: Some(r) }) = pool.rows.get_mut(row) else {
         return None;
     };
     let new_len = req.allocated as u64 + n as u64;
@@ -319,7 +354,7 @@ fn extend_plainly(
     let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize).wrapping_sub(r.pages.len());
     let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
         && new_len <= cfg.max_context_len as u64
-        && plainly_matches(cfg, req, row, r, m, None)
+        && plainly_matches(cfg, req, r, m, SWA)
         && need <= 1;
     if !fine {
         return None;
@@ -327,9 +362,20 @@ fn extend_plainly(
     // The row's last page before the extend: with the page taken (if any), it holds every
     // position the extend maps, so the slots come from the two ids in hand, not the list.
     let last = r.pages.last_page();
-    let taken = match need {
-        0 => None,
-        _ => Some(r.pages.take_one(&mut pool.pages)?),
+    let taken = match (need, if SWA { pool.swa.as_mut() } else { None }) {
+        (0, _) => None,
+        (_, None) => Some(r.pages.take_one(&mut pool.pages)?),
+        // A page and its SWA page, or neither: the SWA side is checked first, so that its
+        // take, after the full side's, cannot fail.
+        (_, Some(s)) => {
+            let ids = &mut s.rows[row].ids;
+            if ids.len() == ids.capacity() || s.alloc.free_pages() == 0 {
+                return None;
+            }
+            let page = r.pages.take_one(&mut pool.pages)?;
+            s.alloc.take_one(ids).expect("an SWA page and room, checked above");
+            Some(page)
+        }
     };
     if let Some(mark) = mark {
         m.batch.set(mark);
@@ -359,22 +405,22 @@ fn extend_plainly(
 fn plainly_current(cfg: &Config, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
     let row = u32::try_from(req.row).ok()?;
     let RowRecord { meta, in_use: Some(r) } = pool.rows.get(row as usize)? else { return None };
-    let swa = pool.swa.as_ref().map(|s| &s.rows[..]);
-    (fits && plainly_matches(cfg, req, row as usize, r, meta, swa)).then_some(row)
+    let swa = pool.swa.is_some();
+    (fits && plainly_matches(cfg, req, r, meta, swa)).then_some(row)
 }
 
-/// `plainly_current`'s checks of `req` against its row's records (`r` and `meta`, its
-/// `RowRecord`, and the row's SWA record when there is an SWA pool), the call's own aside:
+/// `plainly_current`'s checks of `req` against its row's record (`r` and `meta`, its
+/// `RowRecord`; the SWA cursor too when there is an SWA pool, `swa`), the call's own aside:
 /// the one statement of the rule that a request is fine, for the calls that look the records
 /// up themselves. (Finding the records, and the protected length equal to the row's, make
 /// `plainly_valid`'s row and alignment checks hold: `plainly_valid_lengths` does the rest.)
 #[inline(always)]
-fn plainly_matches(cfg: &Config, req: &Req, row: usize, r: &Row, meta: &RowMeta, swa: Option<&[SwaRow]>) -> bool {
+fn plainly_matches(cfg: &Config, req: &Req, r: &Row, meta: &RowMeta, swa: bool) -> bool {
     req.plainly_valid_lengths(cfg)
         && (req.generation == 0 || req.generation == meta.generation)
         && req.allocated == r.len
         && req.protected == r.protected
-        && swa.is_none_or(|s| s[row].cursor == req.swa)
+        && (!swa || r.swa_cursor == req.swa)
         && !meta.idle_slot
 }
 
@@ -383,14 +429,15 @@ const AHEAD: usize = 8;
 
 /// What a batch starts loading ahead of its requests, decided once per batch. With thousands
 /// of rows a request's state is rarely in cache, and it is a chain of loads (the row's
-/// record, then for an extend the end of its page list): started early, the loads overlap
-/// with the requests in between.
-/// - `records`: the row's record (and SWA record), from `AHEAD` requests on (an extend's,
-///   from `2 * AHEAD`, so that the list load can follow). Only when the records outgrow a
+/// record, then for an extend that takes a page the ends of its page lists): started early,
+/// the loads overlap with the requests in between.
+/// - `records`: the row's record, from `AHEAD` requests on (an extend's, from `2 * AHEAD`, so
+///   that the lists' loads can follow). Only when the records outgrow a
 ///   core's cache and the batch's rows are not in order (`rows_in_order`): rows in order are
 ///   streamed by the hardware, and there these loads only cost instructions.
-/// - `lists`: an extend's list end, from `AHEAD` on, when the lists outgrow the caches
-///   (`OwnedPool::lists_outgrow_cache`). Even rows in order have their lists apart.
+/// - `lists`: the ends of the lists an extend that takes a page writes, from `AHEAD` on, when
+///   the lists outgrow the caches (`OwnedPool::lists_outgrow_cache`). Even rows in order have
+///   their lists apart.
 #[derive(Clone, Copy)]
 struct Ahead {
     records: bool,
@@ -419,7 +466,7 @@ impl Ahead {
         }
         if self.records {
             if let Some(far) = reqs.get(i + self.records_at) {
-                pool.preload_row(far.row as u32);
+                pool.preload_record(far.row as u32);
             }
         }
         if self.lists {
@@ -677,6 +724,45 @@ mod tests {
                 assert_eq!(r.allocated, keep);
             }
             assert_eq!(c.check().unwrap().violations, 0);
+        }
+    }
+
+    /// With an SWA pool, a decode step's page maps the SWA page on top of the SWA free stack,
+    /// as the path that checks in order maps it (`SwaAllocator::alloc`), and the rest of the
+    /// step's tokens map nothing: token by token, across trims that leave the lists room.
+    #[test]
+    fn a_hybrid_step_maps_the_next_swa_page_beside_each_page_it_takes() {
+        let mut c = twin(48, 48);
+        let mut reqs = rows(&mut c, 2);
+        let swa_top = |c: &Cache, k: usize| -> Vec<u32> {
+            let stack: Vec<u32> = c.owned_pool().unwrap().swa.as_ref().unwrap().alloc.free_stack().copied().collect();
+            stack.iter().rev().take(k).copied().collect()
+        };
+        for keep in [5u32, 2, 9] {
+            for _ in 0..12 {
+                // The requests that start a page, in order, take the SWA stack's top pages.
+                let starting: Vec<usize> = (0..2).filter(|&i| reqs[i].allocated.is_multiple_of(4)).collect();
+                let want_swa = swa_top(&c, starting.len());
+                let before = c.stats().unwrap().swa_free_pages;
+                let mut out = [-1i32; 2];
+                c.alloc_extend_batch(&mut reqs, &[1, 1], Some(&mut out)).unwrap();
+                assert_eq!(c.stats().unwrap().swa_free_pages, before - starting.len() as u64);
+                for (k, &i) in starting.iter().enumerate() {
+                    let (r, mut got) = (reqs[i], [0i32; 1]);
+                    c.row_indices(r.row as u32, r.allocated - 1, r.allocated, true, &mut got).unwrap();
+                    assert_eq!(got[0] as u32, want_swa[k] * 4, "reqs[{i}] at {}", r.allocated);
+                }
+                for (i, r) in reqs.iter().enumerate() {
+                    let mut full = [0i32; 1];
+                    c.row_indices(r.row as u32, r.allocated - 1, r.allocated, false, &mut full).unwrap();
+                    assert_eq!(out[i], full[0]);
+                }
+                assert_eq!(c.check().unwrap().violations, 0);
+            }
+            for r in reqs.iter_mut() {
+                r.committed = r.allocated;
+                c.free_tail(r, keep).unwrap();
+            }
         }
     }
 

@@ -27,7 +27,8 @@ pub trait EngineHooks: Send {
 /// A row's page list, and a copy of its last page kept beside it: a decode step's token lands
 /// on the last page, so its slot comes from the row's record without a read of the list (at
 /// 100,000 rows the list's end was a miss of its own a request). Every change goes through
-/// `edit`, which keeps the copy; reads see the pages as a slice.
+/// `edit` or `take_one`, which keep the copy (the audit checks it); reads see the pages as a
+/// slice.
 #[derive(Debug, Default)]
 pub struct PageList {
     ids: Vec<u32>,
@@ -36,6 +37,7 @@ pub struct PageList {
 }
 
 impl PageList {
+    /// The list `ids`, with its copy.
     pub fn new(ids: Vec<u32>) -> Self {
         let last = ids.last().copied().unwrap_or(0);
         PageList { ids, last }
@@ -63,10 +65,12 @@ impl PageList {
         Some(page)
     }
 
+    /// Pages the list has room for without a reallocation.
     pub fn capacity(&self) -> usize {
         self.ids.capacity()
     }
 
+    /// The list itself, for the free stack (a release).
     pub fn into_vec(self) -> Vec<u32> {
         self.ids
     }
@@ -87,7 +91,7 @@ impl std::ops::Deref for PageList {
     }
 }
 
-/// One req_to_token row in use (40 bytes; kept in the row's `RowRecord`).
+/// One req_to_token row in use (48 bytes; kept in the row's `RowRecord`).
 #[derive(Debug, Default)]
 pub struct Row {
     pub pages: PageList,
@@ -95,6 +99,10 @@ pub struct Row {
     pub len: u32,
     /// Leading tokens whose pages are engine-held.
     pub protected: u32,
+    /// With an SWA pool, the row's SWA cursor (sglang's `swa_evicted_seqlen`): a req must agree
+    /// with it (0, and unchecked, without one). Kept here rather than with the row's SWA pages
+    /// (`SwaRow`), so that a request's checks read one record.
+    pub swa_cursor: u32,
 }
 
 /// One row of the pool: what the cache knows of it (`RowMeta`, kept for every row) and, while
@@ -118,16 +126,14 @@ impl Row {
     }
 }
 
-/// One row's side of the SWA pool, kept together so a call on the row reads one record: 36
-/// bytes, so aligned to a cache line of its own (unaligned, three rows in eight straddled two).
+/// One row's side of the SWA pool, kept together so a call on the row reads one record: 32
+/// bytes, aligned to half a cache line so that none straddles two.
 #[derive(Debug, Default)]
-#[repr(align(64))]
+#[repr(align(32))]
 pub struct SwaRow {
     /// The SWA page of each page the row maps (`Row::pages`, same positions); 0 once the
     /// window freed it. Entries inside a protected prefix copy `SwaSide::held`'s.
     pub(crate) ids: Vec<u32>,
-    /// The row's SWA cursor (sglang's `swa_evicted_seqlen`); a req must agree with it.
-    pub(crate) cursor: u32,
     /// Entries `[lo, hi)` the window emptied in one run: a free skips them, so a release
     /// walks only the pages still holding an SWA page (a long row's window passed most).
     pub(crate) passed: (u32, u32),
@@ -315,7 +321,7 @@ impl OwnedPool {
         // A list a released row or an emptied run left: a new turn's first extend finds room,
         // and a release hands the host allocator nothing.
         self.rows[row as usize].in_use =
-            Some(Row { pages: PageList::new(self.pages.take_list()), len: 0, protected: 0 });
+            Some(Row { pages: PageList::new(self.pages.take_list()), len: 0, protected: 0, swa_cursor: 0 });
         Some(row)
     }
 
@@ -333,7 +339,7 @@ impl OwnedPool {
         if let Some(s) = self.swa.as_mut() {
             let sr = &mut s.rows[row as usize];
             sr.free_from(&mut s.alloc, shared);
-            (sr.cursor, sr.passed) = (0, (0, 0));
+            sr.passed = (0, 0);
             sr.ids.clear();
         }
         self.pages.free_list_of_row(r.pages.into_vec(), shared);
@@ -390,8 +396,14 @@ impl OwnedPool {
     /// other work (a release, after the session's slots): the loads then overlap that work.
     #[inline(always)]
     pub(crate) fn preload_row(&self, row: u32) {
-        prefetch(self.rows.as_ptr().wrapping_add(row as usize));
+        self.preload_record(row);
         self.preload_swa(row);
+    }
+
+    /// Starts loading `row`'s own record: all a batch's request reads unless it takes a page.
+    #[inline(always)]
+    pub(crate) fn preload_record(&self, row: u32) {
+        prefetch(self.rows.as_ptr().wrapping_add(row as usize));
     }
 
     /// Starts loading the SWA entries a release of `row` gives back (with an SWA pool), for a
@@ -423,16 +435,16 @@ impl OwnedPool {
         (self.rows.len() * std::mem::size_of::<RowRecord>()) as u64 > RECORDS_IN_CACHE
     }
 
-    /// Starts loading the end of `row`'s page list (where an extend writes), if the row is in
-    /// use and an extend by `n` writes it: a batch extend asks for it a few requests ahead.
-    /// Without an SWA pool, an extend that takes no page reads no list (its slots come from
-    /// the record's copy of the last page), so a decode step loads one list in `ps`. The row's
-    /// record is read for the test, so that load too starts early.
+    /// Starts loading the ends of `row`'s page lists (where an extend writes), if the row is
+    /// in use and an extend by `n` takes a page: a batch extend asks for them a few requests
+    /// ahead. An extend that takes no page reads no list (its slots come from the record's copy
+    /// of the last page), so a decode step loads one row's lists in `ps`. The row's record is
+    /// read for the test, so that load too starts early.
     #[inline(always)]
     pub(crate) fn preload_tail(&self, row: u32, n: u32) {
         if let Some(r) = self.in_use(row) {
             let room = r.pages.len() as u64 * self.ps as u64 - r.len as u64;
-            if n as u64 <= room && self.swa.is_none() {
+            if n as u64 <= room {
                 return;
             }
             prefetch(r.pages.as_ptr().wrapping_add(r.pages.len()));
@@ -446,8 +458,8 @@ impl OwnedPool {
     /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
     #[inline]
     pub(crate) fn set_cursor(&mut self, row: u32, swa: u32) {
-        if let Some(s) = self.swa.as_mut() {
-            s.rows[row as usize].cursor = swa;
+        if let (Some(_), Some(r)) = (self.swa.as_ref(), self.rows[row as usize].in_use.as_mut()) {
+            r.swa_cursor = swa;
         }
     }
 
@@ -480,9 +492,8 @@ impl OwnedPool {
             }
         }
         if let Some(s) = self.swa.as_mut() {
-            let sr = &mut s.rows[row as usize];
-            sr.cursor = sr.cursor.min(keep);
-            sr.free_from(&mut s.alloc, kept);
+            r.swa_cursor = r.swa_cursor.min(keep);
+            s.rows[row as usize].free_from(&mut s.alloc, kept);
         }
     }
 
@@ -548,7 +559,7 @@ impl Pool for OwnedPool {
             // The call goes on to the row's last SWA entries (a trim, a tail free, a grow):
             // start that load now, behind the checks, rather than after them.
             prefetch(sr.ids.as_ptr().wrapping_add(r.pages.len().saturating_sub(1)));
-            let cursor = sr.cursor;
+            let cursor = r.swa_cursor;
             if req.swa != cursor {
                 bail!(
                     InvalidArg,
