@@ -360,7 +360,9 @@ fn extend_plainly<const SWA: bool>(
         return None;
     }
     // The row's last page before the extend: with the page taken (if any), it holds every
-    // position the extend maps, so the slots come from the two ids in hand, not the list.
+    // position the extend maps, so the slots come from the two ids in hand, not the list. (A
+    // row maps pages_for(len) pages: the audit checks it.)
+    debug_assert_eq!(r.pages.len(), pages_for(r.len, cfg.page_size) as usize);
     let last = r.pages.last_page();
     let taken = match (need, if SWA { pool.swa.as_mut() } else { None }) {
         (0, _) => None,
@@ -855,6 +857,37 @@ mod tests {
             ra[2].allocated = 0;
             same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[3, 6, 5]);
         }
+    }
+
+    /// Requests served by the plain extend take a page and its SWA page each; a later request
+    /// that fails gives both back, and the two free stacks hand out the same pages after.
+    #[test]
+    fn a_failing_batch_gives_back_the_pages_and_swa_pages_its_plain_requests_took() {
+        let (mut a, mut b) = (twin(16, 16), twin(16, 16));
+        let (mut ra, mut rb) = (rows(&mut a, 3), rows(&mut b, 3));
+        for (c, reqs) in [(&mut a, &mut ra), (&mut b, &mut rb)] {
+            // Two pages, then one: each list keeps room for the page the next token takes.
+            c.alloc_extend_batch(reqs, &[8, 8, 8], None).unwrap();
+            for r in reqs.iter_mut() {
+                r.committed = 8;
+                c.free_tail(r, 4).unwrap();
+            }
+            let pool = c.owned_pool().unwrap();
+            for r in reqs.iter() {
+                let row = r.row as usize;
+                let pages = &pool.rows[row].in_use.as_ref().unwrap().pages;
+                let ids = &pool.swa.as_ref().unwrap().rows[row].ids;
+                assert!(pages.len() < pages.capacity() && ids.len() < ids.capacity(), "room for the plain take");
+            }
+        }
+        let before = ra.clone();
+        ra[2].allocated = 5;
+        let e = a.alloc_extend_batch(&mut ra, &[1, 1, 1], None).unwrap_err();
+        assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[2]: kv_allocated_len 5")), "{e}");
+        ra[2].allocated = 4;
+        assert_eq!(ra, before);
+        assert_eq!(a.stats().unwrap(), b.stats().unwrap());
+        same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[1, 1, 1]);
     }
 
     #[test]

@@ -209,7 +209,7 @@ impl SwaRow {
 /// The sliding-window pool and what maps it.
 pub struct SwaSide {
     pub(crate) alloc: SwaAllocator,
-    /// Per row: its SWA pages and cursor.
+    /// Per row: its SWA pages (its cursor is in the row's own record, `Row::swa_cursor`).
     pub(crate) rows: Vec<SwaRow>,
     /// Per full page: the SWA page of an engine-held page, 0 for every other page. A held
     /// page's SWA page goes back with it (`pool_free`), never with a row.
@@ -443,7 +443,7 @@ impl OwnedPool {
     #[inline(always)]
     pub(crate) fn preload_tail(&self, row: u32, n: u32) {
         if let Some(r) = self.in_use(row) {
-            let room = r.pages.len() as u64 * self.ps as u64 - r.len as u64;
+            let room = (r.pages.len() as u64 * self.ps as u64).saturating_sub(r.len as u64);
             if n as u64 <= room {
                 return;
             }

@@ -199,13 +199,10 @@ impl Cache {
             sr.ids.extend(pages.iter().map(|&p| s.held[p as usize]));
             sr.passed = (0, 0);
         }
-        *pool.row_mut(row) = super::owned::Row {
-            pages: super::owned::PageList::new(pages),
-            len: n,
-            protected: n,
-            // A fresh row's: the req's, checked against it above, is at most its length 0.
-            swa_cursor: 0,
-        };
+        // The row's cursor stays (the req's, checked against it above).
+        let swa_cursor = pool.row_mut(row).swa_cursor;
+        *pool.row_mut(row) =
+            super::owned::Row { pages: super::owned::PageList::new(pages), len: n, protected: n, swa_cursor };
         pool.mapped(row, 0, n);
         (req.allocated, req.committed, req.protected) = (n, n, n);
         Ok(())
