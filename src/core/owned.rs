@@ -9,7 +9,7 @@
 //! an SWA page until the window passes it: `SwaSide` keeps those ids beside the rows, so a
 //! model without one pays nothing for it.
 
-use super::alloc::{PageAllocator, SwaAllocator};
+use super::alloc::{reserve_pages, PageAllocator, SwaAllocator, GROW_ROOM};
 use super::cache::RowMeta;
 use super::error::{bail, try_vec, Error, Result};
 use super::mirror::Dirty;
@@ -355,7 +355,7 @@ impl OwnedPool {
         };
         s.check_room(n as u64)?;
         let ids = &mut s.rows[row as usize].ids;
-        if ids.try_reserve_exact(n as usize).is_err() {
+        if !reserve_pages(ids, n as usize) {
             bail!(OutOfMemory, "no host memory for a list of {n} more SWA pages");
         }
         r.pages.edit(|v| self.pages.alloc(n, v))?;
@@ -484,10 +484,11 @@ impl OwnedPool {
             self.pages.free_owned(&r.pages[kept..]);
             r.pages.edit(|v| v.truncate(kept));
             // Held rows cost 4 bytes per mapped page, not per page they ever mapped; halving
-            // only when less than half is used keeps a turn's trim and the next turn's growth
-            // from reallocating every time. An emptied list keeps its room: the row grows
-            // again, or a release hands the list to the free stack, kept for a row taken.
-            if kept > 0 && r.pages.capacity() > 2 * kept.max(4) {
+            // only when less than half is used (beside the room a growth leaves, `GROW_ROOM`)
+            // keeps a turn's trim and the next turn's growth from reallocating every time. An
+            // emptied list keeps its room: the row grows again, or a release hands the list to
+            // the free stack, kept for a row taken.
+            if kept > 0 && r.pages.capacity() > 2 * kept.max(4) + GROW_ROOM {
                 r.pages.edit(|v| v.shrink_to_fit());
             }
         }
