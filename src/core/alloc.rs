@@ -71,6 +71,19 @@ impl FreeStack {
         }
     }
 
+    /// Pops one page into `out` if a page is free and `out` has room (a decode step's page):
+    /// the page, or `None` having changed nothing.
+    #[inline(always)]
+    fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
+        if out.len() < out.capacity() {
+            if let Some(page) = self.pop() {
+                out.push(page);
+                return Some(page);
+            }
+        }
+        None
+    }
+
     #[cold]
     #[inline(never)]
     fn pop_below(&mut self) -> Option<u32> {
@@ -242,13 +255,7 @@ impl PageAllocator {
     /// the page, or `None` having changed nothing.
     #[inline(always)]
     pub fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
-        if out.len() < out.capacity() {
-            if let Some(page) = self.free.pop() {
-                out.push(page);
-                return Some(page);
-            }
-        }
-        None
+        self.free.take_one(out)
     }
 
     /// `alloc`, the pages handed to the engine (engine-held, mapped by no row).
@@ -375,13 +382,7 @@ impl SwaAllocator {
     /// or `None` having changed nothing.
     #[inline(always)]
     pub fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
-        if out.len() < out.capacity() {
-            if let Some(page) = self.free.pop() {
-                out.push(page);
-                return Some(page);
-            }
-        }
-        None
+        self.free.take_one(out)
     }
 
     /// `PageAllocator::unalloc` for the SWA pool.
