@@ -334,8 +334,9 @@ impl Run<'_> {
 /// The rule of an extend, done with the row's record looked up once: a request that passes
 /// every check at once (`plainly_current`'s, and with `mark` = (stamp, position), no earlier
 /// request of the batch on its row) and needs at most one page (a decode step's), with an SWA
-/// page beside it when there is an SWA pool. Returns the pages taken, or `None` having changed
-/// nothing: the caller then takes the path that checks in order and does every case.
+/// page beside it when there is an SWA pool (`SWA`, which the caller knows). Returns the pages
+/// taken, or `None` having changed nothing: the caller then takes the path that checks in order
+/// and does every case.
 #[inline(always)]
 fn extend_plainly<const SWA: bool>(
     cfg: &Config,

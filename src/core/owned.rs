@@ -261,8 +261,7 @@ impl OwnedPool {
         Ok(OwnedPool {
             ps: cfg.page_size,
             // Spare page lists for the rows (see `take_row`): at most one per row, of at most a
-            // full row's room.
-            // A full row's list: its most pages, and the room a growth may have left.
+            // full row's room (its most pages, and the room a growth may have left).
             pages: PageAllocator::new(total, n, pages_for(cfg.max_context_len, cfg.page_size) as usize + GROW_ROOM)?,
             rows: try_vec(n, "rows", |_| RowRecord::default())?,
             swa,
