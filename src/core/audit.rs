@@ -119,11 +119,9 @@ fn count_row_maps(pool: &OwnedPool, ps: u32, rep: &mut Report) -> Result<(Vec<u3
         if r.pages.len() != pages_for(r.len, ps) as usize {
             rep.violation(|| format!("row {row} maps {} tokens in {} pages", r.len, r.pages.len()));
         }
-        let last = r.pages.last().copied().unwrap_or(0);
-        if r.pages.last_page() != last {
-            rep.violation(|| {
-                format!("row {row} keeps {} as its last page, its list ends with {last}", r.pages.last_page())
-            });
+        let (kept, last) = (r.pages.last_page(), r.pages.last().copied().unwrap_or(0));
+        if kept != last {
+            rep.violation(|| format!("row {row} keeps {kept} as its last page, its list ends with {last}"));
         }
         if r.protected % ps != 0 || r.protected > r.len {
             rep.violation(|| format!("row {row} protected {} of {} tokens", r.protected, r.len));

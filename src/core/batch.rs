@@ -435,9 +435,9 @@ const AHEAD: usize = 8;
 /// record, then for an extend that takes a page the ends of its page lists): started early,
 /// the loads overlap with the requests in between.
 /// - `records`: the row's record, from `AHEAD` requests on (an extend's, from `2 * AHEAD`, so
-///   that the lists' loads can follow). Only when the records outgrow a
-///   core's cache and the batch's rows are not in order (`rows_in_order`): rows in order are
-///   streamed by the hardware, and there these loads only cost instructions.
+///   that the lists' loads can follow). Only when the records outgrow a core's cache and the
+///   batch's rows are not in order (`rows_in_order`): rows in order are streamed by the
+///   hardware, and there these loads only cost instructions.
 /// - `lists`: the ends of the lists an extend that takes a page writes, from `AHEAD` on, when
 ///   the lists outgrow the caches (`OwnedPool::lists_outgrow_cache`). Even rows in order have
 ///   their lists apart.
