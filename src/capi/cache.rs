@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
-use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope};
+use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope, HandleLock};
 use crate::core::{split, Backend, Cache, Config, Effect, Error, Pool, Pools, Result, Segment};
 use crate::device::Device;
 
@@ -16,7 +16,7 @@ use crate::device::Device;
 pub struct skv_cache {
     /// Names the handle in its trace.
     pub(crate) id: u64,
-    pub(crate) inner: Mutex<Cache>,
+    pub(crate) inner: HandleLock<Cache>,
     pub(crate) trace: TraceFile,
     /// The GPU copy of the rows, once attached (locked after `inner`).
     pub(crate) device: Mutex<Option<Device>>,
@@ -195,7 +195,7 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
 fn boxed(cache: Cache) -> Result<*mut skv_cache> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let trace = TraceFile::from_env(id, &cache)?;
-    Ok(Box::into_raw(Box::new(skv_cache { id, inner: Mutex::new(cache), trace, device: Mutex::new(None) })))
+    Ok(Box::into_raw(Box::new(skv_cache { id, inner: HandleLock::new(cache), trace, device: Mutex::new(None) })))
 }
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).

@@ -37,14 +37,17 @@ mod api;
 
 mod trace;
 
+// The handle's lock (no exports).
+mod handle_lock;
+
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::MutexGuard;
 
 pub use api::*;
 pub use cache::*;
 pub use device::*;
+pub(crate) use handle_lock::{HandleGuard, HandleLock};
 pub use owned::*;
 pub use queries::*;
 pub use session::*;
@@ -258,13 +261,13 @@ fn this_thread_in_callback() -> bool {
 }
 
 /// Locks a handle for one call. A shared reference is enough, also for calls that change the
-/// cache: the handle's Mutex gives the interior mutability, which is why the queries take a
+/// cache: the handle's lock gives the interior mutability, which is why the queries take a
 /// `const skv_cache *`.
 ///
 /// # Safety
 /// `c` must be NULL or a live handle that stays live for `'a`.
 #[inline(always)]
-pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<MutexGuard<'a, Cache>> {
+pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<HandleGuard<'a, Cache>> {
     // SAFETY: NULL or a live handle, by this function's contract.
     let handle = unsafe { arg(c, "cache") }?;
     if in_callback() {
