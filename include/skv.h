@@ -25,7 +25,7 @@
  *   library's sizeof (a field it does not know), is SKV_ERR_INVALID_ARG.
  * - (NULL, 0) is an empty array. A handle may be used from any thread; calls on one handle
  *   are serialized. A call that finds the handle busy polls (spins, yields, then sleeps
- *   20 us between looks): the lock is built for one scheduler thread per handle. A function
+ *   between looks): the lock is built for one scheduler thread per handle. A function
  *   taking a const skv_cache * changes nothing in the handle.
  * - Callbacks (skv_pool_ops, skv_engine_hooks) must not call libskv with a handle: while one
  *   runs, every call taking a handle (any handle) made on its thread returns SKV_ERR_STATE,
