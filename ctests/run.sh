@@ -78,5 +78,15 @@ for src in "$root"/ctests/test_*.c "$root"/ctests/test_*.cpp; do
   fi
 done
 
+# scripts/contend.c, a timing tool, is built (not run) so that it keeps up with the header.
+if gcc -std=c99 "${warn[@]}" "${san_flags[@]}" -pthread -I"$root/include" "$root/scripts/contend.c" \
+    -o "$build/contend" "${link[@]}"; then
+  echo "ok   scripts/contend.c (built)"
+  passed=$((passed + 1))
+else
+  echo "FAIL scripts/contend.c (build)"
+  failed=$((failed + 1))
+fi
+
 echo "ctests: $passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

@@ -5,7 +5,10 @@
      scripts/install.sh /tmp/skv
      gcc -O2 -I/tmp/skv/include scripts/contend.c -o /tmp/contend \
        -L/tmp/skv/lib -Wl,-rpath,/tmp/skv/lib -lskv -lpthread
-     /tmp/contend 2      # the thread count, 1 to 8 */
+     /tmp/contend 2      # the thread count, 1 to 8
+
+   ctests/run.sh builds it (not run there: it only times). */
+#define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
