@@ -766,6 +766,9 @@ impl World {
         let c = self.sides[s].c;
         let desc = format!("{name}(req#{i} {}{args})", show(&r));
         self.honest = !mutated;
+        // The row the call named: a mutation may have moved the req onto another request's row,
+        // and a call that empties the req (a finish) leaves no trace of it in `r`.
+        let called_row = r.req_pool_idx;
         let st = self.call(s, desc, &r, expect, || f(c, &mut r));
         if self.completed(st) {
             let side = &mut self.sides[s];
@@ -782,11 +785,11 @@ impl World {
                 sched::clamp_record(m, r.kv_allocated_len);
             }
             side.reqs[i] = FReq { r, epoch, hit, matched };
-            // Another req on either row (a hostile mutation put it there) may have acted for its
-            // request: what skv_hand_back would compare is no longer known.
+            // Another req on any of the rows (a hostile mutation put it there) may have acted for
+            // its request: what skv_hand_back would compare is no longer known.
             for j in (0..REQS).filter(|&j| j != i) {
                 let other = side.reqs[j].r.req_pool_idx;
-                if other >= 0 && (other == row || other == fr.r.req_pool_idx) {
+                if other >= 0 && (other == row || other == fr.r.req_pool_idx || other == called_row) {
                     side.reqs[j].matched = None;
                 }
             }
@@ -1419,6 +1422,10 @@ impl World {
         // A copy of a request since finished or handed back: its slot is idle (or gone), so a
         // hand-back must fail. A copy of a live request may act for it.
         let live = side.reqs.iter().any(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch);
+        // A match hit restores a session into the copy, which then runs: the model keeps it only
+        // where a req slot is free, so without one the copy does not match.
+        let slot_free = side.reqs.iter().any(|l| l.r.req_pool_idx < 0);
+        let mut restored = None;
         let (name, st) = match self.rng.below(7) {
             6 => {
                 let (sid, b) = match fr.hit {
@@ -1480,19 +1487,23 @@ impl World {
                     }),
                 )
             }
+            _ if !slot_free => return SKV_OK,
             _ => {
                 let sid = self.session();
                 let mut m = skv_match { hit: 0, prefix_len: 0 };
-                (
-                    "match",
-                    // SAFETY: c is the side's live handle; rp points at the copy r; m is a local.
+                // SAFETY: c is the side's live handle; rp points at the copy r; m is a local.
+                let st =
                     self.call(s, format!("skv_match_prefix({tag} {}, s {sid} b 0)", show(&r)), rp, expect, || unsafe {
                         skv_match_prefix(c, sid, 0, rp, 0, 0, &mut m)
-                    }),
-                )
+                    });
+                if self.completed(st) && m.hit == 1 {
+                    restored = Some((sid, 0));
+                }
+                ("match", st)
             }
         };
-        if self.completed(st) && name != "checkpoint" && r != fr.r {
+        // A hit leaves the copy's fields as they were when its session's slot held this row.
+        if self.completed(st) && name != "checkpoint" && (r != fr.r || restored.is_some()) {
             // The copy acted as the live req: the live one is stale now.
             let side = &mut self.sides[s];
             side.stale.remove(k);
@@ -1504,7 +1515,7 @@ impl World {
             if r.req_pool_idx >= 0 {
                 if let Some(slot) = side.reqs.iter_mut().find(|l| l.r.req_pool_idx < 0) {
                     let row = r.req_pool_idx as usize;
-                    *slot = FReq { r, epoch: side.epoch[row], hit, matched: None };
+                    *slot = FReq { r, epoch: side.epoch[row], hit: restored.or(hit), matched: None };
                 }
             }
         }
