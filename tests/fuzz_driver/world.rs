@@ -784,7 +784,18 @@ impl World {
                 // with it: that is what skv_hand_back compares with.
                 sched::clamp_record(m, r.kv_allocated_len);
             }
-            side.reqs[i] = FReq { r, epoch, hit, matched };
+            if mutated && fr.r.req_pool_idx >= 0 && called_row != fr.r.req_pool_idx {
+                // The mutation moved the req onto another row: the request on its own row took no
+                // part in the call and runs on, so its req stays; the moved one, a second req on
+                // the other row, is kept where a slot is free.
+                if row >= 0 {
+                    if let Some(j) = (0..REQS).find(|&j| side.reqs[j].r.req_pool_idx < 0) {
+                        side.reqs[j] = FReq { r, epoch, hit: None, matched: None };
+                    }
+                }
+            } else {
+                side.reqs[i] = FReq { r, epoch, hit, matched };
+            }
             // Another req on any of the rows (a hostile mutation put it there) may have acted for
             // its request: what skv_hand_back would compare is no longer known.
             for j in (0..REQS).filter(|&j| j != i) {
