@@ -784,23 +784,24 @@ impl World {
                 // with it: that is what skv_hand_back compares with.
                 sched::clamp_record(m, r.kv_allocated_len);
             }
-            if mutated && fr.r.req_pool_idx >= 0 && called_row != fr.r.req_pool_idx {
-                // The mutation moved the req onto another row: the request on its own row took no
-                // part in the call and runs on, so its req stays; the moved one, a second req on
-                // the other row, is kept where a slot is free.
-                if row >= 0 {
-                    if let Some(j) = (0..REQS).find(|&j| side.reqs[j].r.req_pool_idx < 0) {
-                        side.reqs[j] = FReq { r, epoch, hit: None, matched: None };
-                    }
+            // The mutation moved the req onto another row: the call's req (the callers read it in
+            // slot i) is a second req there, with no hit of its own.
+            let moved = mutated && fr.r.req_pool_idx >= 0 && called_row != fr.r.req_pool_idx;
+            if moved {
+                side.reqs[i] = FReq { r, epoch, hit: None, matched: None };
+                // The request on the req's own row took no part in the call and runs on: its req
+                // is kept where a slot is free (without one, the fuzzer loses track of it).
+                if let Some(j) = (0..REQS).find(|&j| j != i && side.reqs[j].r.req_pool_idx < 0) {
+                    side.reqs[j] = fr;
                 }
             } else {
                 side.reqs[i] = FReq { r, epoch, hit, matched };
             }
-            // Another req on any of the rows (a hostile mutation put it there) may have acted for
-            // its request: what skv_hand_back would compare is no longer known.
+            // Another req on a row the call acted on (a hostile mutation put it there) may have
+            // acted for its request: what skv_hand_back would compare is no longer known.
             for j in (0..REQS).filter(|&j| j != i) {
                 let other = side.reqs[j].r.req_pool_idx;
-                if other >= 0 && (other == row || other == fr.r.req_pool_idx || other == called_row) {
+                if other >= 0 && (other == row || other == called_row || (!moved && other == fr.r.req_pool_idx)) {
                     side.reqs[j].matched = None;
                 }
             }
@@ -1433,10 +1434,12 @@ impl World {
         // A copy of a request since finished or handed back: its slot is idle (or gone), so a
         // hand-back must fail. A copy of a live request may act for it.
         let live = side.reqs.iter().any(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch);
-        // A match hit restores a session into the copy, which then runs: the model keeps it only
-        // where a req slot is free, so without one the copy does not match.
-        let slot_free = side.reqs.iter().any(|l| l.r.req_pool_idx < 0);
+        // A match hit restores a session into the copy, which then runs: the model keeps it in a
+        // free req slot (a live copy frees its live req's), so without one the copy is not used
+        // for a match.
+        let slot_free = live || side.reqs.iter().any(|l| l.r.req_pool_idx < 0);
         let mut restored = None;
+        let mut matched = None;
         let (name, st) = match self.rng.below(7) {
             6 => {
                 let (sid, b) = match fr.hit {
@@ -1509,6 +1512,7 @@ impl World {
                     });
                 if self.completed(st) && m.hit == 1 {
                     restored = Some((sid, 0));
+                    matched = (st == SKV_OK).then_some(r);
                 }
                 ("match", st)
             }
@@ -1526,7 +1530,7 @@ impl World {
             if r.req_pool_idx >= 0 {
                 if let Some(slot) = side.reqs.iter_mut().find(|l| l.r.req_pool_idx < 0) {
                     let row = r.req_pool_idx as usize;
-                    *slot = FReq { r, epoch: side.epoch[row], hit: restored.or(hit), matched: None };
+                    *slot = FReq { r, epoch: side.epoch[row], hit: restored.or(hit), matched };
                 }
             }
         }
