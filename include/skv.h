@@ -23,6 +23,10 @@
  *   reads only struct_size bytes and fields past them take their zero default. A struct_size
  *   below the first published size, or a larger struct with a non-zero byte past this
  *   library's sizeof (a field it does not know), is SKV_ERR_INVALID_ARG.
+ * - Caller memory: every pointer must be aligned for its type, and the arrays and structs one
+ *   call reads and writes must not share a byte (an out_loc over the reqs, n_tokens pointing
+ *   into a req): SKV_ERR_INVALID_ARG naming the pair, checked with the NULL checks before the
+ *   handle, nothing changed.
  * - (NULL, 0) is an empty array. A handle may be used from any thread; calls on one handle
  *   are serialized. A call that finds the handle busy polls (spins, yields, then sleeps
  *   between looks): the lock is built for one scheduler thread per handle. A function

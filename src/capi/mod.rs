@@ -101,25 +101,96 @@ fn failed(function: ExportName, e: Error) -> skv_status {
     status_of(&e)
 }
 
-/// A required pointer as a reference.
+/// A required pointer as a reference; a misaligned one is refused.
 ///
 /// # Safety
 /// `p` must be NULL or point at a `T` that stays valid and unmodified for `'a`.
 #[inline]
 pub(crate) unsafe fn arg<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
-    // SAFETY: as_ref turns NULL into None; any other p is valid by this function's contract.
+    aligned(p, 1, name)?;
+    // SAFETY: as_ref turns NULL into None; any other p is aligned (checked) and valid by this
+    // function's contract.
     unsafe { p.as_ref() }.ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
 }
 
-/// A required out-pointer as a mutable reference.
+/// A required out-pointer as a mutable reference; a misaligned one is refused.
 ///
 /// # Safety
 /// `p` must be NULL or point at a `T` that stays valid, and is accessed only through the
 /// result, for `'a`.
 #[inline]
 pub(crate) unsafe fn out_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
-    // SAFETY: as_mut turns NULL into None; any other p is valid by this function's contract.
+    aligned(p, 1, name)?;
+    // SAFETY: as_mut turns NULL into None; any other p is aligned (checked) and valid by this
+    // function's contract.
     unsafe { p.as_mut() }.ok_or_else(|| Error::NullArg(format!("{name} is NULL")))
+}
+
+/// Refuses a pointer to `n > 0` values that is not aligned for `T`: a reference to it would
+/// be undefined behaviour. NULL and empty arrays pass (they are never dereferenced).
+#[inline(always)]
+pub(crate) fn aligned<T>(p: *const T, n: usize, name: &str) -> Result<()> {
+    match p.is_aligned() || n == 0 {
+        true => Ok(()),
+        false => Err(misaligned(p as usize, std::mem::align_of::<T>(), name)),
+    }
+}
+
+#[cold]
+#[inline(never)]
+fn misaligned(addr: usize, align: usize, name: &str) -> Error {
+    Error::InvalidArg(format!("{name} {addr:#x} is not aligned to {align} bytes"))
+}
+
+/// One caller array as raw addresses: its first byte and how many bytes it spans. Calls that
+/// read caller memory while they write caller memory compare these (`disjoint`) before any
+/// reference to either is formed: two overlapping references, one of them `&mut`, are
+/// undefined behaviour whatever order the code reads in.
+#[derive(Clone, Copy)]
+pub(crate) struct Span {
+    name: &'static str,
+    start: usize,
+    bytes: usize,
+}
+
+impl Span {
+    /// `n` values of `T` at `p` (NULL or an empty array span nothing).
+    #[inline(always)]
+    pub(crate) fn of<T>(p: *const T, n: usize, name: &'static str) -> Span {
+        let bytes = if p.is_null() { 0 } else { n.saturating_mul(std::mem::size_of::<T>()) };
+        Span { name, start: p as usize, bytes }
+    }
+
+    #[inline(always)]
+    fn overlaps(&self, other: &Span) -> bool {
+        self.bytes != 0
+            && other.bytes != 0
+            && self.start < other.start.saturating_add(other.bytes)
+            && other.start < self.start.saturating_add(self.bytes)
+    }
+}
+
+/// Refuses a call whose arrays share a byte, naming the pair: one comparison per pair of
+/// arrays, whatever their lengths.
+#[inline(always)]
+pub(crate) fn disjoint(spans: &[Span]) -> Result<()> {
+    for (i, a) in spans.iter().enumerate() {
+        for b in &spans[..i] {
+            if a.overlaps(b) {
+                return Err(overlap(a, b));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn overlap(a: &Span, b: &Span) -> Error {
+    Error::InvalidArg(format!(
+        "{} [{:#x}, +{} bytes) and {} [{:#x}, +{} bytes) overlap: a call's arrays must not share memory",
+        b.name, b.start, b.bytes, a.name, a.start, a.bytes
+    ))
 }
 
 /// A `(pointer, length)` pair as a slice; `(NULL, 0)` is the empty slice. A length no
@@ -128,6 +199,7 @@ pub(crate) unsafe fn out_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> 
 /// # Safety
 /// `p` must be NULL or point at `n` initialised `T`s that stay valid and unmodified for `'a`.
 pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize, name: &str) -> Result<&'a [T]> {
+    aligned(p, n, name)?;
     match (p.is_null(), n) {
         (_, 0) => Ok(&[]),
         (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
@@ -143,6 +215,7 @@ pub(crate) unsafe fn slice<'a, T>(p: *const T, n: usize, name: &str) -> Result<&
 /// `p` must be NULL or point at `n` initialised `T`s that stay valid, and are accessed only
 /// through the result, for `'a`.
 pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result<&'a mut [T]> {
+    aligned(p, n, name)?;
     match (p.is_null(), n) {
         (_, 0) => Ok(&mut []),
         (true, _) => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
@@ -157,7 +230,7 @@ pub(crate) unsafe fn slice_mut<'a, T>(p: *mut T, n: usize, name: &str) -> Result
 pub(crate) fn nonnull<T>(p: *const T, n: usize, name: &str) -> Result<()> {
     match p.is_null() && n > 0 {
         true => Err(Error::NullArg(format!("{name} is NULL with {n} elements"))),
-        false => Ok(()),
+        false => aligned(p, n, name),
     }
 }
 
@@ -269,7 +342,7 @@ fn this_thread_in_callback() -> bool {
 #[inline(always)]
 pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<HandleGuard<'a, Cache>> {
     // SAFETY: NULL or a live handle, by this function's contract.
-    let handle = unsafe { arg(c, "cache") }?;
+    let handle = unsafe { c.as_ref() }.ok_or_else(|| Error::NullArg("cache is NULL".into()))?;
     if in_callback() {
         return Err(Error::State(
             "called from inside a libskv callback (skv_pool_ops or skv_engine_hooks): a callback must not \

@@ -6,7 +6,8 @@ use std::ffi::{c_char, c_int, c_void};
 use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
 use super::session::{on_req, req_export};
 use super::{
-    lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope, ExportName,
+    aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope,
+    ExportName, Span,
 };
 use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 
@@ -42,6 +43,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
         // SAFETY: c and req are NULL or valid and out_loc NULL or n_tokens values (the contract
         // above); on_req refuses NULL, out_loc is used only when not NULL.
         || unsafe {
+            disjoint(&[Span::of(req, 1, "req"), Span::of(out_loc, n_tokens as usize, "out_loc")])?;
             let out = match out_loc.is_null() {
                 true => None,
                 false => Some(slice_mut(out_loc, n_tokens as usize, "out_loc")?),
@@ -184,6 +186,12 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
         || unsafe {
             nonnull(reqs, n, "reqs")?;
             nonnull(n_tokens, n, "n_tokens")?;
+            aligned(out_loc, out_cap, "out_loc")?;
+            disjoint(&[
+                Span::of(reqs, n, "reqs"),
+                Span::of(n_tokens, n, "n_tokens"),
+                Span::of(out_loc, out_cap, "out_loc"),
+            ])?;
             on_reqs(c, reqs, n, |cache, copies| {
                 let counts = slice(n_tokens, n, "n_tokens")?;
                 let out = match out_loc.is_null() {
@@ -226,6 +234,7 @@ pub unsafe extern "C" fn skv_commit_batch(
         || unsafe {
             nonnull(reqs, n, "reqs")?;
             nonnull(n_tokens, n, "n_tokens")?;
+            disjoint(&[Span::of(reqs, n, "reqs"), Span::of(n_tokens, n, "n_tokens")])?;
             on_reqs(c, reqs, n, |cache, copies| cache.commit_batch(copies, slice(n_tokens, n, "n_tokens")?))
         },
         |t| {
@@ -313,6 +322,7 @@ pub unsafe extern "C" fn skv_page_refs(
         || unsafe {
             nonnull(indices, n, "indices")?;
             nonnull(out_counts, n, "out_counts")?;
+            disjoint(&[Span::of(indices, n, "indices"), Span::of(out_counts, n, "out_counts")])?;
             let c = lock(c)?;
             c.require_owned()?;
             c.page_refs(slice(indices, n, "indices")?, slice_mut(out_counts, n, "out_counts")?)
@@ -343,6 +353,7 @@ pub unsafe extern "C" fn skv_map_prefix(
         // SAFETY: c and req are NULL or valid and indices NULL or n_tokens values (the contract
         // above); slice and on_req refuse NULL.
         || unsafe {
+            disjoint(&[Span::of(req, 1, "req"), Span::of(indices, n_tokens as usize, "indices")])?;
             let indices = slice(indices, n_tokens as usize, "indices")?;
             on_req(c, req, |c, r| c.map_prefix(r, indices), |()| {})
         },
@@ -765,6 +776,13 @@ unsafe fn flashinfer_of(
             nonnull(kv_indptr, 1, "kv_indptr")?;
             nonnull(kv_indices, cap, "kv_indices")?;
             nonnull(kv_last_page_len, n, "kv_last_page_len")?;
+            disjoint(&[
+                Span::of(rows, n, "rows"),
+                Span::of(kv_indptr, n.saturating_add(1), "kv_indptr"),
+                Span::of(kv_indices, cap, "kv_indices"),
+                Span::of(kv_last_page_len, n, "kv_last_page_len"),
+                Span::of(needed, 1, "needed"),
+            ])?;
             let needed = out_mut(needed, "needed")?;
             let c = lock(c)?;
             c.require_owned()?;

@@ -1,6 +1,6 @@
 //! The request record and the session operations (both modes).
 
-use super::{arg, guard, lock, out_mut, skv_cache, skv_status, slice, traced, ExportName};
+use super::{aligned, arg, disjoint, guard, lock, out_mut, skv_cache, skv_status, slice, traced, ExportName, Span};
 use crate::core::{Error, Held, Match, Req, Window};
 
 /// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
@@ -260,6 +260,7 @@ pub unsafe extern "C" fn skv_match_prefix(
         // SAFETY: c, req and out are NULL or valid (the contract above); out_mut and on_req
         // refuse NULL.
         || unsafe {
+            disjoint(&[Span::of(req, 1, "req"), Span::of(out, 1, "out")])?;
             let out = out_mut(out, "out")?;
             on_req(
                 c,
@@ -361,6 +362,7 @@ pub unsafe extern "C" fn skv_checkpoint(
         // SAFETY: c, req and handled are NULL or valid (the contract above); arg, out_mut and
         // lock refuse NULL.
         || unsafe {
+            disjoint(&[Span::of(req, 1, "req"), Span::of(handled, 1, "handled")])?;
             let r = Req::from(arg(req, "req")?);
             let handled = out_mut(handled, "handled")?;
             let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
@@ -502,6 +504,7 @@ pub unsafe extern "C" fn skv_session_held(
         // SAFETY: c and out are NULL or valid and active_rows NULL or n_active values (the contract
         // above); slice, out_mut and lock refuse NULL.
         || unsafe {
+            disjoint(&[Span::of(active_rows, n_active, "active_rows"), Span::of(out, 1, "out")])?;
             let active = slice(active_rows, n_active, "active_rows")?;
             let out = out_mut(out, "out")?;
             *out = lock(c)?.session_held(active)?.into();
@@ -554,6 +557,8 @@ pub unsafe extern "C" fn skv_swa_evict(
         // SAFETY: c and req are NULL or valid and freed NULL or valid (the contract above);
         // on_req refuses NULL, freed is written only when not NULL.
         || unsafe {
+            aligned(freed, 1, "freed")?;
+            disjoint(&[Span::of(req, 1, "req"), Span::of(freed, 1, "freed")])?;
             on_req(
                 c,
                 req,

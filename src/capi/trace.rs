@@ -127,7 +127,11 @@ impl Line {
 
     /// A req, field by field (`null` for a NULL pointer).
     pub(crate) fn req(&mut self, name: &str, r: *const skv_req) -> &mut Self {
-        // SAFETY: the caller's pointer, valid or NULL by the call's contract.
+        if !r.is_aligned() {
+            let _ = write!(self.0, ",\"{name}\":\"invalid\"");
+            return self;
+        }
+        // SAFETY: the caller's pointer, valid or NULL by the call's contract (and aligned).
         match unsafe { r.as_ref() } {
             None => {
                 let _ = write!(self.0, ",\"{name}\":null");
@@ -164,6 +168,10 @@ impl Line {
     pub(crate) fn reqs(&mut self, name: &str, p: *const skv_req, n: usize) -> &mut Self {
         if p.is_null() && n > 0 {
             let _ = write!(self.0, ",\"{name}\":null");
+            return self;
+        }
+        if !p.is_aligned() && n > 0 {
+            let _ = write!(self.0, ",\"{name}\":\"invalid\"");
             return self;
         }
         let _ = write!(self.0, ",\"{name}\":[");
