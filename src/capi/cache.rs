@@ -193,6 +193,7 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
 
 /// A new handle over `cache`.
 fn boxed(cache: Cache) -> Result<*mut skv_cache> {
+    super::quiet::install();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let trace = TraceFile::from_env(id, &cache)?;
     Ok(Box::into_raw(Box::new(skv_cache { id, inner: HandleLock::new(cache), trace, device: Mutex::new(None) })))
@@ -277,7 +278,7 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
     if !cache.is_null() && !in_callback() {
         // SAFETY: a handle from Box::into_raw not yet freed, with no call on it in progress
         // (the contract above); no callback runs on this thread, so none of its calls holds it.
-        let _ = std::panic::catch_unwind(|| drop(unsafe { Box::from_raw(cache) }));
+        let _ = super::quiet::inside_call(|| std::panic::catch_unwind(|| drop(unsafe { Box::from_raw(cache) })));
     }
 }
 

@@ -40,6 +40,9 @@ mod trace;
 // The handle's lock (no exports).
 mod handle_lock;
 
+// The panic hook that keeps panics inside libskv calls quiet (no exports).
+mod quiet;
+
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -73,10 +76,11 @@ pub(crate) fn export_name(path: &'static str) -> &'static str {
 }
 
 /// Runs one export's body: panics become `SKV_ERR_INTERNAL`, errors set the thread's last
-/// error message (prefixed with the function name), success clears it.
+/// error message (prefixed with the function name), success clears it. While the body runs
+/// the thread counts as inside a libskv call, so the panic hook keeps a panic quiet.
 #[inline]
 pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> skv_status {
-    let outcome = catch_unwind(AssertUnwindSafe(body)).unwrap_or_else(|panic| {
+    let outcome = quiet::inside_call(|| catch_unwind(AssertUnwindSafe(body))).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())

@@ -243,27 +243,29 @@ fn traced_call(
     body: impl FnOnce() -> Result<()>,
     results: impl FnOnce(&mut Line),
 ) -> skv_status {
-    let outcome = catch_unwind(AssertUnwindSafe(|| {
-        // The trace lock is held across the call, so lines appear in the order calls ran.
-        // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.
-        let mut file = handle.trace.file.lock().unwrap_or_else(|p| p.into_inner());
-        let mut line = Line(format!("{{\"h\":{},\"fn\":\"{}\"", handle.id, function.get()));
-        args(&mut line);
-        let status = guard(function, body);
-        line.text("status", status.name());
-        if matches!(status, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK) {
-            results(&mut line);
-        }
-        if status != skv_status::SKV_OK {
-            line.text("error", &super::last_error_message());
-        }
-        line.0.push_str("}\n");
-        if let Some(f) = file.as_mut() {
-            // A trace is a debugging aid: a full disk must not fail the engine's call.
-            let _ = f.write_all(line.0.as_bytes());
-        }
-        status
-    }));
+    let outcome = super::quiet::inside_call(|| {
+        catch_unwind(AssertUnwindSafe(|| {
+            // The trace lock is held across the call, so lines appear in the order calls ran.
+            // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.
+            let mut file = handle.trace.file.lock().unwrap_or_else(|p| p.into_inner());
+            let mut line = Line(format!("{{\"h\":{},\"fn\":\"{}\"", handle.id, function.get()));
+            args(&mut line);
+            let status = guard(function, body);
+            line.text("status", status.name());
+            if matches!(status, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK) {
+                results(&mut line);
+            }
+            if status != skv_status::SKV_OK {
+                line.text("error", &super::last_error_message());
+            }
+            line.0.push_str("}\n");
+            if let Some(f) = file.as_mut() {
+                // A trace is a debugging aid: a full disk must not fail the engine's call.
+                let _ = f.write_all(line.0.as_bytes());
+            }
+            status
+        }))
+    });
     outcome.unwrap_or_else(|_| {
         set_last_error(function.get(), "internal error (a libskv bug): tracing the call panicked");
         skv_status::SKV_ERR_INTERNAL
