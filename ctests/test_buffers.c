@@ -1,5 +1,5 @@
-/* Hostile-input regressions (issue 23): caller arrays that overlap or are misaligned.
- * Every refusal must leave everything as it was. */
+/* Hostile-input regressions (issue 23): caller arrays that overlap or are misaligned,
+ * and recurrent-state handles named twice. Every refusal must leave everything as it was. */
 #include <stdint.h>
 
 #include "common.h"
@@ -188,9 +188,65 @@ static void single_calls_with_overlap(void) {
   skv_cache_free(c);
 }
 
+/* --------------------------------------------------- recurrent handles twice */
+
+static int aux_freed[64];
+
+static int count_free_aux(void *ud, int64_t aux) {
+  (void)ud;
+  if (aux >= 0 && aux < 64) aux_freed[aux]++;
+  return 0;
+}
+
+static void aux_handle_twice(void) {
+  skv_cache *c = owned_cache();
+  skv_engine_hooks hooks;
+  skv_req r, before;
+  skv_check_report rep;
+  int pairs[3][3] = {{9, 9, -1}, {9, -1, 9}, {-1, 9, 9}}, i;
+  memset(&hooks, 0, sizeof hooks);
+  memset(aux_freed, 0, sizeof aux_freed);
+  hooks.struct_size = (uint32_t)sizeof hooks;
+  hooks.free_aux = count_free_aux;
+  CHECK_OK(skv_cache_set_hooks(c, &hooks, NULL));
+  r = running(c, 6);
+  for (i = 0; i < 3; i++) {
+    r.aux_state = pairs[i][0];
+    r.aux_track[0] = pairs[i][1];
+    r.aux_track[1] = pairs[i][2];
+    before = r;
+    CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 0), SKV_ERR_INVALID_ARG);
+    CHECK_MSG_HAS("recurrent-state handle 9");
+    CHECK_REQ_SAME(&r, &before);
+    CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 1), SKV_ERR_INVALID_ARG);
+    CHECK_REQ_SAME(&r, &before);
+    CHECK_STATUS(skv_trim_overshoot(c, &r, 0), SKV_ERR_INVALID_ARG);
+  }
+  CHECK_EQ_INT(aux_freed[9], 0);
+  /* distinct handles finish, and a release frees each once */
+  r.aux_state = 9;
+  r.aux_track[0] = 10;
+  r.aux_track[1] = -1;
+  CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
+  /* a second session kept with the same handle (a finish does not look at other slots):
+   * the audit says so */
+  r = running(c, 6);
+  r.aux_state = 10;
+  CHECK_OK(skv_cache_finished_req(c, 2, 0, &r, 0));
+  CHECK_OK(skv_cache_check(c, &rep));
+  CHECK_EQ_U64(rep.violations, 1);
+  CHECK_STR_CONTAINS(rep.first_violation, "recurrent-state handle 10");
+  CHECK_OK(skv_release_session(c, 1));
+  CHECK_EQ_INT(aux_freed[9], 1);
+  CHECK_EQ_INT(aux_freed[10], 1);
+  check_clean(c);
+  skv_cache_free(c);
+}
+
 int main(void) {
   extend_batch_out_loc_over_reqs();
   batch_counts_inside_reqs();
   single_calls_with_overlap();
+  aux_handle_twice();
   return ctest_summary();
 }

@@ -36,6 +36,7 @@ impl Cache {
         let on_list = check_free_list(pool.allocator(), &mut rep)?;
         check_page_states(pool.allocator(), &maps, &owners, &on_list, &mut rep);
         self.check_slots(pool, &mut rep);
+        self.check_slot_handles(&mut rep);
         if let Some(s) = pool.swa.as_ref() {
             check_swa(pool, s, &mut rep)?;
             self.check_slot_windows(pool, s, &mut rep);
@@ -66,6 +67,27 @@ impl Cache {
                         )
                     });
                 }
+            }
+        }
+    }
+
+    /// No recurrent-state handle is kept twice, by two slots or one: each release would free
+    /// it. A finish does not look at other slots (that would cost a lookup per handle on
+    /// every finish and release), so only the audit sees two slots sharing one.
+    fn check_slot_handles(&self, rep: &mut Report) {
+        let mut holders: foldhash::HashMap<i64, (u64, u64)> = Default::default();
+        for (_, s) in self.slots.iter() {
+            for h in [s.aux, s.track[0], s.track[1]].into_iter().filter(|&h| h != -1) {
+                if let Some(&(session, branch)) = holders.get(&h) {
+                    rep.violation(|| {
+                        format!(
+                            "recurrent-state handle {h} is kept by session {session} branch {branch} and again by \
+                             session {} branch {}",
+                            s.session, s.branch
+                        )
+                    });
+                }
+                holders.insert(h, (s.session, s.branch));
             }
         }
     }

@@ -148,6 +148,25 @@ impl Req {
         [self.aux, self.track[0], self.track[1]]
     }
 
+    /// Refuses a req naming one recurrent-state handle twice: a release would free it twice.
+    #[inline]
+    pub fn check_aux_handles(&self) -> Result<()> {
+        let [a, t0, t1] = self.aux_handles();
+        let twice = match () {
+            _ if a != -1 && a == t0 => ("aux_state", "aux_track[0]", a),
+            _ if a != -1 && a == t1 => ("aux_state", "aux_track[1]", a),
+            _ if t0 != -1 && t0 == t1 => ("aux_track[0]", "aux_track[1]", t0),
+            _ => return Ok(()),
+        };
+        bail!(
+            InvalidArg,
+            "{} and {} are both recurrent-state handle {}: a release would free it twice",
+            twice.0,
+            twice.1,
+            twice.2
+        )
+    }
+
     /// The row this request holds, if any.
     #[inline]
     pub fn row(&self) -> Option<u32> {

@@ -367,11 +367,11 @@ fn an_aligned_reuse_miss_frees_the_slots_handles() {
     let mut c = external(4, 128, true);
     let mut r = mamba_turn(0, 10, [-1, 12]);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
-    let mut next = Req { track: [7, 7], ..Req::default() };
+    let mut next = Req { track: [7, 8], ..Req::default() };
     let m = c.match_prefix(1, 0, &mut next, 3, false).unwrap();
     assert!(!m.hit, "3 tokens make no whole page");
     assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 12"]);
-    assert_eq!(next.track, [7, 7], "a miss leaves the req's own handles alone");
+    assert_eq!(next.track, [7, 8], "a miss leaves the req's own handles alone");
 }
 
 #[test]
