@@ -1,5 +1,6 @@
 /* Hostile-input regressions (issue 23): caller arrays that overlap or are misaligned,
- * and recurrent-state handles named twice. Every refusal must leave everything as it was. */
+ * recurrent-state handles named twice, and window cursors a pool without free_kv_segment
+ * could never release. Every refusal must leave everything as it was. */
 #include <stdint.h>
 
 #include "common.h"
@@ -243,10 +244,59 @@ static void aux_handle_twice(void) {
   skv_cache_free(c);
 }
 
+/* ------------------------------- a cursor a pool without free_kv_segment cannot free */
+
+/* ABI 3 ops without free_kv_segment: an engine that ran its window itself (libskv's window
+ * step needs free_kv_segment) hands a req whose cursor passed swa_dead_lo. Stored in a slot,
+ * it made every release SKV_ERR_UNSUPPORTED; now the first call carrying it refuses it. */
+static void cursor_without_segment_frees(void) {
+  fake_engine fe;
+  skv_cache *c;
+  skv_pool_ops ops;
+  skv_cache_config cfg;
+  skv_req r, before;
+  fe_init(&fe, 4, 32);
+  ops = fe_ops();
+  ops.free_kv_segment = NULL; /* struct_size is this header's: an ABI 3 caller */
+  cfg = fe_config(&fe, 4, 0);
+  c = NULL;
+  CHECK_OK(skv_cache_new_external(&cfg, &ops, &fe, &c));
+  r = req_make(0, 16, 16);
+  r.origin_input_len = 16;
+  r.swa_evicted_seqlen = 8; /* the engine freed [0, 8) of its SWA pool itself */
+  before = r;
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 0), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("free_kv_segment");
+  CHECK_REQ_SAME(&r, &before);
+  CHECK_STATUS(skv_cache_finished_req(c, 1, 0, &r, 1), SKV_ERR_INVALID_ARG);
+  CHECK_STATUS(skv_match_prefix(c, 1, 0, &r, 16, 0, &(skv_match){0, 0}), SKV_ERR_INVALID_ARG);
+  CHECK_STATUS(skv_free_tail(c, &r, 8), SKV_ERR_INVALID_ARG);
+  CHECK_REQ_SAME(&r, &before);
+  CHECK_NO_CALLS(&fe);
+  /* a floor shields the window: a cursor up to swa_dead_lo freed nothing */
+  r.swa_evict_floor = 8;
+  CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
+  CHECK_OK(skv_release_session(c, 1));
+  CHECK_EQ_U64(fe_count_kind(&fe, FE_FREE_ROW), 1);
+  skv_cache_free(c);
+  fe_free(&fe);
+  /* an ABI 2 caller's free_kv takes every free whole, window included, as it always did */
+  fe_init(&fe, 4, 32);
+  c = fe_cache_abi2(&fe, 4, 0);
+  r = req_make(0, 16, 16);
+  r.origin_input_len = 16;
+  r.swa_evicted_seqlen = 8;
+  CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
+  CHECK_OK(skv_release_session(c, 1));
+  skv_cache_free(c);
+  fe_free(&fe);
+}
+
 int main(void) {
   extend_batch_out_loc_over_reqs();
   batch_counts_inside_reqs();
   single_calls_with_overlap();
   aux_handle_twice();
+  cursor_without_segment_frees();
   return ctest_summary();
 }

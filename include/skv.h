@@ -295,9 +295,10 @@ typedef struct skv_pool_ops {
    * split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). With
    * SKV_FLAG_PAGE_FREES each piece is handed as one index per page, as free_kv's are. NULL
    * (or a struct_size of 48): free_kv takes every free whole; then a
-   * free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
-   * this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
-   * skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+   * req whose swa_evicted_seqlen passed its swa_dead_lo (a full-only piece no free could
+   * express) is SKV_ERR_INVALID_ARG at the first call carrying it when struct_size covers
+   * this field (nothing changed), and such frees are merged into free_kv as in ABI 2 when
+   * it does not; skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
    */
   skv_free_kv_segment_fn free_kv_segment;
 } skv_pool_ops;

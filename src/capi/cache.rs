@@ -8,7 +8,7 @@ use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
 use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope, HandleLock};
-use crate::core::{split, Backend, Cache, Config, Effect, Error, Pool, Pools, Result, Segment};
+use crate::core::{split, Backend, Cache, Config, Effect, Error, Pool, Pools, Req, Result, Segment};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -153,9 +153,10 @@ pub struct skv_pool_ops {
     /// split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). With
     /// SKV_FLAG_PAGE_FREES each piece is handed as one index per page, as free_kv's are. NULL
     /// (or a struct_size of 48): free_kv takes every free whole; then a
-    /// free that would need a full-only piece is SKV_ERR_UNSUPPORTED when struct_size covers
-    /// this field (nothing changed), and merged into free_kv as in ABI 2 when it does not;
-    /// skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+    /// req whose swa_evicted_seqlen passed its swa_dead_lo (a full-only piece no free could
+    /// express) is SKV_ERR_INVALID_ARG at the first call carrying it when struct_size covers
+    /// this field (nothing changed), and such frees are merged into free_kv as in ABI 2 when
+    /// it does not; skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
     pub free_kv_segment: skv_free_kv_segment_fn,
 }
 
@@ -515,6 +516,21 @@ impl Pool for ExternalPool {
                 failures.join(", ")
             )))
         }
+    }
+
+    /// Without free_kv_segment (an ABI 3 caller's ops: ABI 2 callers hand every free to
+    /// free_kv whole), positions the window freed could only go back through free_kv, which
+    /// frees their SWA slots a second time: the row could never be released.
+    fn check_cursor(&self, req: &Req) -> Result<()> {
+        let dead_lo = req.swa_dead_lo(self.ps);
+        if self.ops.free_kv_segment.is_some() || self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS || req.swa <= dead_lo {
+            return Ok(());
+        }
+        Err(Error::InvalidArg(format!(
+            "swa_evicted_seqlen {} > swa_dead_lo {dead_lo}: the window freed positions [{dead_lo}, {}), but \
+             ops->free_kv_segment is NULL, so libskv could never free this row's full side alone",
+            req.swa, req.swa
+        )))
     }
 
     fn frees_swa(&self) -> std::result::Result<(), String> {

@@ -155,11 +155,15 @@ impl Cache {
     /// not in use (`NotFound`, owned mode), a stale copy (`State`: a stamped generation the
     /// row has left), then fields disagreeing with the row (owned mode: `State` on an idle
     /// slot's row, where the req is a stale copy; `InvalidArg` elsewhere).
-    /// Before the record, the check of what a session keeps and frees, which the per-step
-    /// calls (`check_record_in`) never need: no recurrent-state handle twice.
+    /// Before the record, the checks of what a session keeps and frees, which the per-step
+    /// calls (`check_record_in`) never need: no recurrent-state handle twice, and a window
+    /// cursor the pool can free around.
     #[inline(always)]
     pub(crate) fn check_record(&self, req: &Req) -> Result<()> {
         req.check_aux_handles()?;
+        if let Backend::Engine(p) = &self.pool {
+            p.check_cursor(req)?;
+        }
         self.check_record_in(self.pool.owned(), req)
     }
 

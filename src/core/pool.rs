@@ -79,6 +79,12 @@ pub trait Pool: Send {
         Ok(())
     }
 
+    /// Checks that the pool could free everything the req's row holds: a pool that cannot
+    /// free the full side alone refuses a req whose window already freed positions.
+    fn check_cursor(&self, _req: &Req) -> Result<()> {
+        Ok(())
+    }
+
     /// Checks a `free_aligned(row, target, end)` against the pool's record, if it has one.
     fn check_free(&self, _row: u32, _target: u32, _end: u32) -> Result<()> {
         Ok(())
