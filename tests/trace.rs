@@ -93,3 +93,42 @@ fn every_trace_line_is_json() {
     assert_eq!(extend["req_out"]["kv_allocated_len"], 6);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// An array longer than a line keeps (65,536 values) keeps its first 65,536 and says so: how
+/// many it kept and how long it was, so that no reader takes the kept values for the whole.
+#[test]
+fn a_cut_array_is_marked_with_its_full_length() {
+    let dir = std::env::temp_dir().join(format!("skv-trace-cut-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cut.jsonl");
+    let cpath = CString::new(path.to_str().unwrap()).unwrap();
+    let n = (1u32 << 16) + 4;
+    let cfg = skv_cache_config { num_token_slots: 1 << 18, ..cfg() };
+    // SAFETY: c is created here and freed once at the end; cpath is NUL-terminated; tree and
+    // refs hold n values each.
+    unsafe {
+        let mut c = ptr::null_mut();
+        assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
+        assert_eq!(skv_cache_set_trace(c, cpath.as_ptr()), skv_status::SKV_OK);
+        let mut tree = vec![0i32; n as usize];
+        assert_eq!(skv_pool_alloc(c, n, tree.as_mut_ptr()), skv_status::SKV_OK);
+        let mut refs = vec![7u32; n as usize];
+        assert_eq!(skv_page_refs(c, tree.as_ptr(), tree.len(), refs.as_mut_ptr()), skv_status::SKV_OK);
+        assert_eq!(skv_pool_free(c, tree.as_ptr(), tree.len()), skv_status::SKV_OK);
+        assert_eq!(skv_pool_alloc(c, 8, tree.as_mut_ptr()), skv_status::SKV_OK);
+        skv_cache_free(c);
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 5, "the opening line and 4 calls");
+    for (line, name) in [(1, "out_indices"), (2, "indices"), (2, "out_counts"), (3, "indices")] {
+        let l = &lines[line];
+        assert_eq!(l[name].as_array().unwrap().len(), 1 << 16, "{name} keeps 65,536 values");
+        assert_eq!(l[format!("{name}_cut_at")], 1 << 16, "{name}");
+        assert_eq!(l[format!("{name}_full_len")], n, "{name}");
+    }
+    let whole = &lines[4];
+    assert_eq!(whole["out_indices"].as_array().unwrap().len(), 8);
+    assert!(whole.get("out_indices_cut_at").is_none() && whole.get("out_indices_full_len").is_none(), "{whole}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

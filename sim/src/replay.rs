@@ -4,6 +4,12 @@
 //! line number. Exit 0 when every call matches, 1 at the first difference, 2 when the trace
 //! cannot be replayed.
 //!
+//! A line the replay cannot reproduce exactly is "cannot replay", never passed on: an input
+//! array, or an output the replay compares, that the trace cut (`"<name>_cut_at"`); a compared
+//! output recorded with other than the values the call writes; a number out of its argument's
+//! range; a buffer larger than `MAX_VALUES` values (or than the host can give). Every length
+//! handed to libskv is the length of the buffer passed with it.
+//!
 //! Owned-mode traces replay fully. The engine hooks (skv_cache_set_hooks) are replaced by hooks
 //! that succeed, so a recorded SKV_ERR_CALLBACK of a failing hook shows as a difference.
 //! External-mode traces are refused: the trace records the calls, not the engine's
@@ -12,6 +18,8 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void, CStr};
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read};
 use std::process::ExitCode;
 use std::ptr::{null, null_mut};
 
@@ -34,6 +42,15 @@ const REQ_FIELDS: [&str; 12] = [
     "aux_state",
 ];
 
+/// The most values one buffer of the replay holds (64 MiB of `i32`). A call that succeeded
+/// wrote at most 65,536 values the trace kept whole, so only a failed call's buffer (its
+/// length as the engine passed it) can be larger: such a line cannot be replayed.
+const MAX_VALUES: usize = 1 << 24;
+
+/// The longest line the replay reads. libskv's longest, a batch line of 65,536 reqs, is under
+/// 32 MiB.
+const MAX_LINE: u64 = 64 << 20;
+
 /// `skv-sim replay FILE` when the command line starts with `replay`; `None` otherwise.
 pub fn from_args() -> Option<ExitCode> {
     let mut args = std::env::args().skip(1);
@@ -54,7 +71,7 @@ pub fn from_args() -> Option<ExitCode> {
             ExitCode::from(1)
         }
         Err(Fault::Cannot(msg)) => {
-            eprintln!("skv-sim replay: {msg}");
+            eprintln!("skv-sim replay: cannot replay: {msg}");
             ExitCode::from(2)
         }
     })
@@ -92,15 +109,25 @@ impl Drop for Handles {
 }
 
 fn replay_file(path: &str) -> Result<String, Fault> {
-    let text = std::fs::read_to_string(path).map_err(|e| Fault::Cannot(format!("{path}: {e}")))?;
+    let file = File::open(path).map_err(|e| Fault::Cannot(format!("{path}: {e}")))?;
+    let mut reader = BufReader::new(file);
+    let mut raw = Vec::new();
     let mut handles = Handles(HashMap::new());
     let mut calls = 0u64;
-    for (i, raw) in text.lines().enumerate() {
-        let line = i + 1;
-        if raw.trim().is_empty() {
+    for line in 1.. {
+        raw.clear();
+        // A line is read up to MAX_LINE bytes and no further, so that no line can grow the
+        // buffer past what the host holds.
+        let read = (&mut reader).take(MAX_LINE + 1).read_until(b'\n', &mut raw);
+        match read.map_err(|e| cannot(line, format!("{path}: {e}")))? {
+            0 => break,
+            n if n as u64 > MAX_LINE => return Err(cannot(line, format!("longer than {MAX_LINE} bytes"))),
+            _ => {}
+        }
+        if raw.trim_ascii().is_empty() {
             continue;
         }
-        let v: Value = serde_json::from_str(raw).map_err(|e| cannot(line, format!("not JSON: {e}")))?;
+        let v: Value = serde_json::from_slice(&raw).map_err(|e| cannot(line, format!("not JSON: {e}")))?;
         let h = v["h"].as_u64().ok_or_else(|| cannot(line, "no handle id \"h\""))?;
         let f = v["fn"].as_str().ok_or_else(|| cannot(line, "no \"fn\""))?;
         if f == "trace_start" {
@@ -135,12 +162,16 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
         ));
     }
     let num = |k: &str| v[k].as_u64().ok_or_else(|| cannot(line, format!("trace_start has no {k}")));
+    let num32 = |k: &str| {
+        let n = num(k)?;
+        u32::try_from(n).map_err(|_| cannot(line, format!("trace_start: {k} {n} out of range")))
+    };
     let cfg = skv_cache_config {
         struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: num("page_size")? as u32,
+        page_size: num32("page_size")?,
         num_token_slots: num("num_token_slots")?,
-        num_rows: num("num_rows")? as u32,
-        max_context_len: num("max_context_len")? as u32,
+        num_rows: num32("num_rows")?,
+        max_context_len: num32("max_context_len")?,
         flags: if v["aligned_reuse"] == true { SKV_FLAG_ALIGNED_REUSE } else { 0 },
         // Absent from a trace written before the SWA pool existed: none.
         swa_num_token_slots: v["swa_num_token_slots"].as_u64().unwrap_or(0),
@@ -204,7 +235,18 @@ impl Call<'_> {
     }
 
     fn num(&self, k: &str) -> Result<i128, Fault> {
-        int(&self.v[k]).ok_or_else(|| cannot(self.line, format!("{}: no number \"{k}\"", self.f())))
+        int(&self.v[k]).ok_or_else(|| self.cannot(format!("no number \"{k}\"")))
+    }
+
+    /// An argument as the type the call takes; a number that type cannot hold was not written
+    /// by libskv.
+    fn arg<T: TryFrom<i128>>(&self, k: &str) -> Result<T, Fault> {
+        let n = self.num(k)?;
+        T::try_from(n).map_err(|_| self.cannot(format!("{k} {n} out of range")))
+    }
+
+    fn cannot(&self, what: impl std::fmt::Display) -> Fault {
+        cannot(self.line, format!("{}: {what}", self.f()))
     }
 
     /// The argument a recorded SKV_ERR_NULL_ARG names ("skv_x: out is NULL"): replayed as NULL.
@@ -235,39 +277,94 @@ impl Call<'_> {
             skv_req_init(q.as_mut_ptr());
             q.assume_init()
         };
-        let field = |name: &str| int(&r[name]).ok_or_else(|| cannot(self.line, format!("{k}.{name} missing")));
-        q.req_pool_idx = field("req_pool_idx")? as i32;
-        q.row_generation = field("row_generation")? as u32;
-        q.kv_committed_len = field("kv_committed_len")? as u32;
-        q.kv_allocated_len = field("kv_allocated_len")? as u32;
-        q.cache_protected_len = field("cache_protected_len")? as u32;
-        q.swa_evicted_seqlen = field("swa_evicted_seqlen")? as u32;
-        q.origin_input_len = field("origin_input_len")? as u32;
-        q.output_len = field("output_len")? as u32;
-        q.finished_len = field("finished_len")? as i32;
-        q.lock_node = field("lock_node")? as u64;
-        q.lock_receipt = field("lock_receipt")? as u64;
-        q.aux_state = field("aux_state")? as i64;
-        q.aux_track =
-            track(&r["aux_track"]).ok_or_else(|| cannot(self.line, format!("{k}.aux_track: not two numbers")))?;
+        q.req_pool_idx = self.req_field(k, r, "req_pool_idx")?;
+        q.row_generation = self.req_field(k, r, "row_generation")?;
+        q.kv_committed_len = self.req_field(k, r, "kv_committed_len")?;
+        q.kv_allocated_len = self.req_field(k, r, "kv_allocated_len")?;
+        q.cache_protected_len = self.req_field(k, r, "cache_protected_len")?;
+        q.swa_evicted_seqlen = self.req_field(k, r, "swa_evicted_seqlen")?;
+        q.origin_input_len = self.req_field(k, r, "origin_input_len")?;
+        q.output_len = self.req_field(k, r, "output_len")?;
+        q.finished_len = self.req_field(k, r, "finished_len")?;
+        q.lock_node = self.req_field(k, r, "lock_node")?;
+        q.lock_receipt = self.req_field(k, r, "lock_receipt")?;
+        q.aux_state = self.req_field(k, r, "aux_state")?;
+        q.aux_track = track(&r["aux_track"]).ok_or_else(|| self.cannot(format!("{k}.aux_track: not two numbers")))?;
         // Traces from before the field read as 0, the value every req had then.
-        q.swa_evict_floor = int(&r["swa_evict_floor"]).unwrap_or(0) as u32;
+        q.swa_evict_floor = match r.get("swa_evict_floor") {
+            None => 0,
+            Some(_) => self.req_field(k, r, "swa_evict_floor")?,
+        };
         Ok(Some(q))
     }
 
-    fn list(&self, k: &str) -> Result<Option<Vec<i32>>, Fault> {
-        if self.v.get(format!("{k}_cut_at")).is_some() {
-            return Err(cannot(self.line, format!("{}: {k} was cut short in the trace", self.f())));
+    /// A req's field as its C type.
+    fn req_field<T: TryFrom<i128>>(&self, k: &str, r: &Value, name: &str) -> Result<T, Fault> {
+        let n = int(&r[name]).ok_or_else(|| self.cannot(format!("{k}.{name} missing")))?;
+        T::try_from(n).map_err(|_| self.cannot(format!("{k}.{name} {n} out of range")))
+    }
+
+    /// An input array as the values the call takes (`None` for a recorded NULL).
+    fn list<T: TryFrom<i128>>(&self, k: &str) -> Result<Option<Vec<T>>, Fault> {
+        self.whole(k)?;
+        let a = match &self.v[k] {
+            Value::Null => return Ok(None),
+            Value::Array(a) => a,
+            _ => return Err(self.cannot(format!("{k}: not an array"))),
+        };
+        let mut out = Vec::new();
+        out.try_reserve_exact(a.len()).map_err(|e| self.cannot(format!("{k} of {} values: {e}", a.len())))?;
+        for (i, x) in a.iter().enumerate() {
+            out.push(
+                int(x)
+                    .and_then(|n| T::try_from(n).ok())
+                    .ok_or_else(|| self.cannot(format!("{k}[{i}] = {x}: out of range")))?,
+            );
         }
-        match &self.v[k] {
-            Value::Null => Ok(None),
-            Value::Array(a) => a
-                .iter()
-                .map(|x| int(x).map(|n| n as i32).ok_or_else(|| cannot(self.line, format!("{k}: not a number"))))
-                .collect::<Result<Vec<_>, _>>()
-                .map(Some),
-            _ => Err(cannot(self.line, format!("{k}: not an array"))),
+        Ok(Some(out))
+    }
+
+    /// Refuses an array the trace cut (`"<k>_cut_at"`), which the replay needs whole: as the
+    /// call's input, or to compare the call's output with.
+    fn whole(&self, k: &str) -> Result<(), Fault> {
+        let Some(kept) = self.v.get(format!("{k}_cut_at")) else { return Ok(()) };
+        let len = self.v.get(format!("{k}_full_len")).map_or("more".into(), Value::to_string);
+        Err(self.cannot(format!("{k} was cut in the trace: {kept} of {len} values kept")))
+    }
+
+    /// A recorded output array `k`, if any, must hold the `n` values the call writes to be
+    /// compared with them.
+    fn stored(&self, k: &str, n: usize) -> Result<(), Fault> {
+        self.whole(k)?;
+        match self.v.get(k) {
+            None => Ok(()),
+            Some(Value::Array(a)) if a.len() == n => Ok(()),
+            Some(Value::Array(a)) => {
+                Err(self.cannot(format!("{k}: the trace holds {} values, the call writes {n}", a.len())))
+            }
+            Some(w) => Err(self.cannot(format!("{k} = {w}: not an array"))),
         }
+    }
+
+    /// `n` zeroed values for the call to write, or "cannot replay" when the replay cannot hold
+    /// them.
+    fn zeroed<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Vec<T>, Fault> {
+        if n > MAX_VALUES {
+            return Err(self.cannot(format!("{k} of {n} values: more than the replay holds ({MAX_VALUES})")));
+        }
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|e| self.cannot(format!("{k} of {n} values: {e}")))?;
+        v.resize(n, T::default());
+        Ok(v)
+    }
+
+    /// The buffer of `n` values an output argument `k` is replayed with: none (NULL) where the
+    /// recording names `k` NULL.
+    fn out<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Option<Vec<T>>, Fault> {
+        if self.is_null(k) {
+            return Ok(None);
+        }
+        self.zeroed(k, n).map(Some)
     }
 
     fn differs(&self, what: String) -> Fault {
@@ -329,10 +426,14 @@ impl Call<'_> {
 
     fn check_list<T: Copy + Into<i128>>(&self, k: &str, got: &[T]) -> Result<(), Fault> {
         let Some(want) = self.v.get(k) else { return Ok(()) };
-        let got: Vec<i128> = got.iter().map(|&x| x.into()).collect();
-        let want: Vec<i128> = want.as_array().map(|a| a.iter().filter_map(int).collect()).unwrap_or_default();
-        if got != want {
-            return Err(self.differs(format!("{k} = {got:?}, recorded {want:?}")));
+        let Some(want) = want.as_array() else { return Err(self.cannot(format!("{k} = {want}: not an array"))) };
+        if want.len() != got.len() {
+            return Err(self.differs(format!("{k} has {} values, recorded {}", got.len(), want.len())));
+        }
+        for (i, (w, &g)) in want.iter().zip(got).enumerate() {
+            if int(w) != Some(g.into()) {
+                return Err(self.differs(format!("{k}[{i}] = {}, recorded {w}", g.into())));
+            }
         }
         Ok(())
     }
@@ -353,54 +454,53 @@ impl Call<'_> {
 
     fn run(&self) -> Result<(), Fault> {
         let c = self.c;
-        let u32_ = |k: &str| self.num(k).map(|n| n as u32);
-        let u64_ = |k: &str| self.num(k).map(|n| n as u64);
-        // SAFETY: every call below gets a live handle, buffers sized as each call requires, and
-        // NULL where the recording names a NULL argument.
+        // SAFETY: every call below gets a live handle, buffers of at least the length passed
+        // with them, and NULL where the recording names a NULL argument.
         unsafe {
             match self.f() {
                 "skv_alloc_row" => {
                     self.with_req(|r| skv_alloc_row(c, r))?;
                 }
                 "skv_alloc_extend" => {
-                    let n = u32_("n_tokens")?;
-                    self.with_req(|r| skv_alloc_extend(c, r, n, std::ptr::null_mut()))?;
+                    // out_loc is optional and its slots are not compared: NULL.
+                    let n = self.arg("n_tokens")?;
+                    self.with_req(|r| skv_alloc_extend(c, r, n, null_mut()))?;
                 }
                 "skv_commit" => {
-                    let n = u32_("n_tokens")?;
+                    let n = self.arg("n_tokens")?;
                     self.with_req(|r| skv_commit(c, r, n))?;
                 }
                 "skv_free_req" => {
                     self.with_req(|r| skv_free_req(c, r))?;
                 }
                 "skv_trim_overshoot" => {
-                    let n = u32_("finished_len")?;
+                    let n = self.arg("finished_len")?;
                     self.with_req(|r| skv_trim_overshoot(c, r, n))?;
                 }
                 "skv_swa_evict" => {
-                    let (pre, w, iv, f) =
-                        (u32_("pre_len")?, u32_("window")?, u32_("eviction_interval")?, u32_("flags")?);
-                    let retain = self.num("retain_floor")? as i64;
+                    let (pre, w) = (self.arg("pre_len")?, self.arg("window")?);
+                    let (iv, f) = (self.arg("eviction_interval")?, self.arg("flags")?);
+                    let retain = self.arg("retain_floor")?;
                     let mut freed = 0u32;
                     self.with_req(|r| skv_swa_evict(c, r, pre, w, iv, retain, f, &mut freed))?;
                 }
                 "skv_free_tail" => {
-                    let n = u32_("prefix_len")?;
+                    let n = self.arg("prefix_len")?;
                     self.with_req(|r| skv_free_tail(c, r, n))?;
                 }
                 "skv_publish_prefix" => {
-                    let n = u32_("new_protected_len")?;
+                    let n = self.arg("new_protected_len")?;
                     self.with_req(|r| skv_publish_prefix(c, r, n))?;
                 }
                 "skv_map_prefix" => {
-                    let idx = self.list("indices")?;
-                    let n = idx.as_ref().map_or(0, |v| v.len() as u32);
-                    let p = idx.as_ref().map_or(null(), |v| v.as_ptr());
+                    let idx = self.list::<i32>("indices")?;
+                    let (p, n) = input(&idx);
+                    let n = u32::try_from(n).map_err(|_| self.cannot(format!("indices of {n} values")))?;
                     self.with_req(|r| skv_map_prefix(c, r, p, n))?;
                 }
                 "skv_match_prefix" => {
-                    let (s, b, key, pre) =
-                        (u64_("session_id")?, u64_("branch_id")?, u32_("key_len")?, u32_("pre_aborted")?);
+                    let (s, b) = (self.arg("session_id")?, self.arg("branch_id")?);
+                    let (key, pre) = (self.arg("key_len")?, self.arg("pre_aborted")?);
                     let mut m = skv_match { hit: 0, prefix_len: 0 };
                     let mp = if self.is_null("out") { null_mut() } else { &mut m as *mut skv_match };
                     let (done, _) = self.with_req(|r| skv_match_prefix(c, s, b, r, key, pre, mp))?;
@@ -414,42 +514,37 @@ impl Call<'_> {
                     }
                 }
                 "skv_cache_finished_req" => {
-                    let (s, b, a) = (u64_("session_id")?, u64_("branch_id")?, u32_("aborted")?);
+                    let (s, b, a) = (self.arg("session_id")?, self.arg("branch_id")?, self.arg("aborted")?);
                     self.with_req(|r| skv_cache_finished_req(c, s, b, r, a))?;
                 }
                 "skv_hand_back" => {
-                    let (s, b) = (u64_("session_id")?, u64_("branch_id")?);
+                    let (s, b) = (self.arg("session_id")?, self.arg("branch_id")?);
                     self.with_req(|r| skv_hand_back(c, s, b, r))?;
                 }
                 // The queries change nothing: their status is what replay can hold them to.
                 f @ ("skv_session_usage" | "skv_branch_usage") => {
-                    let s = u64_("session_id")?;
+                    let s = self.arg("session_id")?;
                     let mut u = std::mem::zeroed::<skv_usage>();
                     let st = match f {
                         "skv_session_usage" => skv_session_usage(c, s, &mut u),
-                        _ => skv_branch_usage(c, s, u64_("branch_id")?, &mut u),
+                        _ => skv_branch_usage(c, s, self.arg("branch_id")?, &mut u),
                     };
                     if self.check_status(st)? {
                         self.check_num("slots", u.slots.into())?;
                         self.check_num("pages", u.pages.into())?;
                     }
                 }
-                "skv_idle_sessions" => {
-                    let cap = (self.num("cap")? as usize).min(1 << 20);
-                    let (mut sids, mut bids, mut n) = (vec![0u64; cap], vec![0u64; cap], 0usize);
-                    let st = skv_idle_sessions(c, sids.as_mut_ptr(), bids.as_mut_ptr(), cap, &mut n);
-                    self.check_status(st)?;
-                }
+                "skv_idle_sessions" => self.idle_sessions()?,
                 "skv_admission_pages" => {
-                    let (s, b) = (u64_("session_id")?, u64_("branch_id")?);
+                    let (s, b) = (self.arg("session_id")?, self.arg("branch_id")?);
+                    let (key, total) = (self.arg("key_len")?, self.arg("total_len")?);
                     let mut a = std::mem::zeroed::<skv_admission>();
-                    let st = skv_admission_pages(c, s, b, u32_("key_len")?, u32_("total_len")?, &mut a);
-                    if self.check_status(st)? {
+                    if self.check_status(skv_admission_pages(c, s, b, key, total, &mut a))? {
                         self.check_num("pages_needed", a.pages_needed.into())?;
                     }
                 }
                 "skv_checkpoint" => {
-                    let (s, b) = (u64_("session_id")?, u64_("branch_id")?);
+                    let (s, b) = (self.arg("session_id")?, self.arg("branch_id")?);
                     let mut handled = 0u32;
                     let hp = if self.is_null("handled") { null_mut() } else { &mut handled as *mut u32 };
                     let (done, _) = self.with_req(|r| skv_checkpoint(c, s, b, r, hp))?;
@@ -458,18 +553,18 @@ impl Call<'_> {
                     }
                 }
                 "skv_release_session" => {
-                    self.check_status(skv_release_session(c, u64_("session_id")?))?;
+                    self.check_status(skv_release_session(c, self.arg("session_id")?))?;
                 }
                 "skv_release_branch" => {
-                    self.check_status(skv_release_branch(c, u64_("session_id")?, u64_("branch_id")?))?;
+                    self.check_status(skv_release_branch(c, self.arg("session_id")?, self.arg("branch_id")?))?;
                 }
                 "skv_free_aligned" => {
-                    let st = skv_free_aligned(c, self.num("row")? as i32, u32_("target")?, u32_("end")?);
+                    let st = skv_free_aligned(c, self.arg("row")?, self.arg("target")?, self.arg("end")?);
                     self.check_status(st)?;
                 }
                 "skv_session_held" => {
-                    let rows = self.list("active_rows")?;
-                    let (p, n) = rows.as_ref().map_or((null(), 0), |v| (v.as_ptr(), v.len()));
+                    let rows = self.list::<i32>("active_rows")?;
+                    let (p, n) = input(&rows);
                     let mut h = std::mem::zeroed::<skv_held>();
                     let hp = if self.is_null("out") { null_mut() } else { &mut h as *mut skv_held };
                     if self.check_status(skv_session_held(c, p, n, hp))? {
@@ -488,57 +583,38 @@ impl Call<'_> {
                     }
                 }
                 "skv_pool_alloc" => {
-                    let n = u32_("n_tokens")?;
-                    // A count no pool can grant is refused before anything is written.
-                    let mut out = vec![0i32; (n as usize).min(1 << 24)];
-                    let p = if self.is_null("out_indices") { null_mut() } else { out.as_mut_ptr() };
-                    if self.check_status(skv_pool_alloc(c, n, p))? {
-                        self.check_list("out_indices", &out)?;
+                    let n: u32 = self.arg("n_tokens")?;
+                    self.stored("out_indices", n as usize)?;
+                    let mut out = self.out::<i32>("out_indices", n as usize)?;
+                    if self.check_status(skv_pool_alloc(c, n, ptr(&mut out)))? {
+                        self.check_list("out_indices", out.as_deref().unwrap_or(&[]))?;
                     }
                 }
                 "skv_pool_free" => {
-                    let idx = self.list("indices")?;
-                    let (p, n) = idx.as_ref().map_or((null(), 0), |v| (v.as_ptr(), v.len()));
+                    let idx = self.list::<i32>("indices")?;
+                    let (p, n) = input(&idx);
                     self.check_status(skv_pool_free(c, p, n))?;
                 }
                 "skv_page_refs" => {
-                    let idx = self.list("indices")?;
-                    let (p, n) = idx.as_ref().map_or((null(), 0), |v| (v.as_ptr(), v.len()));
-                    let mut out = vec![0u32; n];
-                    let op = if self.is_null("out_counts") { null_mut() } else { out.as_mut_ptr() };
-                    if self.check_status(skv_page_refs(c, p, n, op))? {
-                        self.check_list("out_counts", &out)?;
+                    let idx = self.list::<i32>("indices")?;
+                    let (p, n) = input(&idx);
+                    self.stored("out_counts", n)?;
+                    let mut out = self.out::<u32>("out_counts", n)?;
+                    if self.check_status(skv_page_refs(c, p, n, ptr(&mut out)))? {
+                        self.check_list("out_counts", out.as_deref().unwrap_or(&[]))?;
                     }
                 }
                 f @ ("skv_row_indices" | "skv_row_swa_indices") => {
                     let view = if f == "skv_row_indices" { skv_row_indices } else { skv_row_swa_indices };
-                    let (start, end) = (u32_("start")?, u32_("end")?);
-                    // No row maps more than max_context_len tokens: a longer range is refused
-                    // before anything is written.
-                    let mut out = vec![0i32; (end.saturating_sub(start) as usize).min(1 << 24)];
-                    let p = if self.is_null("out") { null_mut() } else { out.as_mut_ptr() };
-                    if self.check_status(view(c, self.num("row")? as i32, start, end, p))? {
-                        self.check_list("out", &out)?;
+                    let (start, end): (u32, u32) = (self.arg("start")?, self.arg("end")?);
+                    let n = end.saturating_sub(start) as usize;
+                    self.stored("out", n)?;
+                    let mut out = self.out::<i32>("out", n)?;
+                    if self.check_status(view(c, self.arg("row")?, start, end, ptr(&mut out)))? {
+                        self.check_list("out", out.as_deref().unwrap_or(&[]))?;
                     }
                 }
-                f @ ("skv_build_flashinfer" | "skv_build_flashinfer_swa") => {
-                    let build =
-                        if f == "skv_build_flashinfer" { skv_build_flashinfer } else { skv_build_flashinfer_swa };
-                    let rows = self.list("rows")?;
-                    let (p, n) = rows.as_ref().map_or((null(), 0), |v| (v.as_ptr(), v.len()));
-                    let cap = self.num("cap")? as usize;
-                    let (mut indptr, mut last) = (vec![0i32; n + 1], vec![0i32; n]);
-                    let mut idx = vec![0i32; cap.min(1 << 24)];
-                    let mut needed = 0usize;
-                    let np = if self.is_null("needed") { null_mut() } else { &mut needed as *mut usize };
-                    let st = build(c, p, n, indptr.as_mut_ptr(), idx.as_mut_ptr(), last.as_mut_ptr(), cap, np);
-                    if self.check_status(st)? {
-                        self.check_num("needed", needed as i128)?;
-                        self.check_list("kv_indptr", &indptr)?;
-                        self.check_list("kv_indices", &idx[..needed.min(idx.len())])?;
-                        self.check_list("kv_last_page_len", &last)?;
-                    }
-                }
+                f @ ("skv_build_flashinfer" | "skv_build_flashinfer_swa") => self.flashinfer(f)?,
                 "skv_cache_stats" => {
                     let mut s = std::mem::zeroed::<skv_stats>();
                     let sp = if self.is_null("out") { null_mut() } else { &mut s as *mut skv_stats };
@@ -566,56 +642,128 @@ impl Call<'_> {
                     let hp = if on("hooks") { &hooks as *const skv_engine_hooks } else { null() };
                     self.check_status(skv_cache_set_hooks(c, hp, null_mut()))?;
                 }
-                // A batch call records its arrays only when it succeeds (the inputs are the
-                // outputs less n_tokens); a failed one changed nothing, so replay passes over it.
-                f @ ("skv_alloc_extend_batch" | "skv_commit_batch") => {
-                    if self.v["status"].as_str() != Some("SKV_OK") {
-                        return Ok(());
-                    }
-                    let counts = self.list("n_tokens")?.unwrap_or_default();
-                    let outs = self.v["reqs_out"].as_array().cloned().unwrap_or_default();
-                    if outs.len() != counts.len() {
-                        return Err(cannot(self.line, format!("{f}: reqs_out and n_tokens differ in length")));
-                    }
-                    let mut reqs = Vec::with_capacity(outs.len());
-                    for (i, o) in outs.iter().enumerate() {
-                        let Some(mut r) = self.req_value("reqs_out", o)? else {
-                            return Err(cannot(self.line, format!("{f}: reqs_out[{i}] is not a req")));
-                        };
-                        let n = counts[i] as u32;
-                        if f == "skv_commit_batch" {
-                            r.kv_committed_len -= n;
-                        } else {
-                            r.kv_allocated_len -= n;
-                        }
-                        reqs.push(r);
-                    }
-                    let want = outs;
-                    let n_tokens: Vec<u32> = counts.iter().map(|&n| n as u32).collect();
-                    let st = if f == "skv_commit_batch" {
-                        skv_commit_batch(c, reqs.as_mut_ptr(), reqs.len(), n_tokens.as_ptr())
-                    } else {
-                        let total: usize = n_tokens.iter().map(|&n| n as usize).sum();
-                        let mut loc = vec![0i32; total];
-                        skv_alloc_extend_batch(
-                            c,
-                            reqs.as_mut_ptr(),
-                            reqs.len(),
-                            n_tokens.as_ptr(),
-                            loc.as_mut_ptr(),
-                            total,
-                        )
-                    };
-                    self.check_status(st)?;
-                    for (i, (got, w)) in reqs.iter().zip(&want).enumerate() {
-                        if self.req_value("reqs_out", w)?.as_ref() != Some(got) {
-                            return Err(self.differs(format!("reqs_out[{i}] = {got:?}, recorded {w}")));
-                        }
-                    }
-                }
+                f @ ("skv_alloc_extend_batch" | "skv_commit_batch") => self.batch(f)?,
                 other => return Err(cannot(self.line, format!("{other}: not a call replay knows"))),
             }
         }
         Ok(())
     }
+
+    /// skv_idle_sessions: its status (the ids are not compared).
+    fn idle_sessions(&self) -> Result<(), Fault> {
+        let cap: usize = self.arg("cap")?;
+        let (mut sids, mut bids) = (self.out::<u64>("session_ids", cap)?, self.out::<u64>("branch_ids", cap)?);
+        let mut count = 0usize;
+        let np = if self.is_null("count") { null_mut() } else { &mut count as *mut usize };
+        // SAFETY: a live handle; both buffers NULL or cap values; np NULL or valid.
+        let st = unsafe { skv_idle_sessions(self.c, ptr(&mut sids), ptr(&mut bids), cap, np) };
+        self.check_status(st)?;
+        Ok(())
+    }
+
+    /// skv_build_flashinfer and its SWA twin: kv_indices gets the `cap` values the call was
+    /// given, whose first `needed` the trace records.
+    fn flashinfer(&self, f: &str) -> Result<(), Fault> {
+        let build = if f == "skv_build_flashinfer" { skv_build_flashinfer } else { skv_build_flashinfer_swa };
+        let rows = self.list::<i32>("rows")?;
+        let (p, n) = input(&rows);
+        let cap: usize = self.arg("cap")?;
+        self.stored("kv_indptr", n + 1)?;
+        self.stored("kv_last_page_len", n)?;
+        if self.v.get("needed").is_some() {
+            self.stored("kv_indices", self.arg("needed")?)?;
+        }
+        let mut indptr = self.out::<i32>("kv_indptr", n + 1)?;
+        let mut last = self.out::<i32>("kv_last_page_len", n)?;
+        let mut idx = self.out::<i32>("kv_indices", cap)?;
+        let mut needed = 0usize;
+        let np = if self.is_null("needed") { null_mut() } else { &mut needed as *mut usize };
+        // SAFETY: a live handle; rows n values; each buffer NULL or the length passed for it
+        // (kv_indptr n+1, kv_indices cap, kv_last_page_len n); np NULL or valid.
+        let st = unsafe { build(self.c, p, n, ptr(&mut indptr), ptr(&mut idx), ptr(&mut last), cap, np) };
+        if self.check_status(st)? {
+            self.check_num("needed", needed as i128)?;
+            self.check_list("kv_indptr", indptr.as_deref().unwrap_or(&[]))?;
+            let idx = idx.as_deref().unwrap_or(&[]);
+            self.check_list("kv_indices", &idx[..needed.min(idx.len())])?;
+            self.check_list("kv_last_page_len", last.as_deref().unwrap_or(&[]))?;
+        }
+        Ok(())
+    }
+
+    /// A batch call records its arrays only when it succeeds (the inputs are the outputs less
+    /// n_tokens); a failed one changed nothing, so replay passes over it.
+    fn batch(&self, f: &str) -> Result<(), Fault> {
+        if self.v["status"].as_str() != Some("SKV_OK") {
+            return Ok(());
+        }
+        let commit = f == "skv_commit_batch";
+        let counts = self.list::<u32>("n_tokens")?.unwrap_or_default();
+        self.whole("reqs_out")?;
+        let outs = match &self.v["reqs_out"] {
+            Value::Null => &[][..],
+            Value::Array(a) => a,
+            _ => return Err(self.cannot("reqs_out: not an array")),
+        };
+        if outs.len() != counts.len() {
+            return Err(self.cannot(format!("reqs_out holds {} reqs, n_tokens {} values", outs.len(), counts.len())));
+        }
+        if self.v.get("n").is_some() && self.arg::<usize>("n")? != counts.len() {
+            return Err(self.cannot(format!("n is {}, the trace holds {} reqs", self.v["n"], counts.len())));
+        }
+        let mut reqs = Vec::new();
+        reqs.try_reserve_exact(outs.len()).map_err(|e| self.cannot(format!("{} reqs: {e}", outs.len())))?;
+        for (i, (o, &n)) in outs.iter().zip(&counts).enumerate() {
+            let Some(mut r) = self.req_value("reqs_out", o)? else {
+                return Err(self.cannot(format!("reqs_out[{i}] is not a req")));
+            };
+            let (name, len) = match commit {
+                true => ("kv_committed_len", &mut r.kv_committed_len),
+                false => ("kv_allocated_len", &mut r.kv_allocated_len),
+            };
+            *len = len
+                .checked_sub(n)
+                .ok_or_else(|| self.cannot(format!("reqs_out[{i}].{name} {len} is less than n_tokens[{i}] {n}")))?;
+            reqs.push(r);
+        }
+        // "out_loc" is the flag the arguments record (0 for NULL; the slots written replace it
+        // when it was given, and are not compared). A successful call wrote `total` slots, so a
+        // buffer of `total` stands for the engine's (whose out_cap was at least that).
+        let (mut loc, mut out_cap) = (None, 0);
+        if !commit {
+            let total = counts.iter().try_fold(0usize, |t, &k| t.checked_add(k as usize));
+            let total = total.ok_or_else(|| self.cannot("n_tokens add up past usize"))?;
+            if int(&self.v["out_loc"]) == Some(0) {
+                out_cap = if self.v.get("out_cap").is_some() { self.arg("out_cap")? } else { 0 };
+            } else {
+                loc = Some(self.zeroed::<i32>("out_loc", total)?);
+                out_cap = total;
+            }
+        }
+        let (rp, n, np) = (reqs.as_mut_ptr(), reqs.len(), counts.as_ptr());
+        // SAFETY: a live handle; reqs and n_tokens n values each; out_loc NULL or out_cap values.
+        let st = unsafe {
+            match commit {
+                true => skv_commit_batch(self.c, rp, n, np),
+                false => skv_alloc_extend_batch(self.c, rp, n, np, ptr(&mut loc), out_cap),
+            }
+        };
+        self.check_status(st)?;
+        for (i, (got, w)) in reqs.iter().zip(outs).enumerate() {
+            if self.req_value("reqs_out", w)?.as_ref() != Some(got) {
+                return Err(self.differs(format!("reqs_out[{i}] = {got:?}, recorded {w}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An input array as the call takes it: `(NULL, 0)` for a recorded NULL.
+fn input<T>(v: &Option<Vec<T>>) -> (*const T, usize) {
+    v.as_ref().map_or((null(), 0), |v| (v.as_ptr(), v.len()))
+}
+
+/// An output buffer as the call takes it: NULL for none.
+fn ptr<T>(v: &mut Option<Vec<T>>) -> *mut T {
+    v.as_mut().map_or(null_mut(), |v| v.as_mut_ptr())
 }

@@ -1,6 +1,7 @@
 //! `skv-sim replay`: a simulator run recorded with SKV_TRACE replays call for call, a hybrid
 //! one on a cache with its SWA pool; a trace edited to claim another status is caught at its
-//! line; an external-mode trace is refused.
+//! line; an external-mode trace is refused; a line whose lengths exceed what the trace stored
+//! or what the replay holds is "cannot replay" (exit 2), never a crash.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -29,16 +30,31 @@ fn text(o: &Output) -> String {
 /// # Safety
 /// The caller frees the handle.
 unsafe fn traced_cache(name: &str, swa_slots: u64) -> (*mut skv::skv_cache, PathBuf) {
+    // SAFETY: passed on to the caller.
+    unsafe { traced_cache_of(name, 4, 256, 64, swa_slots) }
+}
+
+/// `traced_cache` of another size: page size, pool slots, max_context_len, SWA slots.
+///
+/// # Safety
+/// The caller frees the handle.
+unsafe fn traced_cache_of(
+    name: &str,
+    page_size: u32,
+    slots: u64,
+    max_context_len: u32,
+    swa_slots: u64,
+) -> (*mut skv::skv_cache, PathBuf) {
     use skv::*;
     let path = tmp(name);
     let _ = std::fs::remove_file(&path);
     let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
     let cfg = skv_cache_config {
         struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: 4,
-        num_token_slots: 256,
+        page_size,
+        num_token_slots: slots,
         num_rows: 4,
-        max_context_len: 64,
+        max_context_len,
         flags: 0,
         swa_num_token_slots: swa_slots,
     };
@@ -228,4 +244,208 @@ fn an_swa_pool_replays() {
     let out = replay(&path);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("8 calls"), "{}", text(&out));
+}
+
+/// The opening line of an owned cache of page size 16 and `slots` pool slots.
+fn start_line(slots: u64) -> String {
+    format!(
+        "{{\"h\":1,\"fn\":\"trace_start\",\"mode\":\"owned\",\"page_size\":16,\"num_token_slots\":{slots},\
+         \"num_rows\":4,\"max_context_len\":1024,\"aligned_reuse\":false,\"swa_num_token_slots\":0,\
+         \"version\":\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+/// Replays `lines` and asserts "cannot replay" at `line` with `msg`: exit 2, not a signal.
+fn assert_cannot(name: &str, lines: &[String], line: usize, msg: &str) {
+    let path = tmp(name);
+    std::fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(2), "{name}: {:?}: {}", out.status, text(&out));
+    let want = format!("skv-sim replay: cannot replay: line {line}: {msg}");
+    assert!(text(&out).contains(&want), "{name}: expected {want:?} in {}", text(&out));
+}
+
+/// A req as a batch line records it, every field 0 but its row and the two lengths.
+fn req_json(committed: u64, allocated: u64) -> String {
+    format!(
+        "{{\"req_pool_idx\":0,\"row_generation\":1,\"kv_committed_len\":{committed},\"kv_allocated_len\":{allocated},\
+         \"cache_protected_len\":0,\"swa_evicted_seqlen\":0,\"origin_input_len\":0,\"output_len\":0,\
+         \"finished_len\":-1,\"lock_node\":0,\"lock_receipt\":0,\"aux_state\":-1,\"aux_track\":[-1,-1],\
+         \"swa_evict_floor\":0}}"
+    )
+}
+
+/// skv_pool_alloc of 2^25 tokens on a pool that holds them: the replay's buffers stop at 2^24
+/// values, so it cannot replay the call rather than pass the library a length its buffer lacks
+/// (which crashed the replay with SIGSEGV).
+#[test]
+fn a_pool_alloc_beyond_the_replay_buffers_cannot_replay() {
+    let lines =
+        [start_line(1 << 26), "{\"h\":1,\"fn\":\"skv_pool_alloc\",\"n_tokens\":33554432,\"status\":\"SKV_OK\"}".into()];
+    let msg = "skv_pool_alloc: out_indices of 33554432 values: more than the replay holds (16777216)";
+    assert_cannot("pool_alloc_2_25.jsonl", &lines, 2, msg);
+}
+
+/// skv_row_indices over 2^25 positions of a row that maps them (the row's lines written by
+/// libskv): cannot replay, where the replay wrote 2^25 values into a 2^24 buffer (SIGSEGV).
+#[test]
+fn row_indices_beyond_the_replay_buffers_cannot_replay() {
+    use skv::*;
+    let n = 1u32 << 25;
+    // SAFETY: valid pointers throughout; the handle is freed last.
+    let path = unsafe {
+        let (c, path) = traced_cache_of("row_indices_2_25.jsonl", 16, 1 << 26, 1 << 26, 0);
+        let mut r = std::mem::zeroed::<skv_req>();
+        assert_eq!(skv_req_init(&mut r), skv_status::SKV_OK);
+        assert_eq!(skv_alloc_row(c, &mut r), skv_status::SKV_OK);
+        assert_eq!(skv_alloc_extend(c, &mut r, n, std::ptr::null_mut()), skv_status::SKV_OK);
+        skv_cache_free(c);
+        path
+    };
+    let mut lines: Vec<String> = std::fs::read_to_string(&path).unwrap().lines().map(String::from).collect();
+    assert_eq!(lines.len(), 3, "trace_start, alloc_row, alloc_extend");
+    lines.push(format!(
+        "{{\"h\":{},\"fn\":\"skv_row_indices\",\"row\":0,\"start\":0,\"end\":{n},\"status\":\"SKV_OK\"}}",
+        handle_of(&lines[0])
+    ));
+    let msg = "skv_row_indices: out of 33554432 values: more than the replay holds (16777216)";
+    assert_cannot("row_indices_2_25.jsonl", &lines, 4, msg);
+}
+
+fn handle_of(start: &str) -> u64 {
+    serde_json::from_str::<serde_json::Value>(start).unwrap()["h"].as_u64().unwrap()
+}
+
+/// skv_build_flashinfer with a cap of 2^40: the replay cannot hold kv_indices of that size, and
+/// says so instead of passing the library 2^40 with a buffer of 2^24.
+#[test]
+fn a_flashinfer_cap_beyond_the_replay_buffers_cannot_replay() {
+    for f in ["skv_build_flashinfer", "skv_build_flashinfer_swa"] {
+        let lines = [
+            start_line(1024),
+            format!(
+                "{{\"h\":1,\"fn\":\"{f}\",\"rows\":[],\"cap\":1099511627776,\"status\":\"SKV_OK\",\"needed\":0,\
+                 \"kv_indptr\":[0],\"kv_indices\":[],\"kv_last_page_len\":[]}}"
+            ),
+        ];
+        let msg = format!("{f}: kv_indices of 1099511627776 values: more than the replay holds (16777216)");
+        assert_cannot("flashinfer_cap.jsonl", &lines, 2, &msg);
+    }
+}
+
+/// skv_alloc_extend_batch whose 16 counts of 2^31 add up to 2^35 slots (the replay aborted
+/// allocating 137 GB for out_loc), and one whose count exceeds what its req records (the
+/// replay's input length would wrap).
+#[test]
+fn a_batch_beyond_the_replay_buffers_cannot_replay() {
+    let big = 1u64 << 31;
+    let batch = |counts: &[u64], reqs: &[String]| {
+        let counts: Vec<String> = counts.iter().map(u64::to_string).collect();
+        format!(
+            "{{\"h\":1,\"fn\":\"skv_alloc_extend_batch\",\"n\":{},\"out_loc\":1,\"out_cap\":{},\"status\":\"SKV_OK\",\
+             \"n_tokens\":[{}],\"reqs_out\":[{}]}}",
+            reqs.len(),
+            16 * big,
+            counts.join(","),
+            reqs.join(",")
+        )
+    };
+    let lines = [start_line(1024), batch(&[big; 16], &vec![req_json(0, big); 16])];
+    let msg = "skv_alloc_extend_batch: out_loc of 34359738368 values: more than the replay holds (16777216)";
+    assert_cannot("batch_total.jsonl", &lines, 2, msg);
+    let lines = [start_line(1024), batch(&[5], &[req_json(0, 3)])];
+    let msg = "skv_alloc_extend_batch: reqs_out[0].kv_allocated_len 3 is less than n_tokens[0] 5";
+    assert_cannot("batch_count.jsonl", &lines, 2, msg);
+}
+
+/// An output the trace cut (marked) or that holds fewer values than the call writes (a trace
+/// from before the mark, or edited) cannot be compared: cannot replay, not a difference.
+#[test]
+fn an_array_the_trace_cut_cannot_replay() {
+    let alloc = |kept: &str, mark: &str| {
+        format!("{{\"h\":1,\"fn\":\"skv_pool_alloc\",\"n_tokens\":32,\"status\":\"SKV_OK\",\"out_indices\":[{kept}]{mark}}}")
+    };
+    let kept = (16..32).map(|i| i.to_string()).collect::<Vec<_>>().join(",");
+    let lines = [start_line(1024), alloc(&kept, ",\"out_indices_cut_at\":16,\"out_indices_full_len\":32")];
+    assert_cannot("cut.jsonl", &lines, 2, "skv_pool_alloc: out_indices was cut in the trace: 16 of 32 values kept");
+    let lines = [start_line(1024), alloc(&kept, "")];
+    let msg = "skv_pool_alloc: out_indices: the trace holds 16 values, the call writes 32";
+    assert_cannot("short.jsonl", &lines, 2, msg);
+}
+
+/// A trace libskv wrote with a list longer than it keeps (skv_pool_alloc of 2^16 + 4 tokens):
+/// the line marks the cut, and the replay says it cannot replay that line.
+#[test]
+fn a_real_trace_with_a_cut_list_cannot_replay() {
+    use skv::*;
+    let n = (1u32 << 16) + 4;
+    // SAFETY: valid pointers throughout; out holds n values; the handle is freed last.
+    let path = unsafe {
+        let (c, path) = traced_cache_of("real_cut.jsonl", 4, 1 << 18, 64, 0);
+        let mut out = vec![0i32; n as usize];
+        assert_eq!(skv_pool_alloc(c, n, out.as_mut_ptr()), skv_status::SKV_OK);
+        assert_eq!(skv_pool_free(c, out.as_ptr(), out.len()), skv_status::SKV_OK);
+        skv_cache_free(c);
+        path
+    };
+    let trace = std::fs::read_to_string(&path).unwrap();
+    let alloc: serde_json::Value = serde_json::from_str(trace.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(alloc["out_indices"].as_array().unwrap().len(), 1 << 16);
+    assert_eq!(alloc["out_indices_full_len"], n);
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(2), "{:?}: {}", out.status, text(&out));
+    let want = format!("line 2: skv_pool_alloc: out_indices was cut in the trace: 65536 of {n} values kept");
+    assert!(text(&out).contains(&want), "expected {want:?} in {}", text(&out));
+}
+
+/// A line longer than any libskv writes is refused before it is read whole.
+#[test]
+fn an_overlong_line_cannot_replay() {
+    let pad = "x".repeat(64 << 20);
+    let lines =
+        [start_line(1024), format!("{{\"h\":1,\"fn\":\"skv_cache_stats\",\"pad\":\"{pad}\",\"status\":\"SKV_OK\"}}")];
+    assert_cannot("overlong.jsonl", &lines, 2, "longer than 67108864 bytes");
+}
+
+/// The slots extends wrote (out_loc) are not compared, so a long prefill's, cut in the trace,
+/// does not stop the replay; the ids skv_idle_sessions wrote neither. A recorded NULL output
+/// replays as NULL, whatever length came with it.
+#[test]
+fn outputs_not_compared_and_null_outputs_replay() {
+    use skv::*;
+    let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
+    let long = (1u32 << 16) + 4;
+    // SAFETY: valid pointers throughout; every buffer holds the length passed with it; the
+    // handle is freed last.
+    let path = unsafe {
+        let (c, path) = traced_cache_of("outputs.jsonl", 4, 1 << 18, 1 << 17, 0);
+        let (mut a, mut b) = (std::mem::zeroed::<skv_req>(), std::mem::zeroed::<skv_req>());
+        ok(skv_req_init(&mut a));
+        ok(skv_req_init(&mut b));
+        ok(skv_alloc_row(c, &mut a));
+        ok(skv_alloc_row(c, &mut b));
+        let mut loc = vec![0i32; long as usize];
+        ok(skv_alloc_extend(c, &mut a, long, loc.as_mut_ptr()));
+        let mut reqs = [a, b];
+        ok(skv_alloc_extend_batch(c, reqs.as_mut_ptr(), 2, [3u32, 5].as_ptr(), loc.as_mut_ptr(), 8));
+        ok(skv_commit_batch(c, reqs.as_mut_ptr(), 2, [long, 5].as_ptr()));
+        ok(skv_cache_finished_req(c, 1, 0, &mut reqs[0], 0));
+        ok(skv_cache_finished_req(c, 2, 0, &mut reqs[1], 0));
+        let (mut s, mut bids, mut n) = ([0u64; 4], [0u64; 4], 0usize);
+        ok(skv_idle_sessions(c, s.as_mut_ptr(), bids.as_mut_ptr(), 4, &mut n));
+        assert_eq!(n, 2);
+        let null = std::ptr::null_mut();
+        assert_eq!(skv_row_indices(c, 0, 0, 1 << 30, null), skv_status::SKV_ERR_NULL_ARG);
+        let (rows, mut idx, mut last, mut needed) = ([0i32], [0i32; 4], [0i32; 1], 0usize);
+        let st = skv_build_flashinfer(c, rows.as_ptr(), 1, null, idx.as_mut_ptr(), last.as_mut_ptr(), 4, &mut needed);
+        assert_eq!(st, skv_status::SKV_ERR_NULL_ARG);
+        skv_cache_free(c);
+        path
+    };
+    let trace = std::fs::read_to_string(&path).unwrap();
+    assert!(trace.contains(&format!("\"out_loc_cut_at\":65536,\"out_loc_full_len\":{long}")), "{}", &trace[..400]);
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("10 calls"), "{}", text(&out));
 }

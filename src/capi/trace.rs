@@ -1,8 +1,10 @@
 //! Call traces: every call on a traced handle appends one JSON object per line to a file —
 //! the handle, the function, its arguments (a req field by field, arrays in full up to
-//! `MAX_LIST` values), the status, the error message, and what the call wrote back. The first
-//! line a handle writes gives its mode and config. Lines of one handle appear in the order its
-//! calls ran. For reproducing an engine's bug report call for call.
+//! `MAX_LIST` values; a longer one keeps its first `MAX_LIST` and is marked
+//! `"<name>_cut_at":MAX_LIST,"<name>_full_len":<its length>`), the status, the error message,
+//! and what the call wrote back. The first line a handle writes gives its mode and config.
+//! Lines of one handle appear in the order its calls ran. For reproducing an engine's bug
+//! report call for call.
 
 use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
@@ -119,8 +121,14 @@ impl Line {
             let _ = write!(self.0, "{}{}", if i == 0 { "" } else { "," }, v.into());
         }
         self.0.push(']');
+        self.cut(name, n)
+    }
+
+    /// After an array of `n` values: the mark of a cut one, how many values it keeps and how
+    /// many it had (a reader must not take the kept ones for the whole).
+    fn cut(&mut self, name: &str, n: usize) -> &mut Self {
         if n > MAX_LIST {
-            let _ = write!(self.0, ",\"{name}_cut_at\":{MAX_LIST}");
+            let _ = write!(self.0, ",\"{name}_cut_at\":{MAX_LIST},\"{name}_full_len\":{n}");
         }
         self
     }
@@ -184,10 +192,7 @@ impl Line {
             let _ = write!(self.0, "{}{text}", if i == 0 { "" } else { "," });
         }
         self.0.push(']');
-        if n > MAX_LIST {
-            let _ = write!(self.0, ",\"{name}_cut_at\":{MAX_LIST}");
-        }
-        self
+        self.cut(name, n)
     }
 
     pub(crate) fn matched(&mut self, name: &str, m: *const skv_match) -> &mut Self {
