@@ -10,6 +10,11 @@
  *   more than INT32_MAX ids: SKV_ERR_INVALID_ARG, the arrays untouched).
  * - skv_last_error() on the calling thread names the function and the offending value after
  *   a failure, and is "" after a success.
+ * - Each function returning skv_status ends its comment with a "refuses:" line: every status
+ *   it can return besides SKV_OK, in the enum's order (docs/refusals.md gives each one's
+ *   conditions, in the order they are checked). SKV_ERR_INTERNAL is on no line: any call
+ *   returns it for a libskv bug caught at the boundary, and once such a bug poisoned a handle
+ *   every call taking that handle returns it.
  * - When several things are wrong, the first of these wins: SKV_ERR_NULL_ARG,
  *   SKV_ERR_INVALID_ARG (the arguments alone), SKV_ERR_NOT_FOUND, SKV_ERR_STATE (a stale req:
  *   its row_generation is not its row's, or, owned mode, it disagrees with the row an idle
@@ -924,6 +929,8 @@ const char *skv_version(void);
  * Creates a cache over libskv's own paged pool and rows (owned mode).
  *
  * The caller must pass cfg and out as NULL or valid pointers.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY
  */
 enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cache **out);
 
@@ -935,6 +942,8 @@ enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cac
  *
  * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
  * the handle lives.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY
  */
 enum skv_status skv_cache_new_external(const struct skv_cache_config *cfg,
                                        const struct skv_pool_ops *ops,
@@ -958,6 +967,8 @@ void skv_cache_free(struct skv_cache *cache);
  * formatted line and a write per call; an untraced handle pays one atomic load.
  *
  * The caller must pass path as NULL or a NUL-terminated string.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 
@@ -966,6 +977,8 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
  * aux_state -1, both aux_track entries -1.
  *
  * The caller must pass req as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
  */
 enum skv_status skv_req_init(struct skv_req *req);
 
@@ -978,6 +991,8 @@ enum skv_status skv_req_init(struct skv_req *req);
  * other req is SKV_ERR_STATE.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_match_prefix(struct skv_cache *c,
                                  uint64_t session_id,
@@ -997,6 +1012,8 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
  * instead.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_cache_finished_req(struct skv_cache *c,
                                        uint64_t session_id,
@@ -1019,6 +1036,8 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
  * (the request ran: finish or abort it).
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
  */
 enum skv_status skv_hand_back(struct skv_cache *c,
                               uint64_t session_id,
@@ -1030,6 +1049,8 @@ enum skv_status skv_hand_back(struct skv_cache *c,
  * turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
  */
 enum skv_status skv_checkpoint(const struct skv_cache *c,
                                uint64_t session_id,
@@ -1042,15 +1063,22 @@ enum skv_status skv_checkpoint(const struct skv_cache *c,
  * refuses the whole call with SKV_ERR_STATE.
  *
  * The caller must pass c as NULL or a live handle.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_release_session(struct skv_cache *c, uint64_t session_id);
+enum skv_status skv_release_session(struct skv_cache *c,
+                                    uint64_t session_id);
 
 /**
  * Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
  *
  * The caller must pass c as NULL or a live handle.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uint64_t branch_id);
+enum skv_status skv_release_branch(struct skv_cache *c,
+                                   uint64_t session_id,
+                                   uint64_t branch_id);
 
 /**
  * The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
@@ -1069,8 +1097,13 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
  * reads its req's.
  *
  * The caller must pass c as NULL or a live handle.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
+enum skv_status skv_free_aligned(struct skv_cache *c,
+                                 int32_t row,
+                                 uint32_t target,
+                                 uint32_t end);
 
 /**
  * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
@@ -1079,16 +1112,24 @@ enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t targ
  * skv_free_aligned.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
  */
-enum skv_status skv_trim_overshoot(struct skv_cache *c, struct skv_req *req, uint32_t finished_len);
+enum skv_status skv_trim_overshoot(struct skv_cache *c,
+                                   struct skv_req *req,
+                                   uint32_t finished_len);
 
 /**
  * Frees what lies past a reused prefix (the match path's tail free). A session row's rules
  * are those of skv_free_aligned.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
  */
-enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t prefix_len);
+enum skv_status skv_free_tail(struct skv_cache *c,
+                              struct skv_req *req,
+                              uint32_t prefix_len);
 
 /**
  * What idle session slots hold. Rows listed in active_rows belong to running requests and
@@ -1096,6 +1137,8 @@ enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t
  * SKV_ERR_INVALID_ARG naming its position and value.
  *
  * The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_session_held(const struct skv_cache *c,
                                  const int32_t *active_rows,
@@ -1119,6 +1162,8 @@ enum skv_status skv_session_held(const struct skv_cache *c,
  * SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_swa_evict(struct skv_cache *c,
                               struct skv_req *req,
@@ -1134,6 +1179,8 @@ enum skv_status skv_swa_evict(struct skv_cache *c,
  * without slots gives all zeros. Both modes.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_session_usage(const struct skv_cache *c,
                                   uint64_t session_id,
@@ -1143,6 +1190,8 @@ enum skv_status skv_session_usage(const struct skv_cache *c,
  * skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_branch_usage(const struct skv_cache *c,
                                  uint64_t session_id,
@@ -1158,6 +1207,8 @@ enum skv_status skv_branch_usage(const struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid, session_ids and branch_ids holding
  * cap values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE
  */
 enum skv_status skv_idle_sessions(const struct skv_cache *c,
                                   uint64_t *session_ids,
@@ -1174,6 +1225,8 @@ enum skv_status skv_idle_sessions(const struct skv_cache *c,
  * SKV_ERR_UNSUPPORTED.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_admission_pages(const struct skv_cache *c,
                                     uint64_t session_id,
@@ -1187,8 +1240,11 @@ enum skv_status skv_admission_pages(const struct skv_cache *c,
  * maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_alloc_row(struct skv_cache *c, struct skv_req *req);
+enum skv_status skv_alloc_row(struct skv_cache *c,
+                              struct skv_req *req);
 
 /**
  * Maps n_tokens more positions of the req's row: the partial last page is filled first,
@@ -1197,6 +1253,8 @@ enum skv_status skv_alloc_row(struct skv_cache *c, struct skv_req *req);
  * everything unchanged.
  *
  * The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_alloc_extend(struct skv_cache *c,
                                  struct skv_req *req,
@@ -1207,8 +1265,12 @@ enum skv_status skv_alloc_extend(struct skv_cache *c,
  * kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
+enum skv_status skv_commit(struct skv_cache *c,
+                           struct skv_req *req,
+                           uint32_t n_tokens);
 
 /**
  * skv_alloc_extend for every request of a running batch in one call: `reqs[i]` gains
@@ -1222,6 +1284,8 @@ enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_
  *
  * The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
  * (or NULL).
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
                                        struct skv_req *reqs,
@@ -1235,6 +1299,8 @@ enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
  * `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
  *
  * The caller must pass reqs and n_tokens holding n values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_commit_batch(struct skv_cache *c,
                                  struct skv_req *reqs,
@@ -1246,22 +1312,31 @@ enum skv_status skv_commit_batch(struct skv_cache *c,
  * and KV lengths 0; its lock_node, aux_state and aux_track stay the engine's to release.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_free_req(struct skv_cache *c, struct skv_req *req);
+enum skv_status skv_free_req(struct skv_cache *c,
+                             struct skv_req *req);
 
 /**
  * Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
  * pages, page-structured, written to out_indices.
  *
  * The caller must pass out_indices holding n_tokens values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_pool_alloc(struct skv_cache *c, uint32_t n_tokens, int32_t *out_indices);
+enum skv_status skv_pool_alloc(struct skv_cache *c,
+                               uint32_t n_tokens,
+                               int32_t *out_indices);
 
 /**
  * Takes back engine-held pages: each index frees the page it falls in. A page already free
  * (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
  *
  * The caller must pass indices holding n values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_pool_free(struct skv_cache *c, const int32_t *indices, size_t n);
 
@@ -1269,6 +1344,8 @@ enum skv_status skv_pool_free(struct skv_cache *c, const int32_t *indices, size_
  * For each index, how many rows map its page (0: the tree may evict it).
  *
  * The caller must pass indices and out_counts holding n values each.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_page_refs(const struct skv_cache *c,
                               const int32_t *indices,
@@ -1280,6 +1357,8 @@ enum skv_status skv_page_refs(const struct skv_cache *c,
  * allocated = committed = protected = n_tokens. Indices must be page-structured.
  *
  * The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_map_prefix(struct skv_cache *c,
                                struct skv_req *req,
@@ -1291,6 +1370,8 @@ enum skv_status skv_map_prefix(struct skv_cache *c,
  * engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_publish_prefix(struct skv_cache *c,
                                    struct skv_req *req,
@@ -1301,6 +1382,8 @@ enum skv_status skv_publish_prefix(struct skv_cache *c,
  * SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
  *
  * The caller must pass out holding end-start values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t row,
@@ -1316,6 +1399,8 @@ enum skv_status skv_row_indices(const struct skv_cache *c,
  * mode.
  *
  * The caller must pass out holding end-start values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_row_swa_indices(const struct skv_cache *c,
                                     int32_t row,
@@ -1328,6 +1413,8 @@ enum skv_status skv_row_swa_indices(const struct skv_cache *c,
  * knows there (see skv_stats).
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out);
 
@@ -1341,8 +1428,11 @@ enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out
  * where the window passed ([swa_dead_lo, swa_evicted_seqlen)) and one everywhere else.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_cache_check(const struct skv_cache *c, struct skv_check_report *out);
+enum skv_status skv_cache_check(const struct skv_cache *c,
+                                struct skv_check_report *out);
 
 /**
  * Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
@@ -1351,6 +1441,8 @@ enum skv_status skv_cache_check(const struct skv_cache *c, struct skv_check_repo
  *
  * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
  * they are installed.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_cache_set_hooks(struct skv_cache *c,
                                     const struct skv_engine_hooks *hooks,
@@ -1364,6 +1456,8 @@ enum skv_status skv_cache_set_hooks(struct skv_cache *c,
  * out-parameter; every other failure leaves *needed alone.
  *
  * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_build_flashinfer(const struct skv_cache *c,
                                      const int32_t *rows,
@@ -1381,6 +1475,8 @@ enum skv_status skv_build_flashinfer(const struct skv_cache *c,
  * SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
  *
  * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_build_flashinfer_swa(const struct skv_cache *c,
                                          const int32_t *rows,
@@ -1402,8 +1498,12 @@ enum skv_status skv_build_flashinfer_swa(const struct skv_cache *c,
  *
  * The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
  * live while the handle lives.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
+enum skv_status skv_device_attach(struct skv_cache *c,
+                                  int device_ordinal,
+                                  void *cu_stream);
 
 /**
  * Makes the device copy equal to the host rows at every mapped position, copying only the
@@ -1413,6 +1513,8 @@ enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void 
  * (max_context_len). SKV_ERR_STATE before skv_device_attach.
  *
  * The caller must pass every pointer as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_device_sync(struct skv_cache *c,
                                 uint64_t *out_device_ptr,

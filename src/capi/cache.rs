@@ -203,6 +203,8 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 /// Creates a cache over libskv's own paged pool and rows (owned mode).
 ///
 /// The caller must pass cfg and out as NULL or valid pointers.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
     // SAFETY: cfg and out are NULL or valid (the contract above); arg and out_mut refuse NULL.
@@ -222,6 +224,8 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
 /// the handle lives.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new_external(
     cfg: *const skv_cache_config,
@@ -291,6 +295,8 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 /// formatted line and a write per call; an untraced handle pays one atomic load.
 ///
 /// The caller must pass path as NULL or a NUL-terminated string.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
     // SAFETY: c is NULL or a live handle and path NULL or a NUL-terminated string (the

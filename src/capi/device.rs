@@ -16,6 +16,8 @@ use crate::device::Device;
 ///
 /// The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
 /// live while the handle lives.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_attach(
     c: *mut skv_cache,
@@ -50,6 +52,8 @@ pub unsafe extern "C" fn skv_device_attach(
 /// (max_context_len). SKV_ERR_STATE before skv_device_attach.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_sync(
     c: *mut skv_cache,

@@ -15,6 +15,8 @@ use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 /// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -27,6 +29,8 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
 /// everything unchanged.
 ///
 /// The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend(
     c: *mut skv_cache,
@@ -62,6 +66,8 @@ pub unsafe extern "C" fn skv_alloc_extend(
 /// kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
     traced(
@@ -162,6 +168,8 @@ const _: () = {
 ///
 /// The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
 /// (or NULL).
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend_batch(
     c: *mut skv_cache,
@@ -216,6 +224,8 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
 /// `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
 ///
 /// The caller must pass reqs and n_tokens holding n values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit_batch(
     c: *mut skv_cache,
@@ -247,6 +257,8 @@ pub unsafe extern "C" fn skv_commit_batch(
 /// and KV lengths 0; its lock_node, aux_state and aux_track stay the engine's to release.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -257,6 +269,8 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 /// pages, page-structured, written to out_indices.
 ///
 /// The caller must pass out_indices holding n_tokens values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
     traced(
@@ -281,6 +295,8 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 /// (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
 ///
 /// The caller must pass indices holding n values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
     traced(
@@ -304,6 +320,8 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
 /// For each index, how many rows map its page (0: the tree may evict it).
 ///
 /// The caller must pass indices and out_counts holding n values each.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_page_refs(
     c: *const skv_cache,
@@ -337,6 +355,8 @@ pub unsafe extern "C" fn skv_page_refs(
 /// allocated = committed = protected = n_tokens. Indices must be page-structured.
 ///
 /// The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_map_prefix(
     c: *mut skv_cache,
@@ -367,6 +387,8 @@ pub unsafe extern "C" fn skv_map_prefix(
 /// engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_publish_prefix(
     c: *mut skv_cache,
@@ -385,6 +407,8 @@ pub unsafe extern "C" fn skv_publish_prefix(
 /// SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
 ///
 /// The caller must pass out holding end-start values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_indices(
     c: *const skv_cache,
@@ -404,6 +428,8 @@ pub unsafe extern "C" fn skv_row_indices(
 /// mode.
 ///
 /// The caller must pass out holding end-start values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_swa_indices(
     c: *const skv_cache,
@@ -513,6 +539,8 @@ impl From<Stats> for skv_stats {
 /// knows there (see skv_stats).
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stats) -> skv_status {
     traced(
@@ -564,6 +592,8 @@ pub struct skv_check_report {
 /// where the window passed ([swa_dead_lo, swa_evicted_seqlen)) and one everywhere else.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_check_report) -> skv_status {
     traced(
@@ -655,6 +685,8 @@ impl EngineHooks for Hooks {
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
 /// they are installed.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_set_hooks(
     c: *mut skv_cache,
@@ -706,6 +738,8 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
 /// out-parameter; every other failure leaves *needed alone.
 ///
 /// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer(
@@ -728,6 +762,8 @@ pub unsafe extern "C" fn skv_build_flashinfer(
 /// SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
 ///
 /// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer_swa(

@@ -72,6 +72,8 @@ impl From<Admission> for skv_admission {
 /// without slots gives all zeros. Both modes.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_usage(c: *const skv_cache, session_id: u64, out: *mut skv_usage) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -81,6 +83,8 @@ pub unsafe extern "C" fn skv_session_usage(c: *const skv_cache, session_id: u64,
 /// skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_branch_usage(
     c: *const skv_cache,
@@ -134,6 +138,8 @@ unsafe fn usage(
 ///
 /// The caller must pass every pointer as NULL or valid, session_ids and branch_ids holding
 /// cap values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_idle_sessions(
     c: *const skv_cache,
@@ -185,6 +191,8 @@ pub unsafe extern "C" fn skv_idle_sessions(
 /// SKV_ERR_UNSUPPORTED.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_admission_pages(
     c: *const skv_cache,

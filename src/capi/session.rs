@@ -219,6 +219,8 @@ impl Default for skv_req {
 /// aux_state -1, both aux_track entries -1.
 ///
 /// The caller must pass req as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
     guard(this_export!(), || {
@@ -240,6 +242,8 @@ pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
 /// other req is SKV_ERR_STATE.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_match_prefix(
     c: *mut skv_cache,
@@ -284,6 +288,8 @@ pub unsafe extern "C" fn skv_match_prefix(
 /// instead.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_finished_req(
     c: *mut skv_cache,
@@ -320,6 +326,8 @@ pub unsafe extern "C" fn skv_cache_finished_req(
 /// (the request ran: finish or abort it).
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_hand_back(
     c: *mut skv_cache,
@@ -345,6 +353,8 @@ pub unsafe extern "C" fn skv_hand_back(
 /// turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_checkpoint(
     c: *const skv_cache,
@@ -380,6 +390,8 @@ pub unsafe extern "C" fn skv_checkpoint(
 /// refuses the whole call with SKV_ERR_STATE.
 ///
 /// The caller must pass c as NULL or a live handle.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
     traced(
@@ -401,6 +413,8 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 /// Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
 ///
 /// The caller must pass c as NULL or a live handle.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
     traced(
@@ -435,6 +449,8 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// reads its req's.
 ///
 /// The caller must pass c as NULL or a live handle.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
     traced(
@@ -465,6 +481,8 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// skv_free_aligned.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -477,6 +495,8 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 /// are those of skv_free_aligned.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -488,6 +508,8 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
 /// SKV_ERR_INVALID_ARG naming its position and value.
 ///
 /// The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_held(
     c: *const skv_cache,
@@ -536,6 +558,8 @@ pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 /// SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
 ///
 /// The caller must pass every pointer as NULL or valid.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_swa_evict(
     c: *mut skv_cache,
