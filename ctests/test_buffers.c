@@ -278,6 +278,28 @@ static void cursor_without_segment_frees(void) {
   CHECK_OK(skv_cache_finished_req(c, 1, 0, &r, 0));
   CHECK_OK(skv_release_session(c, 1));
   CHECK_EQ_U64(fe_count_kind(&fe, FE_FREE_ROW), 1);
+  /* a later turn whose req's protected prefix grew: its cursor is below the req's
+   * swa_dead_lo but past the one of the slot, which keeps its first turn's prefix */
+  r = req_make(1, 16, 16);
+  r.origin_input_len = 16;
+  CHECK_OK(skv_cache_finished_req(c, 2, 0, &r, 0));
+  {
+    skv_match m;
+    r = req_make(-1, 0, 0);
+    r.origin_input_len = 20;
+    CHECK_OK(skv_match_prefix(c, 2, 0, &r, 16, 0, &m));
+    CHECK_EQ_INT(m.hit, 1);
+  }
+  r.kv_allocated_len = r.kv_committed_len = 20;
+  r.cache_protected_len = 16;
+  r.swa_evicted_seqlen = 8;
+  before = r;
+  CHECK_STATUS(skv_cache_finished_req(c, 2, 0, &r, 0), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("free_kv_segment");
+  CHECK_REQ_SAME(&r, &before);
+  r.swa_evicted_seqlen = 0;
+  CHECK_OK(skv_cache_finished_req(c, 2, 0, &r, 0));
+  CHECK_OK(skv_release_session(c, 2));
   skv_cache_free(c);
   fe_free(&fe);
   /* an ABI 2 caller's free_kv takes every free whole, window included, as it always did */

@@ -5,6 +5,7 @@
 use super::cache::{free_aligned_effect, push_release, Cache};
 use super::error::{bail, Result};
 use super::page::{ceil_align, floor_align};
+use super::pool::Backend;
 use super::req::{keep_protected, swa_dead, swa_dead_lo, Req};
 use super::slots::Slot;
 
@@ -215,6 +216,11 @@ impl Cache {
                 s.allocated
             ),
             _ => {}
+        }
+        // The slot keeps its first turn's protected prefix: the cursor it will record must be
+        // one the pool can free around with that prefix, not only with the req's.
+        if let (Some(s), Backend::Engine(p)) = (found.map(|(_, s)| s), &self.pool) {
+            p.check_cursor(&Req { protected: s.protected, ..*req })?;
         }
         self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;
