@@ -3,8 +3,10 @@
 # the install layout and SONAME, debug info (none by default, a separate file with
 # --debug-info), the exported symbols, the headers alone and in two translation units, a
 # CMake find_package consumer (ctest: shared, static, and a dlopen program linking only
-# skv::headers), pkg-config consumers (shared with an rpath, static through skv-static.pc)
-# and a dlopen consumer (found through LD_LIBRARY_PATH, an rpath, or a path). Ends with "integration: N passed, N failed"; non-zero on any failure.
+# skv::headers, plain and given the library's directory), pkg-config consumers (shared with
+# an rpath, static through skv-static.pc) and a dlopen consumer (found through
+# LD_LIBRARY_PATH, an rpath, or a path; under AddressSanitizer, which run paths serve).
+# Ends with "integration: N passed, N failed"; non-zero on any failure.
 #
 # usage: ctests/integration.sh [--no-build]   (--no-build: the release build exists)
 # needs: cc, c++, cmake >= 3.16, pkg-config, readelf, nm, valgrind
@@ -186,10 +188,24 @@ cmake_consumer() {
   cmake -S "$root/ctests/cmake" -B "$build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Debug &&
   cmake --build "$build" -j 2 &&
   ctest --test-dir "$build" --output-on-failure &&
-  # skv::headers carries no library: the dlopen program must not need libskv
-  if readelf -d "$build/dlopen_c" | grep 'NEEDED.*libskv'; then echo "dlopen_c links libskv"; false; fi
+  # skv::headers carries no library: the dlopen programs must not need libskv
+  for exe in dlopen_c dlopen_c_libdir; do
+    if readelf -d "$build/$exe" | grep 'NEEDED.*libskv'; then echo "$exe links libskv"; return 1; fi
+  done
 }
 step cmake cmake_consumer
+
+# CMake's build-tree run path serves linked libraries only: the skv::headers program carries
+# none, so dlopen(SKV_SONAME) finds no library outside the loader's path (the README's
+# recipe, dlopen_c_libdir, passes the directory instead), unless ldconfig knows libskv.
+cmake_dlopen_no_path() {
+  local exe="$work/cmake/dlopen_c"
+  if readelf -d "$exe" | grep -E 'R(UN)?PATH'; then echo "dlopen_c carries a run path"; return 1; fi
+  if ldconfig -p 2>/dev/null | grep -F "$soname" >/dev/null; then echo "$soname is on the system path: not checked"; return 0; fi
+  if env -u LD_LIBRARY_PATH "$exe"; then echo "dlopen_c found libskv with no path to it"; return 1; fi
+  env -u LD_LIBRARY_PATH "$work/cmake/dlopen_c_libdir"
+}
+step cmake_dlopen_no_path cmake_dlopen_no_path
 
 # find_package(skv VERSION) accepts exactly the versions with this SONAME: 0.y takes 0.y.*
 # requests (SameMinorVersion), x.y takes x.* (SameMajorVersion); never a newer one.
@@ -293,6 +309,36 @@ dlopen_rpath() {
   env -u LD_LIBRARY_PATH "$out"
 }
 step dlopen_rpath dlopen_rpath
+
+# Under AddressSanitizer with its shared runtime (gcc's default), dlopen is libasan.so's
+# interceptor: glibc searches the DT_RUNPATH of the object that called dlopen, which is then
+# libasan.so, not the program, so the program's RUNPATH (what ld writes for -rpath by
+# default) finds nothing. An old-style DT_RPATH (-Wl,--disable-new-dtags) is still searched
+# (glibc also reads the executable's DT_RPATH), and a path needs no search at all. With the
+# runtime linked into the program (gcc -static-libasan, clang's default) the RUNPATH serves.
+dlopen_asan() {
+  local out="$work/dlopen_asan" asan_so ok=0
+  local -x ASAN_OPTIONS=detect_leaks=1
+  local build=("$CC" -std=c99 "${strict[@]}" -fsanitize=address -fno-omit-frame-pointer -I"$inc"
+               "$root/ctests/dlopen/main.c" -ldl)
+  "${build[@]}" -Wl,-rpath,"$lib" -Wl,--enable-new-dtags -o "$out.runpath" &&
+  "${build[@]}" -Wl,-rpath,"$lib" -Wl,--disable-new-dtags -o "$out.rpath" &&
+  "${build[@]}" -DSKV_LIBDIR="\"$lib\"" -o "$out.libdir" || return 1
+  readelf -d "$out.runpath" | grep -q RUNPATH || { echo "no RUNPATH in $out.runpath"; return 1; }
+  readelf -d "$out.rpath" | grep -q 'RPATH' && ! readelf -d "$out.rpath" | grep -q RUNPATH ||
+    { echo "no DT_RPATH alone in $out.rpath"; return 1; }
+  env -u LD_LIBRARY_PATH "$out.rpath" || return 1
+  env -u LD_LIBRARY_PATH "$out.libdir" || return 1
+  asan_so=$(readelf -d "$out.runpath" | grep -o 'libasan\.so[.0-9]*' || true)
+  if ldconfig -p 2>/dev/null | grep -F "$soname" >/dev/null; then
+    echo "$soname is on the system path: the RUNPATH case is not checked"; return 0
+  fi
+  if env -u LD_LIBRARY_PATH "$out.runpath"; then ok=1; fi
+  if [ -n "$asan_so" ] && [ "$ok" = 1 ]; then echo "dlopen through $asan_so used the program's RUNPATH"; return 1; fi
+  if [ -z "$asan_so" ] && [ "$ok" = 0 ]; then echo "static ASan runtime, yet the RUNPATH did not serve"; return 1; fi
+  echo "ASan runtime ${asan_so:-linked in}: RUNPATH $([ "$ok" = 1 ] && echo served || echo ignored)"
+}
+step dlopen_asan dlopen_asan
 
 # The same programs under valgrind: no invalid access, no leak across the boundary.
 vg=(valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite,possible -q)

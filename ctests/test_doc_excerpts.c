@@ -99,6 +99,7 @@ int main(void) {
   check(check_page(root, "recipes.md") >= 8, "recipes.md", "fewer excerpts than expected");
   check(check_page(root, "external-mode.md") >= 2, "external-mode.md", "fewer excerpts than expected");
   check(check_page(root, "conventions.md") >= 1, "conventions.md", "fewer excerpts than expected");
+  check(check_page(root, "hybrid.md") >= 2, "hybrid.md", "fewer excerpts than expected");
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

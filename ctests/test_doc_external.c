@@ -203,8 +203,8 @@ int main(void) {
   EXPECT(held.sessions == 1 && held.rows == 1 && held.full_tokens == 36);
 
   /* doc:handback */
-  /* matched, then dropped by the scheduler before it ran: finish it as a turn that
-   * produced nothing; the slot returns to idle as the match left it, no KV freed */
+  /* matched, then dropped by the scheduler before it ran: hand it back; the slot is idle
+   * again exactly as the match left it, no KV freed, no callback run */
   {
     skv_req req;
     skv_match m;
@@ -213,9 +213,14 @@ int main(void) {
     TRY(skv_match_prefix(c, 7, 0, &req, len + 4, 0, &m));
     EXPECT(m.hit && m.prefix_len == len);
     pages_before = pages_in_use(&e);
-    /* output_len 0, finished_len -1: nothing to trim past origin_input_len */
-    TRY(skv_cache_finished_req(c, 7, 0, &req, /*aborted=*/0));
-    EXPECT(pages_in_use(&e) == pages_before);
+    TRY(skv_hand_back(c, 7, 0, &req));
+    EXPECT(req.req_pool_idx == -1 && pages_in_use(&e) == pages_before);
+    /* the next turn finds the slot as it was: the whole conversation is reusable */
+    TRY(skv_req_init(&req));
+    req.origin_input_len = len + 5;
+    TRY(skv_match_prefix(c, 7, 0, &req, len + 4, 0, &m));
+    EXPECT(m.hit && m.prefix_len == len);
+    TRY(skv_hand_back(c, 7, 0, &req));
   }
   /* end */
 

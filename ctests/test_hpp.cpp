@@ -556,6 +556,35 @@ void hybrid_pools() {
   CHECK(pools.freed_rows == std::vector<int32_t>{1});
 }
 
+// make_config's last parameter sizes owned mode's sliding-window pool: a window step gives
+// its pages back while the row keeps its full-pool pages. Left out, there is none.
+void owned_swa_pool() {
+  const skv_cache_config plain = skv::make_config(kPage, kPage * kPages, kRows, 256);
+  CHECK(plain.struct_size == sizeof(skv_cache_config) && plain.swa_num_token_slots == 0);
+  CHECK(skv::Cache(plain).stats().swa_total_pages == 0);
+  const skv_cache_config cfg = skv::make_config(kPage, kPage * kPages, kRows, 256, 0, kPage * 8);
+  CHECK(cfg.swa_num_token_slots == kPage * 8 && cfg.num_token_slots == kPage * kPages);
+  skv::Cache cache(cfg);
+  CHECK(cache.stats().swa_total_pages == 8 && cache.stats().swa_free_pages == 7);
+  skv::Req req;
+  cache.alloc_row(req);
+  prefill(cache, req, 64);  // 4 pages in each pool
+  CHECK(cache.stats().swa_used_pages == 4 && cache.stats().used_pages == 4);
+  // window 16 at page 16: positions [0, 48) slide out, 3 SWA pages back
+  CHECK(cache.swa_evict(req, 64, 16, 1) == 48);
+  CHECK(cache.stats().swa_used_pages == 1 && cache.stats().used_pages == 4);
+  const std::vector<int32_t> swa = cache.row_swa_indices(req.req_pool_idx(), 0, 64);
+  CHECK(swa[47] == 0 && swa[48] != 0);
+  // more pages than the SWA pool holds: refused, nothing allocated
+  skv::Req other;
+  cache.alloc_row(other);
+  CHECK(error_of([&] { cache.alloc_extend(other, 7 * kPage); }) == SKV_ERR_OUT_OF_MEMORY);
+  CHECK(other.kv_allocated_len() == 0 && cache.stats().swa_used_pages == 1);
+  cache.free_req(other);
+  cache.free_req(req);
+  CHECK(cache.stats().swa_free_pages == 7 && cache.stats().free_pages == kPages - 1);
+}
+
 int main() {
   read_row_throws();
   free_callbacks_throw();
@@ -569,6 +598,7 @@ int main() {
   owned_primitives();
   scheduler_queries();
   hybrid_pools();
+  owned_swa_pool();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

@@ -58,7 +58,7 @@ static void config_sizes(void) {
   skv_cache *c = NULL;
   CHECK_EQ_INT(sizeof(skv_cache_config), 40);
   CHECK_EQ_INT(offsetof(skv_cache_config, swa_num_token_slots), 32);
-  CHECK_EQ_INT(sizeof(skv_stats), 80);
+  CHECK_EQ_INT(sizeof(skv_stats), 88);
   memset(&cfg, 0, sizeof cfg);
   cfg.struct_size = sizeof cfg;
   cfg.page_size = PS;

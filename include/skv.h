@@ -50,19 +50,19 @@
 #include <stdint.h>
 
 /** The version of the headers, from Cargo.toml. */
-#define SKV_VERSION "0.3.0"
+#define SKV_VERSION "0.4.0"
 #define SKV_VERSION_MAJOR 0
-#define SKV_VERSION_MINOR 3
+#define SKV_VERSION_MINOR 4
 #define SKV_VERSION_PATCH 0
 
 /**
  * The ABI this library implements; skv_get_api accepts it. A 0.y release implements ABI y,
  * an x.y release (x >= 1) ABI 1000 * x.
  */
-#define SKV_ABI_VERSION 3
+#define SKV_ABI_VERSION 4
 
 /** The shared library's SONAME: libskv.so.0.y for 0.y releases, libskv.so.x from 1.0. */
-#define SKV_SONAME "libskv.so.0.3"
+#define SKV_SONAME "libskv.so.0.4"
 
 /**
  * A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
@@ -502,8 +502,9 @@ typedef struct skv_admission {
  * free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
  * used_pages == total_pages - 1 - free_pages. The swa_* fields say the same of the SWA pool
  * (swa_total_pages = swa_num_token_slots / page_size), and are 0 without one. External mode
- * (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens and
- * tail_freed_tokens are filled; every page count and free_rows are 0.
+ * (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens,
+ * tail_freed_tokens and finishes_past_committed are filled; every page count and free_rows
+ * are 0.
  */
 typedef struct skv_stats {
   /**
@@ -550,6 +551,14 @@ typedef struct skv_stats {
    * SWA pages mapped by rows or held by the engine.
    */
   uint64_t swa_used_pages;
+  /**
+   * skv_cache_finished_req calls (not aborted) since creation whose target,
+   * origin_input_len + finished_len (output_len when finished_len is -1), was more than
+   * kv_committed_len + 1: the finish claimed tokens whose KV the engine never committed. The
+   * last sampled token has no KV yet, so target = kv_committed_len + 1 is a normal finish.
+   * Counted, not refused (docs/conventions.md, "Finishes past committed").
+   */
+  uint64_t finishes_past_committed;
 } skv_stats;
 
 /**
@@ -921,7 +930,7 @@ const char *skv_last_error(void);
 uint32_t skv_abi_version(void);
 
 /**
- * The library's version, e.g. "0.3.0" (SKV_VERSION of the header it was built with).
+ * The library's version, e.g. "0.4.0" (SKV_VERSION of the header it was built with).
  */
 const char *skv_version(void);
 

@@ -110,10 +110,12 @@ inline const char *last_error() noexcept { return skv_last_error(); }
 inline uint32_t abi_version() noexcept { return skv_abi_version(); }
 inline const char *version() noexcept { return skv_version(); }
 
-/// A cache configuration with struct_size filled in.
+/// A cache configuration with struct_size filled in. swa_num_token_slots sizes owned mode's
+/// sliding-window pool (0: none; docs/hybrid.md, "Owned mode: two pools").
 inline skv_cache_config make_config(uint32_t page_size, uint64_t num_token_slots,
                                     uint32_t num_rows, uint32_t max_context_len,
-                                    uint32_t flags = 0) noexcept {
+                                    uint32_t flags = 0,
+                                    uint64_t swa_num_token_slots = 0) noexcept {
   skv_cache_config cfg{};
   cfg.struct_size = sizeof(skv_cache_config);
   cfg.page_size = page_size;
@@ -121,6 +123,7 @@ inline skv_cache_config make_config(uint32_t page_size, uint64_t num_token_slots
   cfg.num_rows = num_rows;
   cfg.max_context_len = max_context_len;
   cfg.flags = flags;
+  cfg.swa_num_token_slots = swa_num_token_slots;
   return cfg;
 }
 

@@ -1,7 +1,17 @@
 /* How a serving engine loads libskv at run time: dlopen, one dlsym of skv_get_api, every
  * later call through the returned table. Built without -lskv; skv.h only supplies the
- * types. usage: dlopen_test [library]   (default SKV_SONAME, found on the loader path) */
+ * types. usage: dlopen_test [library]   (default: SKV_LIBRARY below) */
 #include <skv.h>
+
+/* The library to load. A build that knows where libskv is installed passes the directory
+ * (CMake: -DSKV_LIBDIR="$<TARGET_FILE_DIR:skv::skv>") and the program loads it by path, from
+ * that directory, through the SONAME link that a patch release keeps; otherwise SKV_SONAME
+ * alone, found on the loader's search path. */
+#ifdef SKV_LIBDIR
+#define SKV_LIBRARY SKV_LIBDIR "/" SKV_SONAME
+#else
+#define SKV_LIBRARY SKV_SONAME
+#endif
 
 #include <dlfcn.h>
 #include <stddef.h>
@@ -110,7 +120,7 @@ static int streaming_session(const skv_api *api) {
 }
 
 int main(int argc, char **argv) {
-  const char *path = argc > 1 ? argv[1] : SKV_SONAME;
+  const char *path = argc > 1 ? argv[1] : SKV_LIBRARY;
   const skv_api *api;
   get_api_fn get_api;
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

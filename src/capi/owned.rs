@@ -484,8 +484,9 @@ unsafe fn row_indices_of(
 /// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
 /// used_pages == total_pages - 1 - free_pages. The swa_* fields say the same of the SWA pool
 /// (swa_total_pages = swa_num_token_slots / page_size), and are 0 without one. External mode
-/// (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens and
-/// tail_freed_tokens are filled; every page count and free_rows are 0.
+/// (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens,
+/// tail_freed_tokens and finishes_past_committed are filled; every page count and free_rows
+/// are 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct skv_stats {
@@ -511,6 +512,12 @@ pub struct skv_stats {
     pub swa_free_pages: u64,
     /// SWA pages mapped by rows or held by the engine.
     pub swa_used_pages: u64,
+    /// skv_cache_finished_req calls (not aborted) since creation whose target,
+    /// origin_input_len + finished_len (output_len when finished_len is -1), was more than
+    /// kv_committed_len + 1: the finish claimed tokens whose KV the engine never committed. The
+    /// last sampled token has no KV yet, so target = kv_committed_len + 1 is a normal finish.
+    /// Counted, not refused (docs/conventions.md, "Finishes past committed").
+    pub finishes_past_committed: u64,
 }
 
 impl From<Stats> for skv_stats {
@@ -519,6 +526,7 @@ impl From<Stats> for skv_stats {
         let (total_rows, free_rows, sessions) = (s.total_rows, s.free_rows, s.sessions);
         let (trimmed_tokens, tail_freed_tokens) = (s.trimmed_tokens, s.tail_freed_tokens);
         let (swa_total_pages, swa_free_pages, swa_used_pages) = (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages);
+        let finishes_past_committed = s.finishes_past_committed;
         skv_stats {
             swa_total_pages,
             swa_free_pages,
@@ -531,6 +539,7 @@ impl From<Stats> for skv_stats {
             sessions,
             trimmed_tokens,
             tail_freed_tokens,
+            finishes_past_committed,
         }
     }
 }

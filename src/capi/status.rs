@@ -156,7 +156,7 @@ pub extern "C" fn skv_abi_version() -> u32 {
     SKV_ABI_VERSION
 }
 
-/// The library's version, e.g. "0.3.0" (SKV_VERSION of the header it was built with).
+/// The library's version, e.g. "0.4.0" (SKV_VERSION of the header it was built with).
 #[no_mangle]
 pub extern "C" fn skv_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()

@@ -29,6 +29,10 @@ pub struct Cache {
     pub trimmed_tokens: u64,
     /// Tokens released by `free_tail` since creation.
     pub tail_freed_tokens: u64,
+    /// Finishes (not aborted) whose target `origin_input_len + finished_len` lay more than one
+    /// token past `kv_committed_len`: the last sampled token has no KV yet, so a finish never
+    /// has a reason to claim more (docs/conventions.md, "Finishes past committed").
+    pub finishes_past_committed: u64,
     /// Turns saved into slots since creation: each saved turn's `Slot::finished_at`.
     pub(crate) turns_finished: u64,
 }
@@ -52,6 +56,7 @@ impl Cache {
             deferred: None,
             trimmed_tokens: 0,
             tail_freed_tokens: 0,
+            finishes_past_committed: 0,
             turns_finished: 0,
         })
     }

@@ -28,6 +28,9 @@ pub struct Stats {
     pub swa_total_pages: u64,
     pub swa_free_pages: u64,
     pub swa_used_pages: u64,
+    /// Finishes (not aborted) whose target lay past what was committed
+    /// (`Cache::finishes_past_committed`).
+    pub finishes_past_committed: u64,
 }
 
 impl Cache {
@@ -281,6 +284,7 @@ impl Cache {
                 sessions: self.slots.len() as u64,
                 trimmed_tokens: self.trimmed_tokens,
                 tail_freed_tokens: self.tail_freed_tokens,
+                finishes_past_committed: self.finishes_past_committed,
                 ..Stats::default()
             });
         };
@@ -295,6 +299,7 @@ impl Cache {
             sessions: self.slots.len() as u64,
             trimmed_tokens: self.trimmed_tokens,
             tail_freed_tokens: self.tail_freed_tokens,
+            finishes_past_committed: self.finishes_past_committed,
             ..swa_stats(pool)
         })
     }

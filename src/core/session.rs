@@ -224,6 +224,7 @@ impl Cache {
         }
         self.check_slot_floor(row, trim_target, req.allocated)?;
         let target = req.origin_input_len + finished_len;
+        let past_committed = past_committed(target, req.committed);
         self.effects.clear();
         let dead = req_dead(req, self.cfg.page_size);
         self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated, dead));
@@ -244,6 +245,7 @@ impl Cache {
             };
             saved.committed = target.min(saved.allocated);
             saved.in_flight = false;
+            c.finishes_past_committed += past_committed as u64;
             c.turns_finished += 1;
             saved.finished_at = c.turns_finished;
             c.sync_idle(row);
@@ -532,6 +534,16 @@ impl Cache {
         req.swa = req.swa.min(prefix_len);
         self.sync_cursor(req);
     }
+}
+
+/// A finish claims `target` tokens while the req committed `committed`. The last sampled token
+/// has no KV yet, so a finish may claim one token past what was committed and no more: an
+/// engine in step with sglang's scheduler has `committed >= target - 1` at every finish (one
+/// more under non-speculative overlap). Beyond that the finish claims tokens whose KV the engine
+/// never committed, and the slot (committed = min(target, allocated)) offers them for reuse:
+/// such a finish is counted, not refused (docs/conventions.md, "Finishes past committed").
+fn past_committed(target: u32, committed: u32) -> bool {
+    target as u64 > committed as u64 + 1
 }
 
 /// The SWA-dead range of a req's row before a free.

@@ -1565,6 +1565,7 @@ impl World {
             swa_total_pages: 0,
             swa_free_pages: 0,
             swa_used_pages: 0,
+            finishes_past_committed: 0,
         };
         let sp: *mut skv_stats = &mut st_;
         match self.rng.below(7) {
