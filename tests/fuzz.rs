@@ -98,7 +98,7 @@ fn fuzz_c_abi() {
         "owned swa_evict gave SWA pages back",
         "swa view of a running row checked",
         "flashinfer_swa checked against the full layout",
-        "full-only free refused without free_kv_segment",
+        "cursor past swa_dead_lo refused without free_kv_segment",
     ] {
         if plan.calls >= 50_000 {
             assert!(t.cover.get(what).copied().unwrap_or(0) > 0, "the run never reached: {what}");

@@ -24,13 +24,6 @@ pub fn dead_lo(r: &skv_req, ps: u32) -> u32 {
     }
 }
 
-/// Whether freeing `[start, end)` of the req's row has a full-only piece (`free_kv_row_segments`:
-/// the part inside `[swa_dead_lo, swa_evicted_seqlen)`).
-fn full_only(r: &skv_req, ps: u32, start: u32, end: u32) -> bool {
-    let (lo, hi) = (dead_lo(r, ps), r.swa_evicted_seqlen.max(dead_lo(r, ps)));
-    hi.max(start).min(end) > lo.max(start).min(end)
-}
-
 /// `free_swa_out_of_window_slots`: the cursor after the step and the positions it frees.
 fn evict(r: &skv_req, ps: u32, pre_len: u32, window: u32, interval: u32, retain: i64, flags: u32) -> (u32, u32) {
     let (pre, size, cur) = (pre_len as i64, window as i64, r.swa_evicted_seqlen);
@@ -153,7 +146,8 @@ impl World {
 
     /// struct_size 56, free_kv_segment NULL: a copy of a first-turn req gets a cursor the window
     /// moved (so said; the engine keeps no SWA pool here), then a tail free, a trim or an abort.
-    /// A free with a full-only piece must be SKV_ERR_UNSUPPORTED, nothing changed.
+    /// A req whose cursor passed swa_dead_lo is SKV_ERR_INVALID_ARG at the first call carrying
+    /// it, nothing changed: no free with a full-only piece is ever planned.
     pub(super) fn op_no_segment(&mut self, s: usize) -> skv_status {
         if self.sides[s].pools != Pools::NoSegment {
             return self.op_swa_evict(s);
@@ -172,29 +166,21 @@ impl World {
         let dl = dead_lo(&q, ps);
         q.swa_evicted_seqlen = dl + self.rng.upto(q.kv_allocated_len.max(dl) - dl) / ps * ps;
         let (alloc, prot) = (q.kv_allocated_len, q.cache_protected_len);
+        let past = q.swa_evicted_seqlen > dl;
+        let want = if past { Expect::Is(SKV_ERR_INVALID_ARG) } else { Expect::Any };
         let qp: *mut skv_req = &mut q;
-        let floor_if_past = |t: u32| if ps > 1 && q.swa_evicted_seqlen > t { t / ps * ps } else { t };
         let (range, st) = match self.rng.below(3) {
             0 => {
                 let p = prot + self.rng.upto(alloc - prot);
-                // Without free_kv_segment a tail free keeps its boundary (only a trim floors it).
-                let start = align_up(p as u64, ps) as u32;
-                let needs = full_only(&q, ps, start, alloc);
-                let want = if needs { Expect::Is(SKV_ERR_UNSUPPORTED) } else { Expect::Any };
                 let desc = format!("skv_free_tail(cursor set, {}, prefix_len {p})", super::show(&q));
                 // SAFETY: c is the side's live handle; qp points at the local q.
-                (needs, self.call(s, desc, qp, want, || unsafe { skv_free_tail(c, qp, p) }))
+                (past, self.call(s, desc, qp, want, || unsafe { skv_free_tail(c, qp, p) }))
             }
             1 => {
                 let fl = self.rng.upto(q.output_len);
-                let t = q.origin_input_len as u64 + fl as u64;
-                let valid = t >= prot as u64 && t <= u32::MAX as u64;
-                let start = if valid { align_up(floor_if_past(t as u32) as u64, ps) as u32 } else { alloc };
-                let needs = valid && full_only(&q, ps, start, alloc);
-                let want = if needs { Expect::Is(SKV_ERR_UNSUPPORTED) } else { Expect::Any };
                 let desc = format!("skv_trim_overshoot(cursor set, {}, finished_len {fl})", super::show(&q));
                 // SAFETY: c is the side's live handle; qp points at the local q.
-                (needs, self.call(s, desc, qp, want, || unsafe { skv_trim_overshoot(c, qp, fl) }))
+                (past, self.call(s, desc, qp, want, || unsafe { skv_trim_overshoot(c, qp, fl) }))
             }
             _ => {
                 let (sid, b) = (self.session(), self.branch());
@@ -203,15 +189,13 @@ impl World {
                 if self.usage_slots(s, sid, b) != 0 {
                     return SKV_OK;
                 }
-                let needs = full_only(&q, ps, prot, alloc);
-                let want = if needs { Expect::Is(SKV_ERR_UNSUPPORTED) } else { Expect::Any };
                 let desc = format!("skv_cache_finished_req(cursor set, {}, s {sid} b {b}, aborted)", super::show(&q));
                 // SAFETY: c is the side's live handle; qp points at the local q.
-                (needs, self.call(s, desc, qp, want, || unsafe { skv_cache_finished_req(c, sid, b, qp, 1) }))
+                (past, self.call(s, desc, qp, want, || unsafe { skv_cache_finished_req(c, sid, b, qp, 1) }))
             }
         };
-        if range && st == SKV_ERR_UNSUPPORTED {
-            *self.cover.entry("full-only free refused without free_kv_segment").or_default() += 1;
+        if range && st == SKV_ERR_INVALID_ARG {
+            *self.cover.entry("cursor past swa_dead_lo refused without free_kv_segment").or_default() += 1;
         }
         if self.completed(st) {
             // The engine keeps no SWA pool: it takes its cursor back.
