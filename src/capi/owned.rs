@@ -4,7 +4,7 @@
 use std::ffi::{c_char, c_int, c_void};
 
 use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
-use super::session::{on_req, req_export};
+use super::session::{as_core_reqs, on_req, req_export};
 use super::{
     aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope,
     ExportName, Span,
@@ -103,14 +103,6 @@ unsafe fn on_reqs(
     op(&mut cache, as_core_reqs(reqs))
 }
 
-/// The caller's reqs as core `Req`s, without copying them (a batch call's requests were
-/// copied in and out, a fifth of its time).
-fn as_core_reqs(reqs: &mut [skv_req]) -> &mut [Req] {
-    // SAFETY: Req and skv_req have one layout (asserted below) of plain integers, for which
-    // every bit pattern is valid; the result borrows the same memory for the same lifetime.
-    unsafe { std::slice::from_raw_parts_mut(reqs.as_mut_ptr().cast::<Req>(), reqs.len()) }
-}
-
 /// `on_req` for an operation that changes `*req` only once nothing can fail any more (an
 /// extend, a commit): it runs on the caller's req in place, without the copies in and out.
 ///
@@ -129,33 +121,6 @@ unsafe fn on_req_in_place(
     op(&mut cache, as_core_reqs(std::slice::from_mut(req)).first_mut().expect("one req"))?;
     cache.take_deferred()
 }
-
-/// The caller's req as a core `Req`, without copying it (see `as_core_reqs`).
-pub(crate) fn as_core_req(req: &skv_req) -> &Req {
-    // SAFETY: Req and skv_req have one layout (asserted below) of plain integers, for which
-    // every bit pattern is valid; the result borrows the same memory for the same lifetime.
-    unsafe { &*std::ptr::from_ref(req).cast::<Req>() }
-}
-
-// `as_core_reqs` and `as_core_req` rely on these: one size, one alignment, each field at one offset.
-const _: () = {
-    use std::mem::{align_of, offset_of, size_of};
-    assert!(size_of::<Req>() == size_of::<skv_req>() && align_of::<Req>() == align_of::<skv_req>());
-    assert!(offset_of!(Req, row) == offset_of!(skv_req, req_pool_idx));
-    assert!(offset_of!(Req, generation) == offset_of!(skv_req, row_generation));
-    assert!(offset_of!(Req, committed) == offset_of!(skv_req, kv_committed_len));
-    assert!(offset_of!(Req, allocated) == offset_of!(skv_req, kv_allocated_len));
-    assert!(offset_of!(Req, protected) == offset_of!(skv_req, cache_protected_len));
-    assert!(offset_of!(Req, swa) == offset_of!(skv_req, swa_evicted_seqlen));
-    assert!(offset_of!(Req, swa_floor) == offset_of!(skv_req, swa_evict_floor));
-    assert!(offset_of!(Req, origin_input_len) == offset_of!(skv_req, origin_input_len));
-    assert!(offset_of!(Req, output_len) == offset_of!(skv_req, output_len));
-    assert!(offset_of!(Req, finished_len) == offset_of!(skv_req, finished_len));
-    assert!(offset_of!(Req, lock_node) == offset_of!(skv_req, lock_node));
-    assert!(offset_of!(Req, lock_receipt) == offset_of!(skv_req, lock_receipt));
-    assert!(offset_of!(Req, aux) == offset_of!(skv_req, aux_state));
-    assert!(offset_of!(Req, track) == offset_of!(skv_req, aux_track));
-};
 
 /// skv_alloc_extend for every request of a running batch in one call: `reqs[i]` gains
 /// `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot

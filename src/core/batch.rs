@@ -4,12 +4,12 @@
 //! batch so far included) undoes the ones before it, so a failing call changes nothing. An
 //! error names the request's position (`reqs[17]: ...`).
 
-use super::cache::{Cache, RowMeta};
+use super::cache::{Backend, Cache};
 use super::error::{bail, Error, Result};
 use super::owned::{OwnedPool, Row, RowRecord};
 use super::page::{div_rem, pages_for, token_slot};
-use super::pool::Backend;
 use super::req::{Config, Req};
+use super::row_meta::RowMeta;
 
 impl Error {
     /// The same error, its message prefixed (a batch names the request's position).
@@ -146,7 +146,8 @@ impl Cache {
         if let Some(o) = out.as_deref() {
             self.batch_marks.save_out(o)?;
         }
-        let stamp = self.batch_marks.begin(&mut self.pool.owned_mut().expect("owned checked").rows);
+        let stamp =
+            self.batch_marks.begin(self.pool.owned().expect("owned checked").rows.iter().map(|r| &r.meta.batch));
         let mut taken = 0u64;
         let cfg = self.cfg;
         let ahead = Ahead::extends(self.pool.owned().expect("owned checked"), reqs);
@@ -255,7 +256,8 @@ impl Cache {
     /// and committed in turn; one that fails undoes those before it.
     pub fn commit_batch(&mut self, reqs: &mut [Req], n_tokens: &[u32]) -> Result<()> {
         self.require_owned()?;
-        let stamp = self.batch_marks.begin(&mut self.pool.owned_mut().expect("owned checked").rows);
+        let stamp =
+            self.batch_marks.begin(self.pool.owned().expect("owned checked").rows.iter().map(|r| &r.meta.batch));
         let pool = self.pool.owned().expect("owned checked");
         let cfg = self.cfg;
         let swa = pool.swa.is_some();
@@ -509,38 +511,6 @@ fn mark_row(rows: &[RowRecord], row: i32, stamp: u32, i: usize) -> Result<()> {
     }
     m.set((stamp, i as u32));
     Ok(())
-}
-
-/// Numbers the batch calls, so a batch finds a row named twice in one pass: each row's
-/// `RowMeta::batch` holds the last batch call that named it and the row's position there.
-#[derive(Default)]
-pub(crate) struct BatchMarks {
-    stamp: u32,
-    /// What out_loc held before the batch extend in progress wrote it (kept to reuse the
-    /// allocation).
-    saved_out: Vec<i32>,
-}
-
-impl BatchMarks {
-    /// Copies `out` aside, for a failing batch to put back.
-    fn save_out(&mut self, out: &[i32]) -> Result<()> {
-        self.saved_out.clear();
-        if self.saved_out.try_reserve(out.len()).is_err() {
-            bail!(OutOfMemory, "no host memory to keep a copy of out_loc's {} values", out.len());
-        }
-        self.saved_out.extend_from_slice(out);
-        Ok(())
-    }
-
-    /// Starts a batch call: a stamp no row's mark holds yet.
-    fn begin(&mut self, rows: &mut [RowRecord]) -> u32 {
-        self.stamp = self.stamp.wrapping_add(1);
-        if self.stamp == 0 {
-            rows.iter_mut().for_each(|r| r.meta.batch.set((0, 0)));
-            self.stamp = 1;
-        }
-        self.stamp
-    }
 }
 
 /// The token slots of positions `from..from + out.len()` of an extend that maps at most one

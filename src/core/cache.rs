@@ -1,14 +1,12 @@
 //! A cache: one KV pool (the engine's or libskv's own), the session slots kept over it,
 //! and the counters the stats report.
 
-use std::cell::Cell;
-
-use super::batch::BatchMarks;
 use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
 use super::page::ceil_align;
-use super::pool::{Backend, Effect, Pool};
+use super::pool::{Effect, Pool};
 use super::req::{swa_dead, Config, Req};
+use super::row_meta::{BatchMarks, RowMeta};
 use super::slots::{Slot, Slots};
 
 pub struct Cache {
@@ -221,21 +219,6 @@ impl Cache {
     }
 }
 
-/// A row's facts the per-request checks read, side by side. In owned mode they share a cache
-/// line with the row's mapping (`RowRecord`).
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RowMeta {
-    /// Owned mode bumps it when `alloc_row` hands the row out, external mode when libskv
-    /// hands the row back through `free_row`. Never 0 once the row was handed out (0 on a req
-    /// means "not stamped").
-    pub(crate) generation: u32,
-    /// An idle session slot holds the row (see `guard_idle_session_row`; kept by `sync_idle`).
-    pub(crate) idle_slot: bool,
-    /// The last batch call that named the row, and the row's position in it (`BatchMarks`).
-    /// A cell: a batch marks its rows while its checks read the cache.
-    pub(crate) batch: Cell<(u32, u32)>,
-}
-
 /// Moves a row generation on, skipping 0 (which on a req means "not stamped").
 fn next_generation(g: &mut u32) -> u32 {
     *g = g.wrapping_add(1).max(1);
@@ -265,4 +248,79 @@ pub(crate) fn push_release(effects: &mut Vec<Effect>, ps: u32, row: u32, s: &Slo
     }
     effects.push(Effect::FreeRow { row });
     effects.extend(s.aux_handles().into_iter().filter(|&aux| aux != -1).map(|aux| Effect::FreeAux { aux }));
+}
+
+/// The cache's pool: libskv's own, reached without a virtual call (every owned-mode call
+/// asks for it), or the engine's behind its callbacks.
+pub enum Backend {
+    Owned(Box<OwnedPool>),
+    Engine(Box<dyn Pool>),
+}
+
+impl Backend {
+    /// The pool, whichever it is.
+    #[inline(always)]
+    pub fn get(&self) -> &dyn Pool {
+        match self {
+            Backend::Owned(p) => &**p,
+            Backend::Engine(p) => &**p,
+        }
+    }
+
+    // The trait's methods, each dispatched by hand.
+    #[inline(always)]
+    pub(crate) fn mapped_len(&self, row: u32) -> Option<u32> {
+        match self {
+            Backend::Owned(p) => p.mapped_len(row),
+            Backend::Engine(p) => p.mapped_len(row),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn check_req(&self, req: &Req) -> Result<()> {
+        match self {
+            Backend::Owned(p) => p.check_req(req),
+            Backend::Engine(p) => p.check_req(req),
+        }
+    }
+
+    pub(crate) fn check_free(&self, row: u32, target: u32, end: u32) -> Result<()> {
+        self.get().check_free(row, target, end)
+    }
+
+    #[inline(always)]
+    pub(crate) fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
+        match self {
+            Backend::Owned(p) => p.prepare(effects),
+            Backend::Engine(p) => p.prepare(effects),
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn apply(&mut self, effects: &[Effect]) -> Result<()> {
+        match self {
+            Backend::Owned(p) => p.apply(effects),
+            Backend::Engine(p) => p.apply(effects),
+        }
+    }
+
+    pub(crate) fn frees_swa(&self) -> std::result::Result<(), String> {
+        self.get().frees_swa()
+    }
+
+    #[inline(always)]
+    pub(crate) fn owned(&self) -> Option<&OwnedPool> {
+        match self {
+            Backend::Owned(p) => Some(p),
+            Backend::Engine(_) => None,
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn owned_mut(&mut self) -> Option<&mut OwnedPool> {
+        match self {
+            Backend::Owned(p) => Some(p),
+            Backend::Engine(_) => None,
+        }
+    }
 }

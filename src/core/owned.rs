@@ -10,12 +10,12 @@
 //! model without one pays nothing for it.
 
 use super::alloc::{reserve_pages, PageAllocator, SwaAllocator, GROW_ROOM};
-use super::cache::RowMeta;
 use super::error::{bail, try_vec, Error, Result};
 use super::mirror::Dirty;
 use super::page::pages_for;
 use super::pool::{Effect, Pool};
 use super::req::{Config, Req};
+use super::row_meta::RowMeta;
 
 /// The engine callbacks owned mode hands released locks and aux states to. `Err(code)`
 /// carries the callback's non-zero return.
@@ -625,13 +625,5 @@ impl Pool for OwnedPool {
             Some(_) => Ok(()),
             None => Err("owned mode without an SWA pool (swa_num_token_slots 0): the engine runs the window".into()),
         }
-    }
-
-    fn owned(&self) -> Option<&OwnedPool> {
-        Some(self)
-    }
-
-    fn owned_mut(&mut self) -> Option<&mut OwnedPool> {
-        Some(self)
     }
 }

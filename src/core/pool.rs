@@ -3,7 +3,6 @@
 //! so a call either fails having changed nothing, or runs to the end.
 
 use super::error::Result;
-use super::owned::OwnedPool;
 use super::req::Req;
 
 /// One externally visible step of an operation, in the order it happens.
@@ -103,89 +102,5 @@ pub trait Pool: Send {
     /// Whether the pool can hand back the SWA side of a row alone (`FreeSwa`).
     fn frees_swa(&self) -> std::result::Result<(), String> {
         Err("this pool cannot free the SWA side alone".into())
-    }
-
-    /// The embedded allocator, in owned mode.
-    fn owned(&self) -> Option<&OwnedPool> {
-        None
-    }
-
-    fn owned_mut(&mut self) -> Option<&mut OwnedPool> {
-        None
-    }
-}
-
-/// The cache's pool: libskv's own, reached without a virtual call (every owned-mode call
-/// asks for it), or the engine's behind its callbacks.
-pub enum Backend {
-    Owned(Box<OwnedPool>),
-    Engine(Box<dyn Pool>),
-}
-
-impl Backend {
-    /// The pool, whichever it is.
-    #[inline(always)]
-    pub fn get(&self) -> &dyn Pool {
-        match self {
-            Backend::Owned(p) => &**p,
-            Backend::Engine(p) => &**p,
-        }
-    }
-
-    // The trait's methods, each dispatched by hand.
-    #[inline(always)]
-    pub(crate) fn mapped_len(&self, row: u32) -> Option<u32> {
-        match self {
-            Backend::Owned(p) => p.mapped_len(row),
-            Backend::Engine(p) => p.mapped_len(row),
-        }
-    }
-
-    #[inline(always)]
-    pub(crate) fn check_req(&self, req: &Req) -> Result<()> {
-        match self {
-            Backend::Owned(p) => p.check_req(req),
-            Backend::Engine(p) => p.check_req(req),
-        }
-    }
-
-    pub(crate) fn check_free(&self, row: u32, target: u32, end: u32) -> Result<()> {
-        self.get().check_free(row, target, end)
-    }
-
-    #[inline(always)]
-    pub(crate) fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
-        match self {
-            Backend::Owned(p) => p.prepare(effects),
-            Backend::Engine(p) => p.prepare(effects),
-        }
-    }
-
-    #[inline(always)]
-    pub(crate) fn apply(&mut self, effects: &[Effect]) -> Result<()> {
-        match self {
-            Backend::Owned(p) => p.apply(effects),
-            Backend::Engine(p) => p.apply(effects),
-        }
-    }
-
-    pub(crate) fn frees_swa(&self) -> std::result::Result<(), String> {
-        self.get().frees_swa()
-    }
-
-    #[inline(always)]
-    pub(crate) fn owned(&self) -> Option<&OwnedPool> {
-        match self {
-            Backend::Owned(p) => Some(p),
-            Backend::Engine(_) => None,
-        }
-    }
-
-    #[inline(always)]
-    pub(crate) fn owned_mut(&mut self) -> Option<&mut OwnedPool> {
-        match self {
-            Backend::Owned(p) => Some(p),
-            Backend::Engine(_) => None,
-        }
     }
 }

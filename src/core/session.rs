@@ -2,10 +2,9 @@
 //! next turn, hand back a restored request that never ran, trim a finished turn's
 //! speculative overshoot, release what a session holds.
 
-use super::cache::{free_aligned_effect, push_release, Cache};
+use super::cache::{free_aligned_effect, push_release, Backend, Cache};
 use super::error::{bail, Result};
 use super::page::{ceil_align, floor_align};
-use super::pool::Backend;
 use super::req::{keep_protected, swa_dead, swa_dead_lo, Req};
 use super::slots::Slot;
 

@@ -81,7 +81,7 @@ fn external(ps: u32, cols: i32, aligned_reuse: bool) -> Engine {
     };
     let rec = Recorder { cols, ..Recorder::default() };
     let log = rec.log.clone();
-    Engine { cache: Cache::new(cfg, super::pool::Backend::Engine(Box::new(rec))).unwrap(), log }
+    Engine { cache: Cache::new(cfg, super::cache::Backend::Engine(Box::new(rec))).unwrap(), log }
 }
 
 /// The recorded effects since the last call of `log`.
@@ -273,7 +273,7 @@ fn failing_prepare_changes_nothing() {
     let mut c = external(1, 128, false);
     let mut r = Req { origin_input_len: 8, output_len: 2, finished_len: 0, ..req(0, 8, 10) };
     c.cache.pool =
-        super::pool::Backend::Engine(Box::new(Recorder { cols: 128, fail_prepare: true, ..Recorder::default() }));
+        super::cache::Backend::Engine(Box::new(Recorder { cols: 128, fail_prepare: true, ..Recorder::default() }));
     let before = r;
     assert!(matches!(c.cache_finished_req(1, 0, &mut r, false), Err(Error::Callback(_))));
     assert_eq!(r, before);
