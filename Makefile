@@ -40,12 +40,13 @@ test-integration: build | deps
 	ctests/integration.sh --no-build
 
 # The cheap gates: formatting, clippy with warnings denied (its incompatible_msrv lint holds
-# the code to Cargo.toml's rust-version), rustdoc without warnings.
+# the code to Cargo.toml's rust-version), rustdoc without warnings, no import circle in src/.
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps
+	python3 scripts/check_modules.py src
 
 sim:
 	$(CARGO) run --release --bin skv-sim
