@@ -70,12 +70,15 @@ header: build
 	cp $(GENERATED_HEADER) include/skv.h
 	cp $(GENERATED_API_LIST) src/capi/api.list
 
-# The committed header must be what cbindgen generates from src/capi (committed or not).
+# The committed header must be what cbindgen generates from src/capi (committed or not), and
+# its layout (every struct's sizeof and offsetof, enum values, constants) what
+# ctests/abi_layout.txt records: an ABI change is a reviewed diff there.
 header-check: build
 	@diff -u include/skv.h $(GENERATED_HEADER) || \
 	  { echo "include/skv.h differs from the generated header: run make header" >&2; exit 1; }
 	@diff -u src/capi/api.list $(GENERATED_API_LIST) || \
 	  { echo "src/capi/api.list lacks a new export: run make header" >&2; exit 1; }
+	python3 scripts/abi_layout.py check
 
 clean:
 	$(CARGO) clean
