@@ -1,5 +1,6 @@
-/* The README's streaming-turn example, compiled and run: two turns of one session in owned
- * mode, each overshooting max_new_tokens under speculative decoding and trimmed at finish. */
+/* README.md's streaming-turn example, compiled and run (ctests/test_doc_excerpts.c checks that
+ * the README shows it verbatim): two turns of one session in owned mode, each overshooting
+ * max_new_tokens under speculative decoding and trimmed at finish. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -38,13 +39,13 @@ static uint32_t turn(skv_cache *c, uint64_t session, uint32_t prompt_len, uint32
 }
 
 int main(void) {
+  skv_stats s;
+  skv_check_report rep;
+  uint32_t kept;
   skv_cache_config cfg = {sizeof cfg, /*page_size*/ 16, /*num_token_slots*/ 1u << 16,
                           /*num_rows*/ 64, /*max_context_len*/ 8192, /*flags*/ 0,
                           /*swa_num_token_slots*/ 0};
   skv_cache *c;
-  skv_stats s;
-  skv_check_report rep;
-  uint32_t kept;
   TRY(skv_cache_new(&cfg, &c));
   kept = turn(c, 42, 100, 30);              /* 100 + 30 = 130 tokens kept */
   kept = turn(c, 42, kept + 20, 30);        /* next prompt: history + 20 new user tokens */
