@@ -196,7 +196,7 @@ cmake_consumer() {
 step cmake cmake_consumer
 
 # CMake's build-tree run path serves linked libraries only: the skv::headers program carries
-# none, so dlopen(SKV_SONAME) finds no library outside the loader's path (the README's
+# none, so dlopen(SKV_SONAME) finds no library outside the loader's path (docs/building.md's
 # recipe, dlopen_c_libdir, passes the directory instead), unless ldconfig knows libskv.
 cmake_dlopen_no_path() {
   local exe="$work/cmake/dlopen_c"
@@ -239,7 +239,7 @@ step find_any_version find_version "" ok
 # needs_libskv EXE: the executable's NEEDED entries name libskv's SONAME.
 needs_libskv() { readelf -d "$1" | grep -qF "Shared library: [$soname]"; }
 
-# A prefix outside the loader's search path: the program carries an rpath (README's form)
+# A prefix outside the loader's search path: the program carries an rpath (README.md's form)
 # and runs with no LD_LIBRARY_PATH.
 pkgconfig_consumer() {
   local out="$work/pkgconfig_test" libdir
@@ -256,7 +256,7 @@ pkgconfig_consumer() {
 }
 step pkgconfig pkgconfig_consumer
 
-# Without the rpath the loader does not find the prefix's library (so the README's
+# Without the rpath the loader does not find the prefix's library (so docs/building.md's
 # guidance is needed), unless libskv is also installed where ldconfig looks.
 pkgconfig_no_rpath() {
   local out="$work/pkgconfig_no_rpath"
@@ -286,10 +286,10 @@ pkgconfig_static() {
     nm "$out" | grep -x '[0-9a-f]* T skv_cache_new' >/dev/null || { echo "skv_cache_new is not in the program"; return 1; }
     env -u LD_LIBRARY_PATH "$out" || return 1
   done
-  # README's warning, checked: --static with skv.pc still takes the shared library.
+  # docs/building.md's warning, checked: --static with skv.pc still takes the shared library.
   # shellcheck disable=SC2046
   "$CC" -std=c99 "${strict[@]}" "$root/ctests/pkgconfig/main.c" $(pkg-config --static --cflags --libs skv) \
-    -o "$out.shared" && needs_libskv "$out.shared" || { echo "pkg-config --static skv no longer links libskv.so: update README"; return 1; }
+    -o "$out.shared" && needs_libskv "$out.shared" || { echo "pkg-config --static skv no longer links libskv.so: update docs/building.md"; return 1; }
 }
 step pkgconfig_static pkgconfig_static
 

@@ -1,7 +1,7 @@
-/* The code shown in docs/ is the code the C suite runs: every fenced block that follows a
- * `<!-- excerpt: ctests/FILE -->` line in a docs/ page must appear verbatim in that file,
- * and each page must hold at least the excerpts counted here. Paths are found from this
- * file's own location. */
+/* The code shown in docs/ and README.md is the code the C suite runs: every fenced block
+ * (```c or ```cpp) that follows a `<!-- excerpt: ctests/FILE -->` line must appear verbatim
+ * in that file, and each page must hold at least the excerpts counted here. Paths are found
+ * from this file's own location. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +38,7 @@ static int check_page(const char *root, const char *page) {
   char *text, *at;
   int found = 0;
   const char *marker = "<!-- excerpt: ";
-  snprintf(path, sizeof path, "%s/docs/%s", root, page);
+  snprintf(path, sizeof path, "%s/%s", root, page);
   text = slurp(path);
   if (!text) {
     check(0, page, "cannot be read");
@@ -50,14 +50,15 @@ static int check_page(const char *root, const char *page) {
     size_t len;
     const char *name = at + strlen(marker);
     end = strstr(name, " -->");
-    open = strstr(name, "```c\n");
-    if (!end || !open || (size_t)(end - name) >= sizeof file) {
-      check(0, page, "a malformed excerpt marker");
+    open = strstr(name, "```");
+    if (!end || !open || (size_t)(end - name) >= sizeof file ||
+        (strncmp(open, "```c\n", 5) != 0 && strncmp(open, "```cpp\n", 7) != 0)) {
+      check(0, page, "a malformed excerpt marker (or its next block is not ```c or ```cpp)");
       break;
     }
     memcpy(file, name, (size_t)(end - name));
     file[end - name] = '\0';
-    body = open + strlen("```c\n");
+    body = strchr(open, '\n') + 1;
     close = strstr(body, "```");
     if (!close) {
       check(0, page, "an excerpt without its closing fence");
@@ -96,10 +97,11 @@ int main(void) {
     if (slash) *slash = '\0';
     else snprintf(root, sizeof root, "."); /* compiled as ctests/test_doc_excerpts.c */
   }
-  check(check_page(root, "recipes.md") >= 8, "recipes.md", "fewer excerpts than expected");
-  check(check_page(root, "external-mode.md") >= 2, "external-mode.md", "fewer excerpts than expected");
-  check(check_page(root, "conventions.md") >= 1, "conventions.md", "fewer excerpts than expected");
-  check(check_page(root, "hybrid.md") >= 2, "hybrid.md", "fewer excerpts than expected");
+  check(check_page(root, "docs/recipes.md") >= 8, "recipes.md", "fewer excerpts than expected");
+  check(check_page(root, "docs/external-mode.md") >= 2, "external-mode.md", "fewer excerpts than expected");
+  check(check_page(root, "docs/conventions.md") >= 1, "conventions.md", "fewer excerpts than expected");
+  check(check_page(root, "docs/hybrid.md") >= 2, "hybrid.md", "fewer excerpts than expected");
+  check(check_page(root, "README.md") >= 3, "README.md", "fewer excerpts than expected");
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

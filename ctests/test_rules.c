@@ -1,6 +1,6 @@
-/* The session rules libskv decides beyond the golden cases (README, "Rules the design left
- * open"), through the C ABI in external mode: each refusal frees nothing and changes
- * nothing, so an engine bug cannot free a page or a row twice. */
+/* The session rules libskv decides beyond the golden cases (docs/decisions.md), through the
+ * C ABI in external mode: each refusal frees nothing and changes nothing, so an engine bug
+ * cannot free a page or a row twice. */
 #include "common.h"
 
 int main(void) {

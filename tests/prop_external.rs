@@ -8,7 +8,7 @@
 //! unmapped position or page left behind in a returned row. The generator evolves each request as
 //! an engine would (prefill chunks, speculative decode rounds, lookahead over-allocation, SWA
 //! cursors, finishes with overshoot), and also feeds invalid inputs and failing callbacks, and
-//! the misuse README.md's session rules refuse: a second request matching a running session,
+//! the misuse docs/decisions.md's session rules refuse: a second request matching a running session,
 //! stale copies of finished turns finished, trimmed or matched again, primitives on idle session
 //! rows, and primitives on a running session's row that start short of its slot or cut into its
 //! protected prefix.
@@ -1648,7 +1648,7 @@ fn the_generator_reaches_every_path() {
         "model: abort: req past the slot",
         "model: finish: first turn on another slot's row",
         "model: trim: swa floors the target",
-        // README.md's rules for running and idle sessions
+        // docs/decisions.md's rules for running and idle sessions
         "model: match: second request on a running session",
         "model: match: retry",
         "model: match: stale copy, lengths ignored",

@@ -3,7 +3,7 @@
 //! retried and aligned-reuse matches, aborts, branches, releases, non-session requests freed by
 //! `skv_free_req`, and an engine prefix tree sharing pages through `skv_pool_alloc`,
 //! `skv_map_prefix`, `skv_publish_prefix`, `skv_page_refs` and `skv_pool_free`, and the misuse
-//! README.md's session rules refuse (a second request on a running session, a finished turn's
+//! docs/decisions.md's session rules refuse (a second request on a running session, a finished turn's
 //! req finished again, the engine reshaping an idle session's row).
 //!
 //! Every call's status is predicted by the session reference model (tests/common/model.rs) plus
@@ -2116,7 +2116,7 @@ fn owned_pool_stays_whole_under_random_sessions() {
         let mut wants = vec![
             "model: match: retry past the slot",
             "model: abort: req past the slot",
-            // README.md's rules for running and idle sessions
+            // docs/decisions.md's rules for running and idle sessions
             "model: match: second request on a running session",
             "model: match: retry",
             "model: match: stale copy",

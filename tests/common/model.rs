@@ -1,5 +1,5 @@
-//! The reference model of docs/operations.md's session operations and of the rules README.md's
-//! "Rules the design left open" settles, shared by the property tests: slots keyed by
+//! The reference model of docs/operations.md's session operations and of the rules
+//! docs/decisions.md settles, shared by the property tests: slots keyed by
 //! (session, branch) with their creation order, and for each operation the status, the effects
 //! on the engine in order, the req afterwards and the out-values.
 //!
