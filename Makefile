@@ -7,7 +7,7 @@ GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 # ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
 GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
-.PHONY: all build deps test test-rust test-c test-integration sim fuzz bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-c test-integration doc-check sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -38,6 +38,11 @@ test-c: build | deps
 
 test-integration: build | deps
 	ctests/integration.sh --no-build
+
+# The docs hold together: links resolve, every rule docs/rules.list names is in docs/
+# (part of test-rust's cargo test; this runs it alone).
+doc-check:
+	$(CARGO) test --test docs
 
 # The cheap gates: formatting, clippy with warnings denied (its incompatible_msrv lint holds
 # the code to Cargo.toml's rust-version), rustdoc without warnings, no import circle in src/.
