@@ -184,7 +184,7 @@ pub(crate) const GROW_ROOM: usize = 8;
 /// no memory for it. A list that has to grow grows by `n` and `GROW_ROOM` more: exactly what
 /// is needed was measured faster than doubling (glibc grows a row's list in place), but left
 /// every decode step that takes a page after a prefill to grow the list by one, on the path
-/// that checks in order, where with room it takes the page on the plain one (`take_one`):
+/// that checks in order (the slow path), where with room it takes the page on the fast one (`take_one`):
 /// the simulator's extend batches ran 1.4-2.1 -> 0.8-1.2 us a call (p50).
 pub(crate) fn reserve_pages(list: &mut Vec<u32>, n: usize) -> bool {
     list.capacity() - list.len() >= n || list.try_reserve_exact(n + GROW_ROOM).is_ok()

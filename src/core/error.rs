@@ -33,6 +33,24 @@ pub enum Error {
     Internal(String),
 }
 
+impl Error {
+    /// The same error, its message prefixed (a batch names the request's position).
+    pub(crate) fn at(self, prefix: impl std::fmt::Display) -> Error {
+        let p = |m: String| format!("{prefix}: {m}");
+        match self {
+            Error::NullArg(m) => Error::NullArg(p(m)),
+            Error::InvalidArg(m) => Error::InvalidArg(p(m)),
+            Error::OutOfMemory(m) => Error::OutOfMemory(p(m)),
+            Error::NotFound(m) => Error::NotFound(p(m)),
+            Error::State(m) => Error::State(p(m)),
+            Error::Callback(m) => Error::Callback(p(m)),
+            Error::Cuda(m) => Error::Cuda(p(m)),
+            Error::Unsupported(m) => Error::Unsupported(p(m)),
+            Error::Internal(m) => Error::Internal(p(m)),
+        }
+    }
+}
+
 /// The checks and steps of the per-step calls are `#[inline]`: a `Result` this wide comes
 /// back through memory, and reading an `Ok` just after the callee stored only its tag stalls
 /// (the narrow store cannot be forwarded to the wide load). Inlined, an `Ok` stays in registers.

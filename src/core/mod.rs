@@ -8,8 +8,10 @@
 mod alloc;
 mod audit;
 mod batch;
+mod batch_prefetch;
 mod cache;
 mod error;
+mod fast_extend;
 mod mirror;
 mod owned;
 mod owned_ops;
@@ -20,7 +22,10 @@ mod req;
 mod row_meta;
 mod session;
 mod slots;
+mod step_checks;
 mod swa;
+#[cfg(test)]
+mod test_caches;
 
 pub use audit::Report;
 pub use cache::{Backend, Cache};

@@ -1,8 +1,9 @@
 //! The owned-mode operations an engine calls besides the session ones: rows, allocation,
 //! prefix sharing with the engine's prefix tree, and views of the pool.
 
-use super::cache::Cache;
+use super::cache::{Backend, Cache};
 use super::error::{bail, Error, Result};
+use super::fast_extend::{fast_extend, write_slots};
 use super::mirror::Dirty;
 use super::owned::{EngineHooks, OwnedPool, SwaSide};
 use super::page::{pages_for, token_slot};
@@ -96,6 +97,47 @@ impl Cache {
         self.effects.push(Effect::FreeRow { row });
         self.run_effects(|_| {})?;
         *req = Req { row: -1, generation: 0, committed: 0, allocated: 0, protected: 0, swa: 0, swa_floor: 0, ..*req };
+        Ok(())
+    }
+
+    /// Maps `n` more positions: the partial last page first, then whole new pages; with
+    /// `out`, writes the new positions' token slots there (`out.len() == n`).
+    #[inline]
+    pub fn alloc_extend(&mut self, req: &mut Req, n: u32, mut out: Option<&mut [i32]>) -> Result<()> {
+        let (cfg, old) = (self.cfg, req.allocated);
+        if let Backend::Owned(pool) = &mut self.pool {
+            let slots = out.as_deref_mut();
+            let fast = match pool.swa.is_some() {
+                true => fast_extend::<true>(&cfg, pool, req, n, slots, None),
+                false => fast_extend::<false>(&cfg, pool, req, n, slots, None),
+            };
+            if fast.is_some() {
+                pool.mapped(req.row as u32, old, req.allocated);
+                return Ok(());
+            }
+        }
+        let (row, new_len) = self.check_extend(&self.cfg, self.owned_pool()?, req, n)?;
+        let ps = self.cfg.page_size;
+        let pool = self.pool.owned_mut().expect("owned checked");
+        let need = pages_for(new_len, ps) - pool.row_mut(row).pages.len() as u32;
+        if need > 0 {
+            pool.grow(row, need).map_err(|e| e.at(format_args!("n_tokens {n}")))?;
+        }
+        let r = pool.row_mut(row);
+        r.len = new_len;
+        if let Some(out) = out {
+            write_slots(&r.pages, ps, req.allocated, out);
+        }
+        pool.mapped(row, req.allocated, new_len);
+        req.allocated = new_len;
+        Ok(())
+    }
+
+    /// Marks `n` more allocated tokens as final.
+    #[inline]
+    pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
+        let (_, committed) = self.check_commit(&self.cfg, self.owned_pool()?, req, n)?;
+        req.committed = committed;
         Ok(())
     }
 

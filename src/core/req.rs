@@ -196,10 +196,10 @@ impl Req {
     /// takes a req.
     #[inline(always)]
     pub fn validate(&self, cfg: &Config) -> Result<()> {
-        if self.plainly_valid(cfg) {
+        if self.fast_valid(cfg) {
             Ok(())
         } else {
-            self.validate_in_order(cfg)
+            self.validate_slow(cfg)
         }
     }
 
@@ -208,20 +208,21 @@ impl Req {
     /// flags): a valid req is the rule, and the per-step calls run this for every request. The
     /// conditions are a little stricter than the rules (a req without a row and its protected
     /// length; the SWA cursor against allocated alone): a req that fails them goes through the
-    /// checks in order, which also name the first field that is wrong.
+    /// slow path, `validate_slow`, which also names the first field that is wrong (the split is
+    /// `step_checks`').
     #[inline(always)]
-    pub fn plainly_valid(&self, cfg: &Config) -> bool {
+    pub fn fast_valid(&self, cfg: &Config) -> bool {
         ((self.row as u32).wrapping_add(1) <= cfg.num_rows)
             && super::page::is_aligned(self.protected, cfg.page_size)
-            && self.plainly_valid_lengths(cfg)
+            && self.fast_valid_lengths(cfg)
     }
 
-    /// `plainly_valid` less its row and protected-alignment checks, for a req that is also
+    /// `fast_valid` less its row and protected-alignment checks, for a req that is also
     /// matched against its row's records: the row was found in the row tables (`num_rows`
     /// entries), and a protected length equal to the row's is page-aligned (a row's always is;
     /// the audit checks it).
     #[inline(always)]
-    pub fn plainly_valid_lengths(&self, cfg: &Config) -> bool {
+    pub fn fast_valid_lengths(&self, cfg: &Config) -> bool {
         let r = self;
         (r.committed <= r.allocated)
             && (r.protected <= r.committed)
@@ -234,7 +235,7 @@ impl Req {
     /// `validate`'s checks one by one, in the documented order of errors.
     #[cold]
     #[inline(never)]
-    fn validate_in_order(&self, cfg: &Config) -> Result<()> {
+    fn validate_slow(&self, cfg: &Config) -> Result<()> {
         let r = self;
         if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
             bail!(InvalidArg, "req_pool_idx {} out of range [-1, {})", r.row, cfg.num_rows);
@@ -334,7 +335,7 @@ mod tests {
                                         ..Req::default()
                                     };
                                     let ok = r.validate(&cfg()).is_ok();
-                                    assert_eq!(ok, r.validate_in_order(&cfg()).is_ok(), "{r:?}");
+                                    assert_eq!(ok, r.validate_slow(&cfg()).is_ok(), "{r:?}");
                                     seen += ok as u32;
                                 }
                             }
