@@ -1,4 +1,5 @@
-//! The embedded paged KV allocator.
+//! The embedded paged KV allocator: the free stack both pools use, and the full pool's pages
+//! (the SWA pool's are `swa_alloc`'s).
 //!
 //! Policy (deterministic, so tensor-parallel ranks running the same calls get the same
 //! indices): free pages form a LIFO stack that starts as `1, 2, 3, …` from the top; an
@@ -13,10 +14,6 @@ use super::error::{try_vec, Error, Result};
 /// A row's page list shorter than this is copied onto the free stack at a release rather than
 /// becoming a run of it: a run costs a list of its own, which a few pages do not repay.
 const MIN_RUN: usize = 32;
-
-/// SWA entries from this many up are pushed onto the free stack with one copy (see
-/// `SwaAllocator::free_dropped`); fewer, one by one.
-const COPY_FROM: usize = 16;
 
 /// The free stack of one pool, the policy above, kept as runs: the stack is the runs
 /// concatenated, bottom first, and pops and pushes work on the top one. A released row's
@@ -42,7 +39,7 @@ pub(crate) struct FreeStack {
 
 impl FreeStack {
     /// Pages `1..total`, page 1 on top.
-    fn full(total: u32, what: &str, max_spares: usize, max_spare_room: usize) -> Result<Self> {
+    pub(super) fn full(total: u32, what: &str, max_spares: usize, max_spare_room: usize) -> Result<Self> {
         let n = total as usize;
         let mut spares = Vec::new();
         if spares.try_reserve_exact(max_spares).is_err() {
@@ -59,7 +56,7 @@ impl FreeStack {
     }
 
     #[inline(always)]
-    fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.top.len() + self.below_len
     }
 
@@ -74,7 +71,7 @@ impl FreeStack {
     /// Pops one page into `out` if a page is free and `out` has room (a decode step's page):
     /// the page, or `None` having changed nothing.
     #[inline(always)]
-    fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
+    pub(super) fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
         if out.len() < out.capacity() {
             if let Some(page) = self.pop() {
                 out.push(page);
@@ -110,7 +107,7 @@ impl FreeStack {
     /// Pops the top `n` pages into `out`, last-pushed first; the caller has checked that `n`
     /// are there.
     #[inline(always)]
-    fn pop_into(&mut self, mut n: usize, out: &mut Vec<u32>) {
+    pub(super) fn pop_into(&mut self, mut n: usize, out: &mut Vec<u32>) {
         loop {
             let k = n.min(self.top.len());
             let at = self.top.len() - k;
@@ -126,18 +123,18 @@ impl FreeStack {
 
     /// Puts back `popped`, the end of a list the last pops filled: the stack is then exactly
     /// as before them (the concatenation; a run the pops emptied is not restored).
-    fn unpop(&mut self, popped: &[u32]) {
+    pub(super) fn unpop(&mut self, popped: &[u32]) {
         self.top.extend(popped.iter().rev());
     }
 
     #[inline(always)]
-    fn push(&mut self, page: u32) {
+    pub(super) fn push(&mut self, page: u32) {
         self.top.push(page);
     }
 
     /// Pushes `pages` in the order given.
     #[inline(always)]
-    fn extend(&mut self, pages: &[u32]) {
+    pub(super) fn extend(&mut self, pages: &[u32]) {
         self.top.extend_from_slice(pages);
     }
 
@@ -171,7 +168,7 @@ impl FreeStack {
     }
 
     /// Every page on the stack, bottom first.
-    fn iter(&self) -> impl Iterator<Item = &u32> + '_ {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &u32> + '_ {
         self.below.iter().flatten().chain(&self.top)
     }
 }
@@ -345,89 +342,6 @@ impl PageAllocator {
     }
 }
 
-/// The sliding-window pool's pages (owned mode with an SWA pool). Each SWA page is either
-/// on the free stack or named by exactly one full page's entry (a row's `swa_pages`, or the
-/// engine-held table): those entries are the record, and clearing one as its page goes back
-/// is what keeps a page from being freed twice, so no per-page state is kept. Same policy
-/// as `PageAllocator`: a LIFO stack starting `1, 2, 3, ...`, page 0 never handed out.
-pub struct SwaAllocator {
-    total: u32,
-    free: FreeStack,
-}
-
-impl SwaAllocator {
-    pub fn new(total_pages: u32) -> Result<Self> {
-        // Rows' SWA lists are never pushed whole (a window leaves holes in them): one run.
-        Ok(SwaAllocator { total: total_pages, free: FreeStack::full(total_pages, "the free SWA-page stack", 0, 0)? })
-    }
-
-    #[inline]
-    pub fn total_pages(&self) -> u32 {
-        self.total
-    }
-
-    #[inline]
-    pub fn free_pages(&self) -> u32 {
-        self.free.len() as u32
-    }
-
-    /// Pops `n` pages into `out`; the caller has checked `n <= free_pages()` and reserved
-    /// room in `out`.
-    #[inline]
-    pub fn alloc(&mut self, n: u32, out: &mut Vec<u32>) {
-        self.free.pop_into(n as usize, out);
-    }
-
-    /// `alloc(1, out)` when a page is free and `out` has room (nothing to allocate): the page,
-    /// or `None` having changed nothing.
-    #[inline(always)]
-    pub fn take_one(&mut self, out: &mut Vec<u32>) -> Option<u32> {
-        self.free.take_one(out)
-    }
-
-    /// `PageAllocator::unalloc` for the SWA pool.
-    pub fn unalloc(&mut self, ids: &[u32]) {
-        self.free.unpop(ids);
-    }
-
-    /// Returns the pages `ids` names, skipping 0 (an entry the window already emptied), and
-    /// empties every entry.
-    #[inline]
-    pub fn free_entries(&mut self, ids: &mut [u32]) {
-        // Read, then cleared in a pass of its own: a loop that also wrote the entries kept
-        // reloading the stack's length from memory, one store-to-load wait per page.
-        self.free_dropped(ids);
-        ids.fill(0);
-    }
-
-    /// `free_entries` for entries the caller drops right after: nothing is cleared.
-    #[inline]
-    pub fn free_dropped(&mut self, ids: &[u32]) {
-        // Entries the window emptied are mostly in the row's passed run, which callers skip:
-        // the rest is usually all pages, and is then pushed without a test each. (The test
-        // for an empty entry folds, rather than stopping at the first, so that it runs in
-        // vector steps. A few entries, a trim's, are pushed one by one: for them the copy call
-        // made a hybrid match at 100,000 sessions 2x slower. A release's window of entries is
-        // copied, one reserve and one copy rather than a push and its room check each.)
-        if ids.iter().fold(false, |any, &id| any | (id == 0)) {
-            for &id in ids.iter().filter(|&&id| id != 0) {
-                self.free.push(id);
-            }
-        } else if ids.len() >= COPY_FROM {
-            self.free.extend(ids);
-        } else {
-            for &id in ids {
-                self.free.push(id);
-            }
-        }
-    }
-
-    /// Every page on the free stack, bottom first, for the audit.
-    pub fn free_stack(&self) -> impl Iterator<Item = &u32> + '_ {
-        self.free.iter()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -485,46 +399,6 @@ mod tests {
         a.alloc(2, &mut got).unwrap();
         assert_eq!(got, [4, 3], "LIFO, as one-by-one frees would give");
         assert_eq!(a.free_marks().unwrap().iter().filter(|&&f| f).count(), 2);
-    }
-
-    #[test]
-    fn swa_pages_lifo_and_emptied_entries() {
-        let mut a = SwaAllocator::new(5).unwrap();
-        let mut ids = Vec::new();
-        a.alloc(3, &mut ids);
-        assert_eq!(ids, [1, 2, 3]);
-        ids[1] = 0;
-        a.free_entries(&mut ids);
-        assert_eq!(ids, [0, 0, 0], "every entry emptied");
-        assert_eq!(a.free_pages(), 3, "the emptied entry gave nothing back");
-        let mut got = Vec::new();
-        a.alloc(1, &mut got);
-        assert_eq!(got, [3], "the last page freed is the next handed out");
-        // Entries without an emptied one are pushed whole, in the same order.
-        a.alloc(2, &mut got);
-        assert_eq!(got, [3, 1, 4]);
-        a.free_dropped(&got[..2]);
-        a.free_dropped(&[0, 4, 0]);
-        let mut again = Vec::new();
-        a.alloc(3, &mut again);
-        assert_eq!(again, [4, 1, 3]);
-    }
-
-    #[test]
-    fn a_window_of_entries_is_copied_in_the_order_given() {
-        // From COPY_FROM entries up, one copy: the stack as pushing them one by one leaves it.
-        let n = COPY_FROM as u32 + 3;
-        let mut a = SwaAllocator::new(2 * n + 1).unwrap();
-        let (mut first, mut ids) = (Vec::new(), Vec::new());
-        a.alloc(n, &mut first);
-        a.alloc(n, &mut ids);
-        a.free_dropped(&first[..2]);
-        a.free_dropped(&ids);
-        let mut again = Vec::new();
-        a.alloc(n + 2, &mut again);
-        let pushed: Vec<u32> = first[..2].iter().chain(&ids).rev().copied().collect();
-        assert_eq!(again, pushed, "popped last-pushed first");
-        assert_eq!(a.free_pages(), 0);
     }
 }
 

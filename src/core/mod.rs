@@ -16,14 +16,17 @@ mod mirror;
 mod owned;
 mod owned_ops;
 mod page;
+mod page_list;
 mod pool;
 mod queries;
 mod req;
 mod row_meta;
 mod session;
+mod session_checks;
 mod slots;
 mod step_checks;
 mod swa;
+mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
 

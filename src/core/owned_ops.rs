@@ -247,7 +247,7 @@ impl Cache {
         // The row's cursor stays (the req's, checked against it above).
         let swa_cursor = pool.row_mut(row).swa_cursor;
         *pool.row_mut(row) =
-            super::owned::Row { pages: super::owned::PageList::new(pages), len: n, protected: n, swa_cursor };
+            super::owned::Row { pages: super::page_list::PageList::new(pages), len: n, protected: n, swa_cursor };
         pool.mapped(row, 0, n);
         (req.allocated, req.committed, req.protected) = (n, n, n);
         Ok(())

@@ -1459,7 +1459,7 @@ fn hybrid_free_aligned_keeps_no_page_the_window_passed() {
 
 #[test]
 fn a_row_skips_only_entries_the_window_emptied() {
-    use super::alloc::SwaAllocator;
+    use super::swa_alloc::SwaAllocator;
     let mut a = SwaAllocator::new(32).unwrap();
     let mut sr = super::owned::SwaRow::default();
     a.alloc(10, &mut sr.ids);
