@@ -149,7 +149,7 @@ impl Cache {
             self.batch_marks.begin(self.pool.owned().expect("owned checked").rows.iter().map(|r| &r.meta.batch));
         let pool = self.pool.owned().expect("owned checked");
         let cfg = self.cfg;
-        let swa = pool.swa.is_some();
+        let has_swa_pool = pool.swa.is_some();
         // The table as a slice held for the loop: read through the pool, its bounds were loaded
         // again after every mark's store.
         let rows = &pool.rows[..];
@@ -161,7 +161,10 @@ impl Cache {
             let row = req.row as u32 as usize;
             if let Some(RowRecord { meta: m, in_use: Some(r) }) = rows.get(row) {
                 let committed = req.committed as u64 + n as u64;
-                if m.batch.get().0 != stamp && committed <= req.allocated as u64 && fast_matches(&cfg, req, r, m, swa) {
+                if m.batch.get().0 != stamp
+                    && committed <= req.allocated as u64
+                    && fast_matches(&cfg, req, r, m, has_swa_pool)
+                {
                     m.batch.set((stamp, i as u32));
                     req.committed = committed as u32;
                     continue;

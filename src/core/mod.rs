@@ -1,9 +1,11 @@
 //! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
 //! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
-//! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session`
-//! (the operations), `queries` (what a scheduler asks), `swa` (the sliding-window step), then
-//! owned mode: `alloc`, `owned`,
-//! `owned_ops`, `audit`, and `mirror` (what a device copy of the rows must learn).
+//! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session` and
+//! `session_checks` (the operations), `queries` (what a scheduler asks), `swa` (the
+//! sliding-window step), then owned mode: `alloc`, `swa_alloc` and `page_list` (the pools'
+//! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
+//! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
+//! (what a device copy of the rows must learn).
 
 mod alloc;
 mod audit;

@@ -392,9 +392,9 @@ impl OwnedPool {
 
     /// Records the row's SWA cursor (with an SWA pool; without one the engine keeps it).
     #[inline]
-    pub(crate) fn set_cursor(&mut self, row: u32, swa: u32) {
+    pub(crate) fn set_cursor(&mut self, row: u32, swa_cursor: u32) {
         if let (Some(_), Some(r)) = (self.swa.as_ref(), self.rows[row as usize].in_use.as_mut()) {
-            r.swa_cursor = swa;
+            r.swa_cursor = swa_cursor;
         }
     }
 

@@ -75,6 +75,8 @@ pub struct Req {
     pub committed: u32,
     pub allocated: u32,
     pub protected: u32,
+    /// The window cursor (sglang's `swa_evicted_seqlen`): the sliding window has passed the
+    /// positions below it. Called `swa` on a req and a slot, `swa_cursor` elsewhere.
     pub swa: u32,
     /// sglang's `swa_evict_floor`: `[0, this)` is never window-evicted (the prefill the
     /// engine shields); it only raises `swa_dead_lo`, and no trim clamps it.
@@ -136,9 +138,9 @@ pub fn swa_dead_lo(protected: u32, swa_floor: u32, ps: u32) -> u32 {
 
 /// The positions `[lo, hi)` whose SWA slots the window already freed: a free of the row
 /// hands them back to the full pool only (sglang's `free_kv_row_segments` bounds).
-pub fn swa_dead(protected: u32, swa_floor: u32, swa: u32, ps: u32) -> (u32, u32) {
+pub fn swa_dead(protected: u32, swa_floor: u32, swa_cursor: u32, ps: u32) -> (u32, u32) {
     let lo = swa_dead_lo(protected, swa_floor, ps);
-    (lo, swa.max(lo))
+    (lo, swa_cursor.max(lo))
 }
 
 impl Req {

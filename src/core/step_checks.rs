@@ -75,21 +75,21 @@ impl Cache {
 pub(super) fn fast_row(cfg: &Config, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
     let row = u32::try_from(req.row).ok()?;
     let RowRecord { meta, in_use: Some(r) } = pool.rows.get(row as usize)? else { return None };
-    let swa = pool.swa.is_some();
-    (fits && fast_matches(cfg, req, r, meta, swa)).then_some(row)
+    let has_swa_pool = pool.swa.is_some();
+    (fits && fast_matches(cfg, req, r, meta, has_swa_pool)).then_some(row)
 }
 
 /// `fast_row`'s checks of `req` against its row's record (`r` and `meta`, its
-/// `RowRecord`; the SWA cursor too when there is an SWA pool, `swa`), the call's own aside:
+/// `RowRecord`; the SWA cursor too when there is an SWA pool, `has_swa_pool`), the call's own aside:
 /// the one statement of the rule that a request is fine, for the calls that look the records
 /// up themselves. (Finding the records, and the protected length equal to the row's, make
 /// `fast_valid`'s row and alignment checks hold: `fast_valid_lengths` does the rest.)
 #[inline(always)]
-pub(super) fn fast_matches(cfg: &Config, req: &Req, r: &Row, meta: &RowMeta, swa: bool) -> bool {
+pub(super) fn fast_matches(cfg: &Config, req: &Req, r: &Row, meta: &RowMeta, has_swa_pool: bool) -> bool {
     req.fast_valid_lengths(cfg)
         && (req.generation == 0 || req.generation == meta.generation)
         && req.allocated == r.len
         && req.protected == r.protected
-        && (!swa || r.swa_cursor == req.swa)
+        && (!has_swa_pool || r.swa_cursor == req.swa)
         && !meta.idle_slot
 }
