@@ -19,8 +19,9 @@ macro_rules! this_export {
 
 // cbindgen writes the header in the order these modules are declared, so each stands in its
 // own group (rustfmt sorts a group alphabetically): status and errors first, then the handle
-// and its config, the session calls, scheduler queries, owned pools, the device, the dlopen
-// table, tracing.
+// and its config, the session calls, scheduler queries, owned pools (their operations, the
+// stats and audit, the engine hooks, FlashInfer's arrays), the device, the dlopen table,
+// tracing.
 mod status;
 
 mod cache;
@@ -30,6 +31,12 @@ mod session;
 mod queries;
 
 mod owned;
+
+mod stats;
+
+mod hooks;
+
+mod flashinfer;
 
 mod device;
 
@@ -50,10 +57,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub use api::*;
 pub use cache::*;
 pub use device::*;
+pub use flashinfer::*;
 pub(crate) use handle_lock::{HandleGuard, HandleLock};
+pub use hooks::*;
 pub use owned::*;
 pub use queries::*;
 pub use session::*;
+pub use stats::*;
 pub use status::*;
 pub(crate) use trace::traced;
 
