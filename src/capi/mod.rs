@@ -19,12 +19,14 @@ macro_rules! this_export {
 
 // cbindgen writes the header in the order these modules are declared, so each stands in its
 // own group (rustfmt sorts a group alphabetically): status and errors first, then the handle
-// and its config, the session calls, scheduler queries, owned pools (their operations, the
-// stats and audit, the engine hooks, FlashInfer's arrays), the device, the dlopen table,
-// tracing.
+// and its config, the request record, the session calls, scheduler queries, owned pools (their
+// operations, the stats and audit, the engine hooks, FlashInfer's arrays), the device, the
+// dlopen table, tracing.
 mod status;
 
 mod cache;
+
+mod req;
 
 mod session;
 
@@ -62,6 +64,7 @@ pub(crate) use handle_lock::{HandleGuard, HandleLock};
 pub use hooks::*;
 pub use owned::*;
 pub use queries::*;
+pub use req::*;
 pub use session::*;
 pub use stats::*;
 pub use status::*;

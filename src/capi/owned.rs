@@ -1,7 +1,7 @@
 //! Owned-pool operations: libskv's own allocator and rows. Each is SKV_ERR_UNSUPPORTED on
 //! an external-mode handle.
 
-use super::session::{as_core_reqs, on_req, req_export};
+use super::req::{as_core_reqs, on_req, req_export};
 use super::{
     aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, ExportName,
     Span,
