@@ -1,6 +1,6 @@
 //! FlashInfer's paged-KV arrays for a batch of owned-mode rows.
 
-use super::{disjoint, lock, nonnull, out_mut, skv_cache, skv_status, slice, slice_mut, traced, ExportName, Span};
+use super::{disjoint, lock, nonnull, out_mut, skv_cache, skv_status, slice, slice_mut, traced, Span};
 use crate::core::Error;
 
 /// FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
@@ -25,7 +25,9 @@ pub unsafe extern "C" fn skv_build_flashinfer(
     needed: *mut usize,
 ) -> skv_status {
     // SAFETY: this call's contract is flashinfer_of's.
-    unsafe { flashinfer_of(this_export!(), c, rows, n, false, kv_indptr, kv_indices, kv_last_page_len, cap, needed) }
+    export!(skv_build_flashinfer, |name| unsafe {
+        flashinfer_of(name, c, rows, n, false, kv_indptr, kv_indices, kv_last_page_len, cap, needed)
+    })
 }
 
 /// skv_build_flashinfer for the sliding-window layers: the same kv_indptr and
@@ -49,7 +51,9 @@ pub unsafe extern "C" fn skv_build_flashinfer_swa(
     needed: *mut usize,
 ) -> skv_status {
     // SAFETY: this call's contract is flashinfer_of's.
-    unsafe { flashinfer_of(this_export!(), c, rows, n, true, kv_indptr, kv_indices, kv_last_page_len, cap, needed) }
+    export!(skv_build_flashinfer_swa, |name| unsafe {
+        flashinfer_of(name, c, rows, n, true, kv_indptr, kv_indices, kv_last_page_len, cap, needed)
+    })
 }
 
 /// skv_build_flashinfer (`swa` false) and skv_build_flashinfer_swa.
@@ -59,7 +63,7 @@ pub unsafe extern "C" fn skv_build_flashinfer_swa(
 /// `kv_indices` NULL or cap, `kv_last_page_len` NULL or n, `needed` NULL or valid.
 #[allow(clippy::too_many_arguments)]
 unsafe fn flashinfer_of(
-    function: ExportName,
+    function: &'static str,
     c: *const skv_cache,
     rows: *const i32,
     n: usize,

@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_void};
 
 use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
-use super::{lock, skv_cache, skv_status, traced, CallbackScope};
+use super::{lock, skv_cache, skv_status, CallbackScope};
 use crate::core::{EngineHooks, Result};
 
 /// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
@@ -73,9 +73,9 @@ pub unsafe extern "C" fn skv_cache_set_hooks(
     hooks: *const skv_engine_hooks,
     user_data: *mut c_void,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_cache_set_hooks,
         c,
-        this_export!(),
         |t| {
             // SAFETY: NULL or a struct of struct_size bytes by the call's contract; read as
             // the body reads it.

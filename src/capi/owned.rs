@@ -3,8 +3,7 @@
 
 use super::req::{as_core_reqs, on_req, req_export};
 use super::{
-    aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, ExportName,
-    Span,
+    aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, Span,
 };
 use crate::core::{Cache, Error, Req, Result};
 
@@ -17,7 +16,7 @@ use crate::core::{Cache, Error, Req, Result};
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { req_export(c, this_export!(), req, &[], |c, r| c.alloc_row(r)) }
+    export!(skv_alloc_row, |name| unsafe { req_export(c, name, req, &[], |c, r| c.alloc_row(r)) })
 }
 
 /// Maps n_tokens more positions of the req's row: the partial last page is filled first,
@@ -35,9 +34,9 @@ pub unsafe extern "C" fn skv_alloc_extend(
     n_tokens: u32,
     out_loc: *mut i32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_alloc_extend,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
@@ -67,9 +66,9 @@ pub unsafe extern "C" fn skv_alloc_extend(
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
-    traced(
+    export!(
+        skv_commit,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
@@ -144,9 +143,9 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
     // The arrays are traced only after the call succeeded: the reqs as written back (their
     // input lengths are these minus n_tokens), and the slots assigned.
     let total = std::cell::Cell::new(0usize);
-    traced(
+    export!(
+        skv_alloc_extend_batch,
         c,
-        this_export!(),
         |t| {
             t.num("n", n as u64).num("out_loc", !out_loc.is_null() as u8).num("out_cap", out_cap as u64);
         },
@@ -195,9 +194,9 @@ pub unsafe extern "C" fn skv_commit_batch(
     n: usize,
     n_tokens: *const u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_commit_batch,
         c,
-        this_export!(),
         |t| {
             t.num("n", n as u64);
         },
@@ -224,7 +223,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { req_export(c, this_export!(), req, &[], |c, r| c.free_req(r)) }
+    export!(skv_free_req, |name| unsafe { req_export(c, name, req, &[], |c, r| c.free_req(r)) })
 }
 
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
@@ -235,9 +234,9 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
-    traced(
+    export!(
+        skv_pool_alloc,
         c,
-        this_export!(),
         |t| {
             t.num("n_tokens", n_tokens);
         },
@@ -261,9 +260,9 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
-    traced(
+    export!(
+        skv_pool_free,
         c,
-        this_export!(),
         |t| {
             t.list("indices", indices, n);
         },
@@ -291,9 +290,9 @@ pub unsafe extern "C" fn skv_page_refs(
     n: usize,
     out_counts: *mut u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_page_refs,
         c,
-        this_export!(),
         |t| {
             t.list("indices", indices, n);
         },
@@ -326,9 +325,9 @@ pub unsafe extern "C" fn skv_map_prefix(
     indices: *const i32,
     n_tokens: u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_map_prefix,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).list("indices", indices, n_tokens as usize);
         },
@@ -358,11 +357,11 @@ pub unsafe extern "C" fn skv_publish_prefix(
     new_protected_len: u32,
 ) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe {
-        req_export(c, this_export!(), req, &[("new_protected_len", new_protected_len)], |c, r| {
+    export!(skv_publish_prefix, |name| unsafe {
+        req_export(c, name, req, &[("new_protected_len", new_protected_len)], |c, r| {
             c.publish_prefix(r, new_protected_len)
         })
-    }
+    })
 }
 
 /// Copies req_to_token[row, start:end) into out (end-start values). External mode:
@@ -380,7 +379,7 @@ pub unsafe extern "C" fn skv_row_indices(
     out: *mut i32,
 ) -> skv_status {
     // SAFETY: this call's contract is row_indices_of's.
-    unsafe { row_indices_of(this_export!(), c, row, start, end, false, out) }
+    export!(skv_row_indices, |name| unsafe { row_indices_of(name, c, row, start, end, false, out) })
 }
 
 /// skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position
@@ -401,7 +400,7 @@ pub unsafe extern "C" fn skv_row_swa_indices(
     out: *mut i32,
 ) -> skv_status {
     // SAFETY: this call's contract is row_indices_of's.
-    unsafe { row_indices_of(this_export!(), c, row, start, end, true, out) }
+    export!(skv_row_swa_indices, |name| unsafe { row_indices_of(name, c, row, start, end, true, out) })
 }
 
 /// skv_row_indices (`swa` false) and skv_row_swa_indices.
@@ -409,7 +408,7 @@ pub unsafe extern "C" fn skv_row_swa_indices(
 /// # Safety
 /// `c` must be NULL or a live handle, `out` NULL or hold end-start values.
 unsafe fn row_indices_of(
-    function: ExportName,
+    function: &'static str,
     c: *const skv_cache,
     row: i32,
     start: u32,

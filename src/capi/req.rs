@@ -1,7 +1,7 @@
 //! The request record: skv_req, its one layout with the core's `Req`, and the calls that
 //! run an operation on one caller req.
 
-use super::{guard, lock, out_mut, skv_cache, skv_status, traced, ExportName};
+use super::{lock, out_mut, skv_cache, skv_status, traced};
 use crate::core::Req;
 
 /// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
@@ -168,7 +168,7 @@ pub(crate) unsafe fn on_req<T>(
 /// `c` must be NULL or a live handle, `req` NULL or a valid skv_req.
 pub(crate) unsafe fn req_export(
     c: *mut skv_cache,
-    function: ExportName,
+    function: &'static str,
     req: *mut skv_req,
     args: &[(&str, u32)],
     op: impl FnOnce(&mut crate::core::Cache, &mut Req) -> crate::core::Result<()>,
@@ -208,7 +208,7 @@ impl Default for skv_req {
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut skv_req) -> skv_status {
-    guard(this_export!(), || {
+    export!(skv_req_init, || {
         // SAFETY: req is NULL or valid (the contract above); out_mut refuses NULL.
         let req = unsafe { out_mut(req, "req") }?;
         // SAFETY: a valid skv_req; all-zero bytes (padding included) are a valid value, and

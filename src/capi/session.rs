@@ -1,7 +1,7 @@
 //! The session operations (both modes).
 
 use super::req::{on_req, req_export};
-use super::{aligned, arg, disjoint, lock, out_mut, skv_cache, skv_req, skv_status, slice, traced, Span};
+use super::{aligned, arg, disjoint, lock, out_mut, skv_cache, skv_req, skv_status, slice, Span};
 use crate::core::{Error, Held, Match, Req, Window};
 
 /// The result of skv_match_prefix.
@@ -75,9 +75,9 @@ pub unsafe extern "C" fn skv_match_prefix(
     pre_aborted: u32,
     out: *mut skv_match,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_match_prefix,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
             t.num("key_len", key_len).num("pre_aborted", pre_aborted);
@@ -119,9 +119,9 @@ pub unsafe extern "C" fn skv_cache_finished_req(
     req: *mut skv_req,
     aborted: u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_cache_finished_req,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
         },
@@ -156,9 +156,9 @@ pub unsafe extern "C" fn skv_hand_back(
     branch_id: u64,
     req: *mut skv_req,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_hand_back,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
         },
@@ -184,9 +184,9 @@ pub unsafe extern "C" fn skv_checkpoint(
     req: *const skv_req,
     handled: *mut u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_checkpoint,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
         },
@@ -215,9 +215,9 @@ pub unsafe extern "C" fn skv_checkpoint(
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
-    traced(
+    export!(
+        skv_release_session,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id);
         },
@@ -238,9 +238,9 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
-    traced(
+    export!(
+        skv_release_branch,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id);
         },
@@ -274,9 +274,9 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
-    traced(
+    export!(
+        skv_free_aligned,
         c,
-        this_export!(),
         |t| {
             t.num("row", row).num("target", target).num("end", end);
         },
@@ -307,9 +307,9 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe {
-        req_export(c, this_export!(), req, &[("finished_len", finished_len)], |c, r| c.trim_overshoot(r, finished_len))
-    }
+    export!(skv_trim_overshoot, |name| unsafe {
+        req_export(c, name, req, &[("finished_len", finished_len)], |c, r| c.trim_overshoot(r, finished_len))
+    })
 }
 
 /// Frees what lies past a reused prefix (the match path's tail free). A session row's rules
@@ -321,7 +321,9 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { req_export(c, this_export!(), req, &[("prefix_len", prefix_len)], |c, r| c.free_tail(r, prefix_len)) }
+    export!(skv_free_tail, |name| unsafe {
+        req_export(c, name, req, &[("prefix_len", prefix_len)], |c, r| c.free_tail(r, prefix_len))
+    })
 }
 
 /// What idle session slots hold. Rows listed in active_rows belong to running requests and
@@ -338,9 +340,9 @@ pub unsafe extern "C" fn skv_session_held(
     n_active: usize,
     out: *mut skv_held,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_session_held,
         c,
-        this_export!(),
         |t| {
             t.list("active_rows", active_rows, n_active);
         },
@@ -392,9 +394,9 @@ pub unsafe extern "C" fn skv_swa_evict(
     flags: u32,
     freed: *mut u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_swa_evict,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).num("pre_len", pre_len).num("window", window);
             t.num("eviction_interval", eviction_interval).num("retain_floor", retain_floor).num("flags", flags);

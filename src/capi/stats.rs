@@ -2,7 +2,7 @@
 
 use std::ffi::c_char;
 
-use super::{lock, out_mut, skv_cache, skv_status, traced};
+use super::{lock, out_mut, skv_cache, skv_status};
 use crate::core::Stats;
 
 /// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
@@ -77,9 +77,9 @@ impl From<Stats> for skv_stats {
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stats) -> skv_status {
-    traced(
+    export!(
+        skv_cache_stats,
         c,
-        this_export!(),
         |_| {},
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
@@ -130,9 +130,9 @@ pub struct skv_check_report {
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_check_report) -> skv_status {
-    traced(
+    export!(
+        skv_cache_check,
         c,
-        this_export!(),
         |_| {},
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
