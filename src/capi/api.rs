@@ -19,7 +19,7 @@ pub extern "C" fn skv_get_api(abi_version: u32) -> *const skv_api {
         &API
     } else {
         set_last_error(
-            this_export!().get(),
+            stringify!(skv_get_api),
             &format!("abi_version {abi_version} is not supported (this library implements {SKV_ABI_VERSION})"),
         );
         ptr::null()

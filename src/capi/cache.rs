@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use super::trace::{opening_line, TraceFile};
-use super::{arg, guard, in_callback, lock, out_mut, skv_status, CallbackScope, HandleLock};
+use super::{arg, in_callback, lock, out_mut, skv_status, CallbackScope, HandleLock};
 use crate::core::{split, Backend, Cache, Config, Effect, Error, Pool, Pools, Req, Result, Segment};
 use crate::device::Device;
 
@@ -208,7 +208,7 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {
     // SAFETY: cfg and out are NULL or valid (the contract above); arg and out_mut refuse NULL.
-    guard(this_export!(), || unsafe {
+    export!(skv_cache_new, || unsafe {
         arg(cfg, "cfg")?;
         let slot = out_mut(out, "out")?;
         let cfg = config(&read_config(cfg)?)?;
@@ -235,7 +235,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
 ) -> skv_status {
     // SAFETY: cfg, ops and out are NULL or valid, cfg and ops of struct_size readable bytes
     // (the contract above); arg and out_mut refuse NULL before anything is read.
-    guard(this_export!(), || unsafe {
+    export!(skv_cache_new_external, || unsafe {
         arg(cfg, "cfg")?;
         arg(ops, "ops")?;
         let slot = out_mut(out, "out")?;
@@ -301,7 +301,7 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
 pub unsafe extern "C" fn skv_cache_set_trace(c: *mut skv_cache, path: *const c_char) -> skv_status {
     // SAFETY: c is NULL or a live handle and path NULL or a NUL-terminated string (the
     // contract above); arg refuses a NULL handle and path is read only when not NULL.
-    guard(this_export!(), || unsafe {
+    export!(skv_cache_set_trace, || unsafe {
         let handle = arg(c.cast_const(), "cache")?;
         // Calls take the trace lock before the handle's: read what the first line needs and let
         // go of the handle before opening.

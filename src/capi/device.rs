@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::{arg, lock, out_mut, skv_cache, skv_status, traced};
+use super::{arg, lock, out_mut, skv_cache, skv_status};
 use crate::core::Error;
 use crate::device::Device;
 
@@ -24,9 +24,9 @@ pub unsafe extern "C" fn skv_device_attach(
     device_ordinal: c_int,
     cu_stream: *mut c_void,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_device_attach,
         c,
-        this_export!(),
         |t| {
             t.num("device_ordinal", device_ordinal);
         },
@@ -60,9 +60,9 @@ pub unsafe extern "C" fn skv_device_sync(
     out_device_ptr: *mut u64,
     out_row_stride: *mut u64,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_device_sync,
         c,
-        this_export!(),
         |_| {},
         // SAFETY: c, out_device_ptr and out_row_stride are NULL or valid (the contract above); arg,
         // out_mut and lock refuse NULL.

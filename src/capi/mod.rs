@@ -7,29 +7,55 @@
 // pass ...") rather than under a Rust `# Safety` heading, which would read as noise in C.
 #![allow(clippy::missing_safety_doc)]
 
-/// The name of the export it is written in (`"skv_match_prefix"` inside `skv_match_prefix`),
-/// for its error messages and trace lines: an export's name is written once, in its signature.
-/// Resolved only when needed (a failure, a traced call), so a successful call pays nothing.
-macro_rules! this_export {
-    () => {{
-        fn here() {}
-        $crate::capi::ExportName(|| $crate::capi::export_name(std::any::type_name_of_val(&here)))
+/// The boundary of an export, written once: the body of every export returning `skv_status`
+/// is one `export!` call, its first argument the export's own name (`stringify!`-ed for the
+/// error message prefix and the trace's `"fn"`). The fn item itself stays written out, so
+/// cbindgen, the dlopen table (build.rs) and tests/refusals.rs read its doc comment and
+/// signature as they are; the capi tests check that each export names itself. The lock stays
+/// in the body: where a call takes the handle's lock among its checks decides which refusal
+/// wins (docs/refusals.md).
+///
+/// - `export!(name, c, |t| args, || body, |t| results)`: an export taking a handle. Panics
+///   become `SKV_ERR_INTERNAL`, the thread's last error is set or cleared, and on a traced
+///   handle the call's line is written (`traced`); `args` and `results` run only then.
+/// - `export!(name, || body)`: an export without a handle (no trace): `guard` alone.
+/// - `export!(name, |n| shared(n, ...))`: an export whose body is one shared with a sibling
+///   (`req_export`, `flashinfer_of`): `n` is bound to the name, no closure is built.
+macro_rules! export {
+    ($name:ident, |$n:ident| $body:expr $(,)?) => {{
+        let $n: &'static str = stringify!($name);
+        $body
     }};
+    ($name:ident, $body:expr $(,)?) => {
+        $crate::capi::guard(stringify!($name), $body)
+    };
+    ($name:ident, $c:expr, $args:expr, $body:expr, $results:expr $(,)?) => {
+        $crate::capi::traced($c, stringify!($name), $args, $body, $results)
+    };
 }
 
 // cbindgen writes the header in the order these modules are declared, so each stands in its
 // own group (rustfmt sorts a group alphabetically): status and errors first, then the handle
-// and its config, the session calls, scheduler queries, owned pools, the device, the dlopen
-// table, tracing.
+// and its config, the request record, the session calls, scheduler queries, owned pools (their
+// operations, the stats and audit, the engine hooks, FlashInfer's arrays), the device, the
+// dlopen table, tracing.
 mod status;
 
 mod cache;
+
+mod req;
 
 mod session;
 
 mod queries;
 
 mod owned;
+
+mod stats;
+
+mod hooks;
+
+mod flashinfer;
 
 mod device;
 
@@ -50,36 +76,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub use api::*;
 pub use cache::*;
 pub use device::*;
+pub use flashinfer::*;
 pub(crate) use handle_lock::{HandleGuard, HandleLock};
+pub use hooks::*;
 pub use owned::*;
 pub use queries::*;
+pub use req::*;
 pub use session::*;
+pub use stats::*;
 pub use status::*;
 pub(crate) use trace::traced;
 
 use crate::core::{Cache, Error, Result};
 
-/// An export's name, resolved on demand (see `this_export!`).
-#[derive(Clone, Copy)]
-pub(crate) struct ExportName(pub(crate) fn() -> &'static str);
-
-impl ExportName {
-    pub(crate) fn get(self) -> &'static str {
-        (self.0)()
-    }
-}
-
-/// The function a nested item's path names: `skv::capi::session::skv_match_prefix::here`
-/// gives `skv_match_prefix`.
-pub(crate) fn export_name(path: &'static str) -> &'static str {
-    path.rsplit("::").nth(1).unwrap_or(path)
-}
-
 /// Runs one export's body: panics become `SKV_ERR_INTERNAL`, errors set the thread's last
 /// error message (prefixed with the function name), success clears it. While the body runs
 /// the thread counts as inside a libskv call, so the panic hook keeps a panic quiet.
 #[inline]
-pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> skv_status {
+pub(crate) fn guard(function: &'static str, body: impl FnOnce() -> Result<()>) -> skv_status {
     let outcome = quiet::inside_call(|| catch_unwind(AssertUnwindSafe(body))).unwrap_or_else(|panic| {
         let what = panic
             .downcast_ref::<&str>()
@@ -100,8 +114,8 @@ pub(crate) fn guard(function: ExportName, body: impl FnOnce() -> Result<()>) -> 
 /// `guard`'s error path, out of line: every export inlines `guard`.
 #[cold]
 #[inline(never)]
-fn failed(function: ExportName, e: Error) -> skv_status {
-    set_last_error(function.get(), &e.to_string());
+fn failed(function: &'static str, e: Error) -> skv_status {
+    set_last_error(function, &e.to_string());
     status_of(&e)
 }
 
@@ -358,15 +372,49 @@ pub(crate) unsafe fn lock<'a>(c: *const skv_cache) -> Result<HandleGuard<'a, Cac
 }
 
 #[cfg(test)]
-mod export_name_tests {
-    /// The one place the name comes from a path: pinned so a change in rustc's type_name
-    /// format fails here rather than in every message.
+mod export_tests {
+    use std::path::Path;
+
+    /// Every export returning skv_status is one shape: its body makes one `export!` call, and
+    /// that call names the export itself (a copied body naming its sibling would put the wrong
+    /// name in every message and trace line).
     #[test]
-    fn this_export_names_the_enclosing_function() {
-        fn skv_example() -> &'static str {
-            this_export!().get()
+    fn every_export_goes_through_export_naming_itself() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/capi");
+        let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        files.sort();
+        let (mut checked, mut bad) = (0, Vec::new());
+        for path in files.iter().filter(|p| p.extension().is_some_and(|x| x == "rs")) {
+            let file = syn::parse_file(&std::fs::read_to_string(path).unwrap()).unwrap();
+            for item in &file.items {
+                let syn::Item::Fn(f) = item else { continue };
+                let returns_status = matches!(&f.sig.output, syn::ReturnType::Type(_, t)
+                    if matches!(&**t, syn::Type::Path(p) if p.path.is_ident("skv_status")));
+                if !f.attrs.iter().any(|a| a.path().is_ident("no_mangle")) || !returns_status {
+                    continue;
+                }
+                let name = f.sig.ident.to_string();
+                let named: Vec<String> = f
+                    .block
+                    .stmts
+                    .iter()
+                    .filter_map(|s| match s {
+                        syn::Stmt::Macro(m) => Some(&m.mac),
+                        syn::Stmt::Expr(syn::Expr::Macro(m), _) => Some(&m.mac),
+                        _ => None,
+                    })
+                    .filter(|m| m.path.is_ident("export"))
+                    .map(|m| m.tokens.clone().into_iter().next().map(|t| t.to_string()).unwrap_or_default())
+                    .collect();
+                match named.as_slice() {
+                    [one] if *one == name => checked += 1,
+                    _ => bad.push(format!("{name}: export! calls naming {named:?}")),
+                }
+            }
         }
-        assert_eq!(skv_example(), "skv_example");
-        assert_eq!(super::export_name("skv::capi::session::skv_match_prefix::here"), "skv_match_prefix");
+        assert!(bad.is_empty(), "exports not written as one export!(own name, ...):\n  {}", bad.join("\n  "));
+        let header = std::fs::read_to_string(dir.join("../../include/skv.h")).unwrap();
+        let declared = header.lines().filter(|l| l.starts_with("enum skv_status skv_")).count();
+        assert_eq!(checked, declared, "exports checked against the header's functions returning skv_status");
     }
 }

@@ -1,15 +1,11 @@
 //! Owned-pool operations: libskv's own allocator and rows. Each is SKV_ERR_UNSUPPORTED on
 //! an external-mode handle.
 
-use std::ffi::{c_char, c_int, c_void};
-
-use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
-use super::session::{as_core_reqs, on_req, req_export};
+use super::req::{as_core_reqs, on_req, req_export};
 use super::{
-    aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, CallbackScope,
-    ExportName, Span,
+    aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, Span,
 };
-use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
+use crate::core::{Cache, Error, Req, Result};
 
 /// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
 /// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
@@ -20,7 +16,7 @@ use crate::core::{Cache, EngineHooks, Error, Req, Result, Stats};
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { req_export(c, this_export!(), req, &[], |c, r| c.alloc_row(r)) }
+    export!(skv_alloc_row, |name| unsafe { req_export(c, name, req, &[], |c, r| c.alloc_row(r)) })
 }
 
 /// Maps n_tokens more positions of the req's row: the partial last page is filled first,
@@ -38,9 +34,9 @@ pub unsafe extern "C" fn skv_alloc_extend(
     n_tokens: u32,
     out_loc: *mut i32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_alloc_extend,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
@@ -70,9 +66,9 @@ pub unsafe extern "C" fn skv_alloc_extend(
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
-    traced(
+    export!(
+        skv_commit,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).num("n_tokens", n_tokens);
         },
@@ -147,9 +143,9 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
     // The arrays are traced only after the call succeeded: the reqs as written back (their
     // input lengths are these minus n_tokens), and the slots assigned.
     let total = std::cell::Cell::new(0usize);
-    traced(
+    export!(
+        skv_alloc_extend_batch,
         c,
-        this_export!(),
         |t| {
             t.num("n", n as u64).num("out_loc", !out_loc.is_null() as u8).num("out_cap", out_cap as u64);
         },
@@ -198,9 +194,9 @@ pub unsafe extern "C" fn skv_commit_batch(
     n: usize,
     n_tokens: *const u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_commit_batch,
         c,
-        this_export!(),
         |t| {
             t.num("n", n as u64);
         },
@@ -227,7 +223,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { req_export(c, this_export!(), req, &[], |c, r| c.free_req(r)) }
+    export!(skv_free_req, |name| unsafe { req_export(c, name, req, &[], |c, r| c.free_req(r)) })
 }
 
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
@@ -238,9 +234,9 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
-    traced(
+    export!(
+        skv_pool_alloc,
         c,
-        this_export!(),
         |t| {
             t.num("n_tokens", n_tokens);
         },
@@ -264,9 +260,9 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n: usize) -> skv_status {
-    traced(
+    export!(
+        skv_pool_free,
         c,
-        this_export!(),
         |t| {
             t.list("indices", indices, n);
         },
@@ -294,9 +290,9 @@ pub unsafe extern "C" fn skv_page_refs(
     n: usize,
     out_counts: *mut u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_page_refs,
         c,
-        this_export!(),
         |t| {
             t.list("indices", indices, n);
         },
@@ -329,9 +325,9 @@ pub unsafe extern "C" fn skv_map_prefix(
     indices: *const i32,
     n_tokens: u32,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_map_prefix,
         c,
-        this_export!(),
         |t| {
             t.req("req", req).list("indices", indices, n_tokens as usize);
         },
@@ -361,11 +357,11 @@ pub unsafe extern "C" fn skv_publish_prefix(
     new_protected_len: u32,
 ) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe {
-        req_export(c, this_export!(), req, &[("new_protected_len", new_protected_len)], |c, r| {
+    export!(skv_publish_prefix, |name| unsafe {
+        req_export(c, name, req, &[("new_protected_len", new_protected_len)], |c, r| {
             c.publish_prefix(r, new_protected_len)
         })
-    }
+    })
 }
 
 /// Copies req_to_token[row, start:end) into out (end-start values). External mode:
@@ -383,7 +379,7 @@ pub unsafe extern "C" fn skv_row_indices(
     out: *mut i32,
 ) -> skv_status {
     // SAFETY: this call's contract is row_indices_of's.
-    unsafe { row_indices_of(this_export!(), c, row, start, end, false, out) }
+    export!(skv_row_indices, |name| unsafe { row_indices_of(name, c, row, start, end, false, out) })
 }
 
 /// skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position
@@ -404,7 +400,7 @@ pub unsafe extern "C" fn skv_row_swa_indices(
     out: *mut i32,
 ) -> skv_status {
     // SAFETY: this call's contract is row_indices_of's.
-    unsafe { row_indices_of(this_export!(), c, row, start, end, true, out) }
+    export!(skv_row_swa_indices, |name| unsafe { row_indices_of(name, c, row, start, end, true, out) })
 }
 
 /// skv_row_indices (`swa` false) and skv_row_swa_indices.
@@ -412,7 +408,7 @@ pub unsafe extern "C" fn skv_row_swa_indices(
 /// # Safety
 /// `c` must be NULL or a live handle, `out` NULL or hold end-start values.
 unsafe fn row_indices_of(
-    function: ExportName,
+    function: &'static str,
     c: *const skv_cache,
     row: i32,
     start: u32,
@@ -441,383 +437,6 @@ unsafe fn row_indices_of(
         },
         |t| {
             t.list("out", out.cast_const(), end.saturating_sub(start) as usize);
-        },
-    )
-}
-
-/// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
-/// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
-/// used_pages == total_pages - 1 - free_pages. The swa_* fields say the same of the SWA pool
-/// (swa_total_pages = swa_num_token_slots / page_size), and are 0 without one. External mode
-/// (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens,
-/// tail_freed_tokens and finishes_past_committed are filled; every page count and free_rows
-/// are 0.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct skv_stats {
-    /// Pages in the pool, page 0 included.
-    pub total_pages: u64,
-    /// Pages free to allocate.
-    pub free_pages: u64,
-    /// Pages owned by rows or held by the engine.
-    pub used_pages: u64,
-    /// req_to_token rows.
-    pub total_rows: u32,
-    /// Rows free to allocate.
-    pub free_rows: u32,
-    /// Session slots.
-    pub sessions: u64,
-    /// Tokens released by trim_overshoot since creation.
-    pub trimmed_tokens: u64,
-    /// Tokens released by free_tail since creation.
-    pub tail_freed_tokens: u64,
-    /// Pages in the SWA pool, its page 0 included (0: no SWA pool).
-    pub swa_total_pages: u64,
-    /// SWA pages free to allocate.
-    pub swa_free_pages: u64,
-    /// SWA pages mapped by rows or held by the engine.
-    pub swa_used_pages: u64,
-    /// skv_cache_finished_req calls (not aborted) since creation whose target,
-    /// origin_input_len + finished_len (output_len when finished_len is -1), was more than
-    /// kv_committed_len + 1: the finish claimed tokens whose KV the engine never committed. The
-    /// last sampled token has no KV yet, so target = kv_committed_len + 1 is a normal finish.
-    /// Counted, not refused (docs/conventions.md, "Finishes past committed").
-    pub finishes_past_committed: u64,
-}
-
-impl From<Stats> for skv_stats {
-    fn from(s: Stats) -> skv_stats {
-        let (total_pages, free_pages, used_pages) = (s.total_pages, s.free_pages, s.used_pages);
-        let (total_rows, free_rows, sessions) = (s.total_rows, s.free_rows, s.sessions);
-        let (trimmed_tokens, tail_freed_tokens) = (s.trimmed_tokens, s.tail_freed_tokens);
-        let (swa_total_pages, swa_free_pages, swa_used_pages) = (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages);
-        let finishes_past_committed = s.finishes_past_committed;
-        skv_stats {
-            swa_total_pages,
-            swa_free_pages,
-            swa_used_pages,
-            total_pages,
-            free_pages,
-            used_pages,
-            total_rows,
-            free_rows,
-            sessions,
-            trimmed_tokens,
-            tail_freed_tokens,
-            finishes_past_committed,
-        }
-    }
-}
-
-/// Reads the pool's occupancy and counters. Both modes; in external mode only what libskv
-/// knows there (see skv_stats).
-///
-/// The caller must pass every pointer as NULL or valid.
-///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
-#[no_mangle]
-pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut skv_stats) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |_| {},
-        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
-        || unsafe {
-            let out = out_mut(out, "out")?;
-            // Written under the lock: the counters then need no registers across the unlock.
-            *out = lock(c)?.stats()?.into();
-            Ok(())
-        },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            let s = unsafe { &*out };
-            t.num("free_pages", s.free_pages).num("free_rows", s.free_rows).num("sessions", s.sessions);
-            t.num("swa_free_pages", s.swa_free_pages);
-        },
-    )
-}
-
-/// The result of an audit.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct skv_check_report {
-    /// Pages on the free list.
-    pub pages_free: u64,
-    /// Pages owned by exactly one row.
-    pub pages_in_rows: u64,
-    /// Pages held by the engine (from skv_pool_alloc or inside a protected prefix).
-    pub pages_engine_held: u64,
-    /// SWA pages on the SWA pool's free list (0 without an SWA pool).
-    pub swa_pages_free: u64,
-    /// SWA pages in use: each named by exactly one page a row owns or the engine holds.
-    pub swa_pages_in_use: u64,
-    /// 0 when every invariant holds.
-    pub violations: u64,
-    /// The first violation as text, NUL-terminated ("" when none).
-    pub first_violation: [c_char; 256],
-}
-
-/// Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
-/// engine-held == total_pages - 1, no page in two rows' owned ranges, no free page mapped by
-/// a row, every engine-held page's map count equal to the rows that map it, idle session
-/// slots agreeing with their rows. With an SWA pool, also: every SWA page is free or named by
-/// exactly one row-owned or engine-held page (free + in use == swa_total_pages - 1), a row's
-/// protected prefix names its held pages' SWA pages, and an idle slot's row has no SWA page
-/// where the window passed ([swa_dead_lo, swa_evicted_seqlen)) and one everywhere else.
-///
-/// The caller must pass every pointer as NULL or valid.
-///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
-#[no_mangle]
-pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut skv_check_report) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |_| {},
-        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
-        || unsafe {
-            let out = out_mut(out, "out")?;
-            let r = lock(c)?.check()?;
-            let mut text = [0 as c_char; 256];
-            for (t, b) in text.iter_mut().zip(r.first_violation.bytes().take(255)) {
-                *t = b as c_char;
-            }
-            *out = skv_check_report {
-                pages_free: r.pages_free,
-                pages_in_rows: r.pages_in_rows,
-                pages_engine_held: r.pages_engine_held,
-                swa_pages_free: r.swa_pages_free,
-                swa_pages_in_use: r.swa_pages_in_use,
-                violations: r.violations,
-                first_violation: text,
-            };
-            Ok(())
-        },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            t.num("violations", unsafe { (*out).violations });
-        },
-    )
-}
-
-/// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
-/// here (release, aborted finish, aligned-reuse release). Either may be NULL. They run on the
-/// calling thread while the handle is locked; as for skv_pool_ops, a libskv call taking a
-/// handle (any handle) made from inside one returns SKV_ERR_STATE, and skv_cache_free does
-/// nothing.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-pub struct skv_engine_hooks {
-    /// sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
-    /// to 3). Accepted from 24 up; see "Versioned structs" at the top of this header.
-    pub struct_size: u32,
-    /// Drop the prefix-tree lock a session inherited from its first request.
-    pub dec_lock_ref: skv_dec_lock_ref_fn,
-    /// Free one engine auxiliary-state handle: once per handle that is not -1, in the order
-    /// `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
-    pub free_aux: skv_free_aux_fn,
-}
-
-/// Every published sizeof(skv_engine_hooks) (`read_versioned`).
-pub(crate) const HOOKS_SIZES: [u32; 1] = [24];
-const _: () = assert!(std::mem::size_of::<skv_engine_hooks>() as u32 == HOOKS_SIZES[0]);
-
-struct Hooks {
-    hooks: skv_engine_hooks,
-    user_data: *mut c_void,
-}
-
-// SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
-// whichever thread calls libskv; the handle's lock keeps the calls one at a time.
-unsafe impl Send for Hooks {}
-
-fn rc(code: c_int) -> Result<(), i32> {
-    if code == 0 {
-        Ok(())
-    } else {
-        Err(code)
-    }
-}
-
-impl EngineHooks for Hooks {
-    fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
-        let _scope = CallbackScope::enter();
-        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
-        self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
-    }
-
-    fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
-        let _scope = CallbackScope::enter();
-        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
-        self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
-    }
-}
-
-/// Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
-/// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
-/// them).
-///
-/// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
-/// they are installed.
-///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
-#[no_mangle]
-pub unsafe extern "C" fn skv_cache_set_hooks(
-    c: *mut skv_cache,
-    hooks: *const skv_engine_hooks,
-    user_data: *mut c_void,
-) -> skv_status {
-    traced(
-        c,
-        this_export!(),
-        |t| {
-            // SAFETY: NULL or a struct of struct_size bytes by the call's contract; read as
-            // the body reads it.
-            match (!hooks.is_null()).then(|| unsafe { super::read_versioned(hooks, &HOOKS_SIZES, "hooks") }) {
-                None => {
-                    t.num("hooks", 0);
-                }
-                Some(Err(_)) => {
-                    t.text("hooks", "invalid");
-                }
-                Some(Ok(h)) => {
-                    t.num("hooks", 1);
-                    t.num("dec_lock_ref", h.dec_lock_ref.is_some() as u8);
-                    t.num("free_aux", h.free_aux.is_some() as u8);
-                }
-            }
-        },
-        // SAFETY: c is NULL or a live handle and hooks NULL or a struct of struct_size bytes (the
-        // contract above); lock refuses NULL and hooks is read only when not NULL.
-        || unsafe {
-            let mut c = lock(c)?;
-            c.require_owned()?;
-            let hooks = match hooks.is_null() {
-                true => None,
-                false => {
-                    let hooks = super::read_versioned(hooks, &HOOKS_SIZES, "hooks")?;
-                    Some(Box::new(Hooks { hooks, user_data }) as Box<dyn EngineHooks>)
-                }
-            };
-            c.set_hooks(hooks)
-        },
-        |_| {},
-    )
-}
-
-/// FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
-/// counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
-/// *needed receives the number of page ids, also when it exceeds cap (or INT32_MAX): then
-/// SKV_ERR_INVALID_ARG and nothing else is written. This is the one failure that writes an
-/// out-parameter; every other failure leaves *needed alone.
-///
-/// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
-///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn skv_build_flashinfer(
-    c: *const skv_cache,
-    rows: *const i32,
-    n: usize,
-    kv_indptr: *mut i32,
-    kv_indices: *mut i32,
-    kv_last_page_len: *mut i32,
-    cap: usize,
-    needed: *mut usize,
-) -> skv_status {
-    // SAFETY: this call's contract is flashinfer_of's.
-    unsafe { flashinfer_of(this_export!(), c, rows, n, false, kv_indptr, kv_indices, kv_last_page_len, cap, needed) }
-}
-
-/// skv_build_flashinfer for the sliding-window layers: the same kv_indptr and
-/// kv_last_page_len, and in kv_indices the SWA pool's page id of each page (0, the padding
-/// page, where the window has passed: a sliding-window kernel never reads it).
-/// SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
-///
-/// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
-///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
-#[no_mangle]
-#[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn skv_build_flashinfer_swa(
-    c: *const skv_cache,
-    rows: *const i32,
-    n: usize,
-    kv_indptr: *mut i32,
-    kv_indices: *mut i32,
-    kv_last_page_len: *mut i32,
-    cap: usize,
-    needed: *mut usize,
-) -> skv_status {
-    // SAFETY: this call's contract is flashinfer_of's.
-    unsafe { flashinfer_of(this_export!(), c, rows, n, true, kv_indptr, kv_indices, kv_last_page_len, cap, needed) }
-}
-
-/// skv_build_flashinfer (`swa` false) and skv_build_flashinfer_swa.
-///
-/// # Safety
-/// `c` must be NULL or a live handle, `rows` NULL or n values, `kv_indptr` NULL or n+1,
-/// `kv_indices` NULL or cap, `kv_last_page_len` NULL or n, `needed` NULL or valid.
-#[allow(clippy::too_many_arguments)]
-unsafe fn flashinfer_of(
-    function: ExportName,
-    c: *const skv_cache,
-    rows: *const i32,
-    n: usize,
-    swa: bool,
-    kv_indptr: *mut i32,
-    kv_indices: *mut i32,
-    kv_last_page_len: *mut i32,
-    cap: usize,
-    needed: *mut usize,
-) -> skv_status {
-    traced(
-        c,
-        function,
-        |t| {
-            t.list("rows", rows, n).num("cap", cap as u64);
-        },
-        // SAFETY: c is NULL or a live handle, rows NULL or n values, kv_indptr n+1, kv_indices cap,
-        // kv_last_page_len n, needed NULL or valid (the contract above); nonnull, out_mut, lock,
-        // slice and slice_mut refuse NULL with a length.
-        || unsafe {
-            nonnull(rows, n, "rows")?;
-            nonnull(kv_indptr, 1, "kv_indptr")?;
-            nonnull(kv_indices, cap, "kv_indices")?;
-            nonnull(kv_last_page_len, n, "kv_last_page_len")?;
-            disjoint(&[
-                Span::of(rows, n, "rows"),
-                Span::of(kv_indptr, n.saturating_add(1), "kv_indptr"),
-                Span::of(kv_indices, cap, "kv_indices"),
-                Span::of(kv_last_page_len, n, "kv_last_page_len"),
-                Span::of(needed, 1, "needed"),
-            ])?;
-            let needed = out_mut(needed, "needed")?;
-            let c = lock(c)?;
-            c.require_owned()?;
-            let rows = slice(rows, n, "rows")?;
-            let Some(n_ptr) = n.checked_add(1) else { return Err(Error::InvalidArg(format!("n {n} out of range"))) };
-            let indptr = slice_mut(kv_indptr, n_ptr, "kv_indptr")?;
-            let indices = slice_mut(kv_indices, cap, "kv_indices")?;
-            let last = slice_mut(kv_last_page_len, n, "kv_last_page_len")?;
-            let total = c.flashinfer_len(rows, swa)?;
-            *needed = total;
-            if total > cap || total > i32::MAX as usize {
-                return Err(Error::InvalidArg(format!("the rows need {total} page ids, cap is {cap}")));
-            }
-            c.flashinfer_fill(rows, swa, indptr, &mut indices[..total], last);
-            Ok(())
-        },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            let total = unsafe { *needed };
-            t.num("needed", total as u64).list("kv_indptr", kv_indptr.cast_const(), n + 1);
-            t.list("kv_indices", kv_indices.cast_const(), total).list(
-                "kv_last_page_len",
-                kv_last_page_len.cast_const(),
-                n,
-            );
         },
     )
 }

@@ -1,7 +1,7 @@
 //! Scheduler queries: what a session holds, the idle sessions in least-recently-used order,
 //! and (owned mode) what admitting a request would take. They change nothing.
 
-use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced, ExportName};
+use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced};
 use crate::core::{Admission, Usage};
 
 /// What a session's slots (all its branches, or one) hold.
@@ -77,7 +77,7 @@ impl From<Admission> for skv_admission {
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_usage(c: *const skv_cache, session_id: u64, out: *mut skv_usage) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { usage(c, this_export!(), session_id, None, out) }
+    export!(skv_session_usage, |name| unsafe { usage(c, name, session_id, None, out) })
 }
 
 /// skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
@@ -93,7 +93,7 @@ pub unsafe extern "C" fn skv_branch_usage(
     out: *mut skv_usage,
 ) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    unsafe { usage(c, this_export!(), session_id, Some(branch_id), out) }
+    export!(skv_branch_usage, |name| unsafe { usage(c, name, session_id, Some(branch_id), out) })
 }
 
 /// The usage queries' one body: every branch of the session, or one.
@@ -102,7 +102,7 @@ pub unsafe extern "C" fn skv_branch_usage(
 /// `c` and `out` must be NULL or valid.
 unsafe fn usage(
     c: *const skv_cache,
-    function: ExportName,
+    function: &'static str,
     session_id: u64,
     branch_id: Option<u64>,
     out: *mut skv_usage,
@@ -149,9 +149,9 @@ pub unsafe extern "C" fn skv_idle_sessions(
     count: *mut usize,
 ) -> skv_status {
     let written = std::cell::Cell::new(0usize);
-    traced(
+    export!(
+        skv_idle_sessions,
         c,
-        this_export!(),
         |t| {
             t.num("cap", cap as u64);
         },
@@ -202,9 +202,9 @@ pub unsafe extern "C" fn skv_admission_pages(
     total_len: u32,
     out: *mut skv_admission,
 ) -> skv_status {
-    traced(
+    export!(
+        skv_admission_pages,
         c,
-        this_export!(),
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id);
             t.num("key_len", key_len).num("total_len", total_len);

@@ -57,7 +57,7 @@ mod tests {
     #[test]
     #[ignore = "run by only_libskv_panics_are_quiet in a child process"]
     fn quiet_hook_child() {
-        use crate::capi::{guard, skv_cache_config, skv_cache_free, skv_cache_new, skv_status};
+        use crate::capi::{skv_cache_config, skv_cache_free, skv_cache_new, skv_status};
         // The host's own hook, installed before libskv's.
         std::panic::set_hook(Box::new(|info| {
             let text = info.payload().downcast_ref::<&str>().copied().unwrap_or("?");
@@ -76,12 +76,12 @@ mod tests {
         // SAFETY: valid pointers; the handle is freed below.
         assert_eq!(unsafe { skv_cache_new(&cfg, &mut c) }, skv_status::SKV_OK);
         fn skv_probe() -> skv_status {
-            guard(this_export!(), || panic!("inside a libskv call"))
+            export!(skv_probe, || panic!("inside a libskv call"))
         }
         assert_eq!(skv_probe(), skv_status::SKV_ERR_INTERNAL);
         // An engine callback (Rust) panicking inside a libskv call: the host's panic.
         fn skv_probe_callback() -> skv_status {
-            guard(this_export!(), || {
+            export!(skv_probe_callback, || {
                 let _scope = crate::capi::CallbackScope::enter();
                 let _ = std::panic::catch_unwind(|| panic!("inside an engine callback"));
                 Ok(())

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::{guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status, ExportName};
+use super::{guard, in_callback, set_last_error, skv_cache, skv_held, skv_match, skv_req, skv_status};
 use crate::core::{Cache, Error, Result};
 
 /// Where a handle's trace goes; `None` when it is not traced.
@@ -224,7 +224,7 @@ impl Line {
 #[inline]
 pub(crate) fn traced(
     c: *const skv_cache,
-    function: ExportName,
+    function: &'static str,
     args: impl FnOnce(&mut Line),
     body: impl FnOnce() -> Result<()>,
     results: impl FnOnce(&mut Line),
@@ -243,7 +243,7 @@ pub(crate) fn traced(
 #[inline(never)]
 fn traced_call(
     handle: &skv_cache,
-    function: ExportName,
+    function: &'static str,
     args: impl FnOnce(&mut Line),
     body: impl FnOnce() -> Result<()>,
     results: impl FnOnce(&mut Line),
@@ -253,7 +253,7 @@ fn traced_call(
             // The trace lock is held across the call, so lines appear in the order calls ran.
             // A panic while formatting a line leaves the file as it was: a poisoned lock is fine.
             let mut file = handle.trace.file.lock().unwrap_or_else(|p| p.into_inner());
-            let mut line = Line(format!("{{\"h\":{},\"fn\":\"{}\"", handle.id, function.get()));
+            let mut line = Line(format!("{{\"h\":{},\"fn\":\"{}\"", handle.id, function));
             args(&mut line);
             let status = guard(function, body);
             line.text("status", status.name());
@@ -272,7 +272,7 @@ fn traced_call(
         }))
     });
     outcome.unwrap_or_else(|_| {
-        set_last_error(function.get(), "internal error (a libskv bug): tracing the call panicked");
+        set_last_error(function, "internal error (a libskv bug): tracing the call panicked");
         skv_status::SKV_ERR_INTERNAL
     })
 }
@@ -302,13 +302,13 @@ mod tests {
             assert_eq!(skv_cache_new(&cfg, &mut c), skv_status::SKV_OK);
             assert_eq!(skv_cache_set_trace(c, cpath.as_ptr()), skv_status::SKV_OK);
             fn probe_args(c: *mut skv_cache) -> skv_status {
-                traced(c, this_export!(), |_| panic!("args"), || Ok(()), |_| {})
+                export!(probe_args, c, |_| panic!("args"), || Ok(()), |_| {})
             }
             fn probe_results(c: *mut skv_cache) -> skv_status {
-                traced(c, this_export!(), |_| {}, || Ok(()), |_| panic!("results"))
+                export!(probe_results, c, |_| {}, || Ok(()), |_| panic!("results"))
             }
             fn probe_after(c: *mut skv_cache) -> skv_status {
-                traced(c, this_export!(), |_| {}, || Ok(()), |_| {})
+                export!(probe_after, c, |_| {}, || Ok(()), |_| {})
             }
             let s = probe_args(c);
             assert_eq!(s, skv_status::SKV_ERR_INTERNAL);

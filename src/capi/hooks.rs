@@ -1,0 +1,112 @@
+//! Owned mode's engine hooks: where a released session's prefix-tree lock and aux state go.
+
+use std::ffi::{c_int, c_void};
+
+use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
+use super::{lock, skv_cache, skv_status, CallbackScope};
+use crate::core::{EngineHooks, Result};
+
+/// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
+/// here (release, aborted finish, aligned-reuse release). Either may be NULL. They run on the
+/// calling thread while the handle is locked; as for skv_pool_ops, a libskv call taking a
+/// handle (any handle) made from inside one returns SKV_ERR_STATE, and skv_cache_free does
+/// nothing.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct skv_engine_hooks {
+    /// sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
+    /// to 3). Accepted from 24 up; see "Versioned structs" at the top of this header.
+    pub struct_size: u32,
+    /// Drop the prefix-tree lock a session inherited from its first request.
+    pub dec_lock_ref: skv_dec_lock_ref_fn,
+    /// Free one engine auxiliary-state handle: once per handle that is not -1, in the order
+    /// `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
+    pub free_aux: skv_free_aux_fn,
+}
+
+/// Every published sizeof(skv_engine_hooks) (`read_versioned`).
+pub(crate) const HOOKS_SIZES: [u32; 1] = [24];
+const _: () = assert!(std::mem::size_of::<skv_engine_hooks>() as u32 == HOOKS_SIZES[0]);
+
+struct Hooks {
+    hooks: skv_engine_hooks,
+    user_data: *mut c_void,
+}
+
+// SAFETY: the engine promises its callbacks (and user_data, which only they use) may run on
+// whichever thread calls libskv; the handle's lock keeps the calls one at a time.
+unsafe impl Send for Hooks {}
+
+fn rc(code: c_int) -> Result<(), i32> {
+    if code == 0 {
+        Ok(())
+    } else {
+        Err(code)
+    }
+}
+
+impl EngineHooks for Hooks {
+    fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> Result<(), i32> {
+        let _scope = CallbackScope::enter();
+        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
+        self.hooks.dec_lock_ref.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, node, receipt) }))
+    }
+
+    fn free_aux(&mut self, aux: i64) -> Result<(), i32> {
+        let _scope = CallbackScope::enter();
+        // SAFETY: the engine's callback, callable while installed (skv_cache_set_hooks).
+        self.hooks.free_aux.map_or(Ok(()), |f| rc(unsafe { f(self.user_data, aux) }))
+    }
+}
+
+/// Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
+/// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
+/// them).
+///
+/// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
+/// they are installed.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_set_hooks(
+    c: *mut skv_cache,
+    hooks: *const skv_engine_hooks,
+    user_data: *mut c_void,
+) -> skv_status {
+    export!(
+        skv_cache_set_hooks,
+        c,
+        |t| {
+            // SAFETY: NULL or a struct of struct_size bytes by the call's contract; read as
+            // the body reads it.
+            match (!hooks.is_null()).then(|| unsafe { super::read_versioned(hooks, &HOOKS_SIZES, "hooks") }) {
+                None => {
+                    t.num("hooks", 0);
+                }
+                Some(Err(_)) => {
+                    t.text("hooks", "invalid");
+                }
+                Some(Ok(h)) => {
+                    t.num("hooks", 1);
+                    t.num("dec_lock_ref", h.dec_lock_ref.is_some() as u8);
+                    t.num("free_aux", h.free_aux.is_some() as u8);
+                }
+            }
+        },
+        // SAFETY: c is NULL or a live handle and hooks NULL or a struct of struct_size bytes (the
+        // contract above); lock refuses NULL and hooks is read only when not NULL.
+        || unsafe {
+            let mut c = lock(c)?;
+            c.require_owned()?;
+            let hooks = match hooks.is_null() {
+                true => None,
+                false => {
+                    let hooks = super::read_versioned(hooks, &HOOKS_SIZES, "hooks")?;
+                    Some(Box::new(Hooks { hooks, user_data }) as Box<dyn EngineHooks>)
+                }
+            };
+            c.set_hooks(hooks)
+        },
+        |_| {},
+    )
+}
