@@ -284,7 +284,7 @@ impl<'ast> Visit<'ast> for Scan<'_> {
         }
     }
 
-    // A nested item is its own function (`this_export!`'s `here`), never called by name here.
+    // A nested item is its own function, never called by name here.
     fn visit_item(&mut self, _: &'ast syn::Item) {}
 }
 

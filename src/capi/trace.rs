@@ -61,7 +61,7 @@ impl TraceFile {
 /// The line a trace of handle `id` begins with: its mode and config.
 pub(crate) fn opening_line(id: u64, cache: &Cache) -> String {
     let cfg = cache.config();
-    let mode = if cache.require_owned().is_ok() { "owned" } else { "external" };
+    let mode = if cache.is_owned() { "owned" } else { "external" };
     format!(
         "{{\"h\":{id},\"fn\":\"trace_start\",\"mode\":\"{mode}\",\"page_size\":{},\"num_token_slots\":{},\
          \"num_rows\":{},\"max_context_len\":{},\"aligned_reuse\":{},\"swa_num_token_slots\":{},\"version\":\"{}\"}}\n",

@@ -41,6 +41,11 @@ impl Cache {
         self.owned_pool().map(|_| ())
     }
 
+    /// Whether libskv owns the pools (owned mode).
+    pub fn is_owned(&self) -> bool {
+        matches!(self.pool, Backend::Owned(_))
+    }
+
     #[inline]
     pub(super) fn owned_pool(&self) -> Result<&OwnedPool> {
         self.pool.owned().ok_or_else(external_mode)
