@@ -191,7 +191,9 @@ fn source_files() -> Vec<(String, String)> {
         let mut paths: Vec<_> = std::fs::read_dir(root.join(dir))
             .unwrap_or_else(|e| panic!("{dir}: {e}"))
             .map(|e| e.unwrap().path())
+            // tests.rs and test_*.rs hold the unit tests and their helpers (cfg(test) modules).
             .filter(|p| p.extension().is_some_and(|x| x == "rs") && !p.ends_with("tests.rs"))
+            .filter(|p| !p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("test_")))
             .collect();
         paths.sort();
         for p in paths {
