@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::cache::{skv_dec_lock_ref_fn, skv_free_aux_fn};
+use super::external::{skv_dec_lock_ref_fn, skv_free_aux_fn};
 use super::{lock, skv_cache, skv_status, CallbackScope};
 use crate::core::{EngineHooks, Result};
 

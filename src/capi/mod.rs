@@ -43,6 +43,8 @@ mod status;
 
 mod cache;
 
+mod external;
+
 mod req;
 
 mod session;
@@ -76,6 +78,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub use api::*;
 pub use cache::*;
 pub use device::*;
+pub use external::*;
 pub use flashinfer::*;
 pub(crate) use handle_lock::{HandleGuard, HandleLock};
 pub use hooks::*;
