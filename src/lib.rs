@@ -15,5 +15,7 @@
 mod capi;
 pub mod core;
 mod device;
+#[cfg(feature = "events")]
+pub mod events;
 
 pub use capi::*;
