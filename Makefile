@@ -7,7 +7,7 @@ GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 # ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
 GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
-.PHONY: all build deps test test-rust test-c test-integration doc-check sim fuzz bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-events test-c test-integration doc-check sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -16,7 +16,7 @@ build:
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
 # AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
-test: deps test-rust test-c test-integration
+test: deps test-rust test-events test-c test-integration
 
 # cmake, pkg-config and valgrind (apt-get as root when missing).
 deps:
@@ -26,6 +26,12 @@ test-rust: | deps
 	$(CARGO) test
 	$(CARGO) test --benches
 	$(CARGO) test -p skv --features cuda --test device -- --nocapture
+
+# KV events (--features events) decoded and indexed by Dynamo's router, dynamo-kv-router (a
+# dev-dependency; its first build takes a few minutes); the events bench's smoke run.
+test-events:
+	$(CARGO) test --features events --test events_dynamo
+	$(CARGO) test --features events --bench events
 
 test-c: build | deps
 	ctests/run.sh target/release
@@ -50,7 +56,8 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
-	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps
+	$(CARGO) clippy -p skv --all-targets --features events -- -D warnings
+	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --features skv/events
 	python3 scripts/check_modules.py src
 
 sim:
