@@ -2,71 +2,9 @@
 //! and (owned mode) what admitting a request would take. They change nothing.
 
 use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced};
-use crate::core::{Admission, Usage};
 
-/// What a session's slots (all its branches, or one) hold.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct skv_usage {
-    /// Slots counted (branches; 0 when the session has none).
-    pub slots: u64,
-    /// Of those, in flight (restored into a running request).
-    pub in_flight: u64,
-    /// Tokens the slots' rows map: owned mode, each row's mapped length (a running request's
-    /// extension included); external mode, each slot's record (an in-flight slot's as its
-    /// match left it: the running request's extension is in its own req).
-    pub allocated_tokens: u64,
-    /// Tokens whose KV is final, as the slots record them.
-    pub committed_tokens: u64,
-    /// Tokens of the engine's prefix tree (cache_protected_len): never freed by libskv.
-    pub protected_tokens: u64,
-    /// Pages the rows map: the sum of ceil(allocated / page_size).
-    pub pages: u64,
-    /// Pages releasing the slots would free: pages minus protected / page_size each.
-    pub freeable_pages: u64,
-}
-
-impl From<Usage> for skv_usage {
-    fn from(u: Usage) -> skv_usage {
-        skv_usage {
-            slots: u.slots,
-            in_flight: u.in_flight,
-            allocated_tokens: u.allocated_tokens,
-            committed_tokens: u.committed_tokens,
-            protected_tokens: u.protected_tokens,
-            pages: u.pages,
-            freeable_pages: u.freeable_pages,
-        }
-    }
-}
-
-/// What admitting a request would take from owned mode's pool (skv_admission_pages).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct skv_admission {
-    /// 1: skv_match_prefix would hit (and the request needs no new row).
-    pub hit: u32,
-    /// Tokens the hit would reuse (0 on a miss).
-    pub prefix_len: u32,
-    /// Pages skv_alloc_extend would take from the free list to grow the request from
-    /// prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
-    /// prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
-    pub pages_needed: u64,
-    /// Pages the match itself would free first: a tail past the reused prefix, or the whole
-    /// slot past its protected prefix when SKV_FLAG_ALIGNED_REUSE drops it.
-    pub pages_freed: u64,
-}
-
-impl From<Admission> for skv_admission {
-    fn from(a: Admission) -> skv_admission {
-        skv_admission {
-            hit: a.hit as u32,
-            prefix_len: a.prefix_len,
-            pages_needed: a.pages_needed,
-            pages_freed: a.pages_freed,
-        }
-    }
-}
+/// The Rust names of the C records (one definition each, in `core`).
+pub use crate::core::{Admission as skv_admission, Usage as skv_usage};
 
 /// What every slot of session_id holds, in flight or idle (docs/operations.md). A session
 /// without slots gives all zeros. Both modes.
@@ -75,7 +13,11 @@ impl From<Admission> for skv_admission {
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
-pub unsafe extern "C" fn skv_session_usage(c: *const skv_cache, session_id: u64, out: *mut skv_usage) -> skv_status {
+pub unsafe extern "C" fn skv_session_usage(
+    c: *const skv_cache,
+    session_id: u64,
+    out: *mut crate::core::Usage,
+) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_session_usage, |name| unsafe { usage(c, name, session_id, None, out) })
 }
@@ -90,7 +32,7 @@ pub unsafe extern "C" fn skv_branch_usage(
     c: *const skv_cache,
     session_id: u64,
     branch_id: u64,
-    out: *mut skv_usage,
+    out: *mut crate::core::Usage,
 ) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_branch_usage, |name| unsafe { usage(c, name, session_id, Some(branch_id), out) })
@@ -105,7 +47,7 @@ unsafe fn usage(
     function: &'static str,
     session_id: u64,
     branch_id: Option<u64>,
-    out: *mut skv_usage,
+    out: *mut crate::core::Usage,
 ) -> skv_status {
     traced(
         c,
@@ -119,7 +61,7 @@ unsafe fn usage(
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
             let out = out_mut(out, "out")?;
-            *out = lock(c)?.usage(session_id, branch_id).into();
+            *out = lock(c)?.usage(session_id, branch_id);
             Ok(())
         },
         |t| {
@@ -200,7 +142,7 @@ pub unsafe extern "C" fn skv_admission_pages(
     branch_id: u64,
     key_len: u32,
     total_len: u32,
-    out: *mut skv_admission,
+    out: *mut crate::core::Admission,
 ) -> skv_status {
     export!(
         skv_admission_pages,
@@ -212,7 +154,7 @@ pub unsafe extern "C" fn skv_admission_pages(
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
             let out = out_mut(out, "out")?;
-            *out = lock(c)?.admission(session_id, branch_id, key_len, total_len)?.into();
+            *out = lock(c)?.admission(session_id, branch_id, key_len, total_len)?;
             Ok(())
         },
         |t| {

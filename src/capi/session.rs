@@ -2,58 +2,10 @@
 
 use super::req::{on_req, req_export};
 use super::{aligned, arg, disjoint, lock, out_mut, skv_cache, skv_req, skv_status, slice, Span};
-use crate::core::{Error, Held, Match, Req, Window};
+use crate::core::{Error, Req, Window};
 
-/// The result of skv_match_prefix.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct skv_match {
-    /// 1: the session slot was restored into the req.
-    pub hit: u32,
-    /// Reusable prefix length in tokens (0 when hit == 0).
-    pub prefix_len: u32,
-}
-
-impl From<Match> for skv_match {
-    fn from(m: Match) -> skv_match {
-        skv_match { hit: m.hit as u32, prefix_len: m.prefix_len }
-    }
-}
-
-/// What idle session slots hold, for the engine's memory accounting.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct skv_held {
-    /// Sum over idle slots of ceil_align(allocated) - protected.
-    pub full_tokens: u64,
-    /// Sum over idle slots of ceil_align(allocated) - protected - max(0, swa_evicted_seqlen -
-    /// swa_dead_lo): what the window freed lies in [swa_dead_lo, swa_evicted_seqlen) only
-    /// (docs/hybrid.md).
-    pub swa_tokens: u64,
-    /// Idle slots holding a row.
-    pub rows: u64,
-    /// Idle slots holding aux_state != -1.
-    pub aux_states: u64,
-    /// (session, branch) slots, idle or not.
-    pub sessions: u64,
-    /// Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
-    /// not -1 (sglang's session_held_mamba_slots; docs/recurrent-state.md). The last field:
-    /// the ones before it keep their offsets.
-    pub aux_handles: u64,
-}
-
-impl From<Held> for skv_held {
-    fn from(h: Held) -> skv_held {
-        skv_held {
-            full_tokens: h.full_tokens,
-            swa_tokens: h.swa_tokens,
-            rows: h.rows,
-            aux_states: h.aux_states,
-            sessions: h.sessions,
-            aux_handles: h.aux_handles,
-        }
-    }
-}
+/// The Rust names of the C records (one definition each, in `core`).
+pub use crate::core::{Held as skv_held, Match as skv_match};
 
 /// Restores a session's slot into `req` for its next turn (docs/operations.md).
 /// `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
@@ -73,7 +25,7 @@ pub unsafe extern "C" fn skv_match_prefix(
     req: *mut skv_req,
     key_len: u32,
     pre_aborted: u32,
-    out: *mut skv_match,
+    out: *mut crate::core::Match,
 ) -> skv_status {
     export!(
         skv_match_prefix,
@@ -87,12 +39,7 @@ pub unsafe extern "C" fn skv_match_prefix(
         || unsafe {
             disjoint(&[Span::of(req, 1, "req"), Span::of(out, 1, "out")])?;
             let out = out_mut(out, "out")?;
-            on_req(
-                c,
-                req,
-                |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0),
-                |m| *out = m.into(),
-            )
+            on_req(c, req, |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0), |m| *out = m)
         },
         |t| {
             t.req("req_out", req).matched("out", out);
@@ -338,7 +285,7 @@ pub unsafe extern "C" fn skv_session_held(
     c: *const skv_cache,
     active_rows: *const i32,
     n_active: usize,
-    out: *mut skv_held,
+    out: *mut crate::core::Held,
 ) -> skv_status {
     export!(
         skv_session_held,
@@ -352,7 +299,7 @@ pub unsafe extern "C" fn skv_session_held(
             disjoint(&[Span::of(active_rows, n_active, "active_rows"), Span::of(out, 1, "out")])?;
             let active = slice(active_rows, n_active, "active_rows")?;
             let out = out_mut(out, "out")?;
-            *out = lock(c)?.session_held(active)?.into();
+            *out = lock(c)?.session_held(active)?;
             Ok(())
         },
         |t| {

@@ -1,30 +1,33 @@
 //! `skv_cache_check`: proves the owned pool's invariants, linear in pages plus the rows'
 //! page entries.
 
+use std::ffi::c_char;
+
 use super::alloc::PageAllocator;
 use super::cache::Cache;
 use super::error::{try_vec, Result};
 use super::owned::{OwnedPool, SwaSide};
 use super::page::pages_for;
+use super::records::Report;
 use super::req::swa_dead;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Report {
-    pub pages_free: u64,
-    pub pages_in_rows: u64,
-    pub pages_engine_held: u64,
-    pub swa_pages_free: u64,
-    pub swa_pages_in_use: u64,
-    pub violations: u64,
-    pub first_violation: String,
-}
-
 impl Report {
+    /// Counts a violation; the first one's text goes into `first_violation`, cut to 255 bytes
+    /// and NUL-terminated (the rest of the array stays 0).
     fn violation(&mut self, what: impl FnOnce() -> String) {
         if self.violations == 0 {
-            self.first_violation = what();
+            let text = what();
+            for (t, b) in self.first_violation.iter_mut().zip(text.bytes().take(255)) {
+                *t = b as c_char;
+            }
         }
         self.violations += 1;
+    }
+
+    /// `first_violation` as text, up to its NUL ("" when there is none).
+    pub fn first_violation_text(&self) -> String {
+        let bytes: Vec<u8> = self.first_violation.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 

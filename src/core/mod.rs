@@ -1,7 +1,9 @@
-//! The model: streaming-session KV management in safe Rust, with no C types. A newcomer
-//! reads it in this order: `page` (arithmetic), `req` (what an engine hands us), `slots`
-//! (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` + `session` and
-//! `session_checks` (the operations), `queries` (what a scheduler asks), `swa` (the
+//! The model: streaming-session KV management in safe Rust. Its only C-shaped items are the
+//! `#[repr(C)]` records it answers with (`records`), which the C ABI hands out as they are.
+//! A newcomer reads it in this order: `page` (arithmetic), `req` (what an engine hands us),
+//! `slots` (what a session keeps), `pool` (what the logic asks of a KV pool), `cache` +
+//! `session` and `session_checks` (the operations), `queries` (what a scheduler asks),
+//! `records` (what the answers look like), `swa` (the
 //! sliding-window step), then owned mode: `alloc`, `swa_alloc` and `page_list` (the pools'
 //! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
@@ -21,6 +23,7 @@ mod page;
 mod page_list;
 mod pool;
 mod queries;
+mod records;
 mod req;
 mod row_meta;
 mod session;
@@ -32,17 +35,14 @@ mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
 
-pub use audit::Report;
 pub use cache::{Backend, Cache};
 pub use error::{Error, Result};
 pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
-pub use owned_ops::Stats;
 pub use page::{ceil_align, floor_align, pages_for};
 pub use pool::{split, Effect, Pool, Pools, Segment};
-pub use queries::{Admission, Usage};
+pub use records::{Admission, Held, Match, Report, Stats, Usage};
 pub use req::{swa_dead, swa_dead_lo, Config, Req};
-pub use session::{Held, Match};
 pub use slots::Slot;
 pub use swa::Window;
 

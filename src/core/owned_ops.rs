@@ -8,30 +8,11 @@ use super::mirror::Dirty;
 use super::owned::{EngineHooks, OwnedPool, SwaSide};
 use super::page::{pages_for, token_slot};
 use super::pool::Effect;
+use super::records::Stats;
 use super::req::{keep_protected, swa_dead, Req};
 
 fn external_mode() -> Error {
     Error::Unsupported("not available in external mode (the engine owns the pools)".into())
-}
-
-/// Pool occupancy, as `skv_cache_stats` reports it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Stats {
-    pub total_pages: u64,
-    pub free_pages: u64,
-    pub used_pages: u64,
-    pub total_rows: u32,
-    pub free_rows: u32,
-    pub sessions: u64,
-    pub trimmed_tokens: u64,
-    pub tail_freed_tokens: u64,
-    /// The SWA pool's pages (page 0 included), free pages and pages in use; 0 without one.
-    pub swa_total_pages: u64,
-    pub swa_free_pages: u64,
-    pub swa_used_pages: u64,
-    /// Finishes (not aborted) whose target lay past what was committed
-    /// (`Cache::finishes_past_committed`).
-    pub finishes_past_committed: u64,
 }
 
 impl Cache {

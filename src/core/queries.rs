@@ -5,34 +5,8 @@
 use super::cache::Cache;
 use super::error::{bail, Result};
 use super::page::pages_for;
+use super::records::{Admission, Usage};
 use super::slots::Slot;
-
-/// What a set of session slots holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    pub slots: u64,
-    pub in_flight: u64,
-    pub allocated_tokens: u64,
-    pub committed_tokens: u64,
-    pub protected_tokens: u64,
-    /// Pages the slots' rows map.
-    pub pages: u64,
-    /// Pages releasing the slots would free (those past each protected prefix).
-    pub freeable_pages: u64,
-}
-
-/// What admitting a request of `total_len` tokens after a match would take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Admission {
-    /// The match would hit.
-    pub hit: bool,
-    /// Tokens it would reuse (0 on a miss).
-    pub prefix_len: u32,
-    /// Pages growing the row from `prefix_len` to `total_len` would take from the free list.
-    pub pages_needed: u64,
-    /// Pages the match itself would free first (a stale tail, or a slot dropped by aligned reuse).
-    pub pages_freed: u64,
-}
 
 impl Cache {
     /// What `(session, branch)` holds (`branch` None: every branch of the session).
@@ -111,12 +85,7 @@ impl Cache {
             }),
             Some(prefix_len) => {
                 let kept = pages_for(prefix_len, ps) as u64;
-                Ok(Admission {
-                    hit: true,
-                    prefix_len,
-                    pages_needed: whole - kept,
-                    pages_freed: held.saturating_sub(kept),
-                })
+                Ok(Admission { hit: 1, prefix_len, pages_needed: whole - kept, pages_freed: held.saturating_sub(kept) })
             }
         }
     }

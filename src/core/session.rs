@@ -5,32 +5,12 @@
 use super::cache::{free_aligned_effect, push_release, Backend, Cache};
 use super::error::{bail, Result};
 use super::page::{ceil_align, floor_align};
+use super::records::{Held, Match};
 use super::req::{keep_protected, swa_dead, swa_dead_lo, Req};
 use super::session_checks::{check_claim, check_unrun};
 use super::slots::Slot;
 
-/// The result of `match_prefix`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Match {
-    /// The session slot was restored into the req.
-    pub hit: bool,
-    /// Reusable prefix length in tokens (0 on a miss).
-    pub prefix_len: u32,
-}
-
-/// What idle session slots hold, for the engine's memory accounting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Held {
-    pub full_tokens: u64,
-    pub swa_tokens: u64,
-    pub rows: u64,
-    pub aux_states: u64,
-    pub sessions: u64,
-    /// Recurrent-state handles (`aux` and each track entry) that are not -1.
-    pub aux_handles: u64,
-}
-
-const MISS: Match = Match { hit: false, prefix_len: 0 };
+const MISS: Match = Match { hit: 0, prefix_len: 0 };
 
 impl Cache {
     /// `free_aligned(row, target, end)`: the page-safe tail free.
@@ -140,7 +120,7 @@ impl Cache {
             (s.committed, s.allocated, s.swa, s.in_flight) = (r.committed, r.allocated, r.swa, true);
             c.sync_idle(row);
         })?;
-        Ok(Match { hit: true, prefix_len })
+        Ok(Match { hit: 1, prefix_len })
     }
 
     /// The prefix a match of `slot` with `key_len` reuses; `None` when aligned reuse finds

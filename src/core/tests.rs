@@ -158,7 +158,7 @@ fn golden_5_pre_abort() {
     let before = *c.slots().find(1, 0).unwrap().1;
     let mut r = Req::default();
     let m = c.match_prefix(1, 0, &mut r, 64, true).unwrap();
-    assert_eq!(m, Match { hit: false, prefix_len: 0 });
+    assert_eq!(m, Match { hit: 0, prefix_len: 0 });
     assert_eq!(*c.slots().find(1, 0).unwrap().1, before);
     assert_eq!(r, Req::default());
 }
@@ -191,7 +191,7 @@ fn match_restores_and_frees_the_tail() {
     assert_eq!(log(&mut c), Vec::<String>::new(), "14..16 lies in the page holding token 13");
     let mut next = Req { origin_input_len: 20, ..Req::default() };
     let m = c.match_prefix(1, 0, &mut next, 10, false).unwrap();
-    assert_eq!(m, Match { hit: true, prefix_len: 10 });
+    assert_eq!(m, Match { hit: 1, prefix_len: 10 });
     assert_eq!(log(&mut c), ["free_kv 268..270"], "positions 12..14 go; 10..12 share a page with 9");
     assert_eq!((next.row, next.committed, next.allocated), (2, 10, 10));
     assert_eq!((next.lock_node, next.lock_receipt, next.aux), (9, 3, 5));
@@ -228,7 +228,7 @@ fn aligned_reuse_releases_a_slot_with_nothing_whole_to_reuse() {
     let mut r = Req { origin_input_len: 10, ..req(3, 10, 10) };
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     let mut next = Req::default();
-    assert!(!c.match_prefix(1, 0, &mut next, 100, false).unwrap().hit);
+    assert_eq!(c.match_prefix(1, 0, &mut next, 100, false).unwrap().hit, 0);
     assert_eq!(log(&mut c), ["free_kv 384..394", "free_row 3"]);
     assert!(c.slots().is_empty());
 }
@@ -369,7 +369,7 @@ fn an_aligned_reuse_miss_frees_the_slots_handles() {
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     let mut next = Req { track: [7, 8], ..Req::default() };
     let m = c.match_prefix(1, 0, &mut next, 3, false).unwrap();
-    assert!(!m.hit, "3 tokens make no whole page");
+    assert_eq!(m.hit, 0, "3 tokens make no whole page");
     assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 12"]);
     assert_eq!(next.track, [7, 8], "a miss leaves the req's own handles alone");
 }
@@ -604,7 +604,7 @@ fn indices(c: &Cache, r: &Req) -> Vec<i32> {
 
 fn clean(c: &Cache) {
     let rep = c.check().unwrap();
-    assert_eq!(rep.violations, 0, "{}", rep.first_violation);
+    assert_eq!(rep.violations, 0, "{}", rep.first_violation_text());
 }
 
 #[test]
@@ -716,7 +716,7 @@ fn the_audit_sees_every_full_page() {
         f(c.pool.owned_mut().unwrap(), r.row as u32);
         let rep = c.check().unwrap();
         assert!(rep.violations > 0);
-        rep.first_violation
+        rep.first_violation_text()
     };
     let m = corrupt(&|p, _| {
         p.pages.free_stack_mut().pop();
@@ -789,7 +789,7 @@ fn owned_session_turns_conserve_pages() {
     ));
     let mut next = Req { origin_input_len: 14, ..Req::default() };
     let m = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
-    assert_eq!((m.hit, m.prefix_len, next.allocated), (true, 10, 10));
+    assert_eq!((m.hit, m.prefix_len, next.allocated), (1, 10, 10));
     c.alloc_extend(&mut next, 8, None).unwrap();
     c.commit(&mut next, 4).unwrap();
     assert!(matches!(c.match_prefix(5, 0, &mut Req::default(), 13, false), Err(Error::State(_))));
@@ -861,7 +861,7 @@ fn a_running_slot_matches_only_its_own_request_again() {
     let mut second = Req::default();
     assert!(matches!(c.match_prefix(1, 0, &mut second, 8, false), Err(Error::State(_))));
     assert_eq!(second, Req::default());
-    assert!(c.match_prefix(1, 0, &mut first, 8, false).unwrap().hit);
+    assert_eq!(c.match_prefix(1, 0, &mut first, 8, false).unwrap().hit, 1);
 }
 
 #[test]
@@ -971,7 +971,7 @@ fn external_stale_copy_after_release_is_refused() {
     let mut first = Req { origin_input_len: 8, output_len: 0, ..req(2, 8, 8) };
     c.cache_finished_req(1, 0, &mut first, false).unwrap();
     let mut turn = Req { origin_input_len: 10, ..Req::default() };
-    assert!(c.match_prefix(1, 0, &mut turn, 8, false).unwrap().hit);
+    assert_eq!(c.match_prefix(1, 0, &mut turn, 8, false).unwrap().hit, 1);
     assert_eq!(turn.row, 2);
     assert_ne!(turn.generation, 0, "a hit stamps the row's generation");
     turn.allocated = 10;
@@ -1026,7 +1026,7 @@ fn hand_back_returns_the_slot_idle_as_the_match_left_it() {
     log(&mut c);
     let mut turn = Req { origin_input_len: 30, ..Req::default() };
     let m = c.match_prefix(1, 0, &mut turn, 29, false).unwrap();
-    assert_eq!(m, Match { hit: true, prefix_len: 20 });
+    assert_eq!(m, Match { hit: 1, prefix_len: 20 });
     log(&mut c);
     let after_match = *c.slots().find(1, 0).unwrap().1;
     c.hand_back(1, 0, &mut turn).unwrap();
@@ -1165,9 +1165,9 @@ fn admission_pages_mirror_match_and_extend() {
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     // The slot: committed 10, allocated 10 (the trim freed page 3, kept the page of 8..11).
     let a = c.admission(1, 0, 9, 30).unwrap();
-    assert_eq!(a, Admission { hit: true, prefix_len: 9, pages_needed: 8 - 3, pages_freed: 0 });
+    assert_eq!(a, Admission { hit: 1, prefix_len: 9, pages_needed: 8 - 3, pages_freed: 0 });
     let miss = c.admission(2, 0, 9, 30).unwrap();
-    assert_eq!(miss, Admission { hit: false, prefix_len: 0, pages_needed: 8, pages_freed: 0 });
+    assert_eq!(miss, Admission { hit: 0, prefix_len: 0, pages_needed: 8, pages_freed: 0 });
     assert!(matches!(c.admission(1, 0, 31, 30), Err(Error::InvalidArg(_))));
     assert!(matches!(c.admission(1, 0, 9, 2000), Err(Error::InvalidArg(_))));
     // What the query said is what the calls take.
@@ -1192,7 +1192,7 @@ fn admission_counts_what_a_match_frees() {
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     // Reusing 6 of 20 tokens: the match keeps pages 0..2 (positions 0..7) and frees 3.
     let a = c.admission(1, 0, 6, 12).unwrap();
-    assert_eq!(a, Admission { hit: true, prefix_len: 6, pages_needed: 1, pages_freed: 3 });
+    assert_eq!(a, Admission { hit: 1, prefix_len: 6, pages_needed: 1, pages_freed: 3 });
     let free = c.stats().unwrap().free_pages;
     let mut t = Req { origin_input_len: 12, ..Req::default() };
     c.match_prefix(1, 0, &mut t, 6, false).unwrap();
@@ -1297,7 +1297,7 @@ fn hybrid_trim_match_and_abort_free_each_side_once() {
     assert_eq!((u.used_pages, u.swa_used_pages), (5, 0), "pages 0..5 stay; the window had passed all of them");
     let mut next = Req { origin_input_len: 40, ..Req::default() };
     let m = c.match_prefix(7, 0, &mut next, 40, false).unwrap();
-    assert_eq!((m.hit, m.prefix_len, next.swa), (true, 20, 20));
+    assert_eq!((m.hit, m.prefix_len, next.swa), (1, 20, 20));
     c.alloc_extend(&mut next, 20, None).unwrap();
     assert_eq!(swa_pages(&c).1, 5, "new pages take SWA pages");
     assert_eq!(&swa_indices(&c, &next)[..20], &[0; 20]);
@@ -1426,7 +1426,7 @@ fn the_audit_sees_both_pools() {
         f(c.pool.owned_mut().unwrap().swa.as_mut().unwrap(), row);
         let rep = c.check().unwrap();
         assert!(rep.violations > 0);
-        rep.first_violation
+        rep.first_violation_text()
     };
     let m = corrupt(&|s, row| s.rows[row as usize].ids[3] = 0);
     assert!(m.contains("lacks an SWA page") || m.contains("leaked"), "{m}");

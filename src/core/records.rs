@@ -1,0 +1,152 @@
+//! The records the C ABI hands out (skv_match, skv_held, skv_usage, skv_admission, skv_stats,
+//! skv_check_report), each defined once: the core fills them and the exports write them
+//! as they are. cbindgen emits each under its C name (cbindgen.toml's `[export.rename]`),
+//! with these doc comments and field names; `capi` names them `skv_*` for Rust callers.
+//! Only plain fields: no logic lives here.
+
+use std::ffi::c_char;
+
+/// The result of skv_match_prefix.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Match {
+    /// 1: the session slot was restored into the req.
+    pub hit: u32,
+    /// Reusable prefix length in tokens (0 when hit == 0).
+    pub prefix_len: u32,
+}
+
+/// What idle session slots hold, for the engine's memory accounting.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Held {
+    /// Sum over idle slots of ceil_align(allocated) - protected.
+    pub full_tokens: u64,
+    /// Sum over idle slots of ceil_align(allocated) - protected - max(0, swa_evicted_seqlen -
+    /// swa_dead_lo): what the window freed lies in [swa_dead_lo, swa_evicted_seqlen) only
+    /// (docs/hybrid.md).
+    pub swa_tokens: u64,
+    /// Idle slots holding a row.
+    pub rows: u64,
+    /// Idle slots holding aux_state != -1.
+    pub aux_states: u64,
+    /// (session, branch) slots, idle or not.
+    pub sessions: u64,
+    /// Recurrent-state handles idle slots hold: aux_state and each aux_track entry that is
+    /// not -1 (sglang's session_held_mamba_slots; docs/recurrent-state.md). The last field:
+    /// the ones before it keep their offsets.
+    pub aux_handles: u64,
+}
+
+/// What a session's slots (all its branches, or one) hold.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Slots counted (branches; 0 when the session has none).
+    pub slots: u64,
+    /// Of those, in flight (restored into a running request).
+    pub in_flight: u64,
+    /// Tokens the slots' rows map: owned mode, each row's mapped length (a running request's
+    /// extension included); external mode, each slot's record (an in-flight slot's as its
+    /// match left it: the running request's extension is in its own req).
+    pub allocated_tokens: u64,
+    /// Tokens whose KV is final, as the slots record them.
+    pub committed_tokens: u64,
+    /// Tokens of the engine's prefix tree (cache_protected_len): never freed by libskv.
+    pub protected_tokens: u64,
+    /// Pages the rows map: the sum of ceil(allocated / page_size).
+    pub pages: u64,
+    /// Pages releasing the slots would free: pages minus protected / page_size each.
+    pub freeable_pages: u64,
+}
+
+/// What admitting a request would take from owned mode's pool (skv_admission_pages).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Admission {
+    /// 1: skv_match_prefix would hit (and the request needs no new row).
+    pub hit: u32,
+    /// Tokens the hit would reuse (0 on a miss).
+    pub prefix_len: u32,
+    /// Pages skv_alloc_extend would take from the free list to grow the request from
+    /// prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
+    /// prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+    pub pages_needed: u64,
+    /// Pages the match itself would free first: a tail past the reused prefix, or the whole
+    /// slot past its protected prefix when SKV_FLAG_ALIGNED_REUSE drops it.
+    pub pages_freed: u64,
+}
+
+/// Pool occupancy. total_pages = num_token_slots / page_size, the padding page 0 included;
+/// free_pages never counts page 0, so an empty cache has free_pages == total_pages - 1 and
+/// used_pages == total_pages - 1 - free_pages. The swa_* fields say the same of the SWA pool
+/// (swa_total_pages = swa_num_token_slots / page_size), and are 0 without one. External mode
+/// (the engine owns the pools): total_rows (num_rows), sessions, trimmed_tokens,
+/// tail_freed_tokens and finishes_past_committed are filled; every page count and free_rows
+/// are 0.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Pages in the pool, page 0 included.
+    pub total_pages: u64,
+    /// Pages free to allocate.
+    pub free_pages: u64,
+    /// Pages owned by rows or held by the engine.
+    pub used_pages: u64,
+    /// req_to_token rows.
+    pub total_rows: u32,
+    /// Rows free to allocate.
+    pub free_rows: u32,
+    /// Session slots.
+    pub sessions: u64,
+    /// Tokens released by trim_overshoot since creation.
+    pub trimmed_tokens: u64,
+    /// Tokens released by free_tail since creation.
+    pub tail_freed_tokens: u64,
+    /// Pages in the SWA pool, its page 0 included (0: no SWA pool).
+    pub swa_total_pages: u64,
+    /// SWA pages free to allocate.
+    pub swa_free_pages: u64,
+    /// SWA pages mapped by rows or held by the engine.
+    pub swa_used_pages: u64,
+    /// skv_cache_finished_req calls (not aborted) since creation whose target,
+    /// origin_input_len + finished_len (output_len when finished_len is -1), was more than
+    /// kv_committed_len + 1: the finish claimed tokens whose KV the engine never committed. The
+    /// last sampled token has no KV yet, so target = kv_committed_len + 1 is a normal finish.
+    /// Counted, not refused (docs/conventions.md, "Finishes past committed").
+    pub finishes_past_committed: u64,
+}
+
+/// The result of an audit.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// Pages on the free list.
+    pub pages_free: u64,
+    /// Pages owned by exactly one row.
+    pub pages_in_rows: u64,
+    /// Pages held by the engine (from skv_pool_alloc or inside a protected prefix).
+    pub pages_engine_held: u64,
+    /// SWA pages on the SWA pool's free list (0 without an SWA pool).
+    pub swa_pages_free: u64,
+    /// SWA pages in use: each named by exactly one page a row owns or the engine holds.
+    pub swa_pages_in_use: u64,
+    /// 0 when every invariant holds.
+    pub violations: u64,
+    /// The first violation as text, NUL-terminated ("" when none).
+    pub first_violation: [c_char; 256],
+}
+
+impl Default for Report {
+    fn default() -> Report {
+        Report {
+            pages_free: 0,
+            pages_in_rows: 0,
+            pages_engine_held: 0,
+            swa_pages_free: 0,
+            swa_pages_in_use: 0,
+            violations: 0,
+            first_violation: [0; 256],
+        }
+    }
+}
