@@ -288,3 +288,21 @@ fn check_free_list(alloc: &PageAllocator, rep: &mut Report) -> Result<Vec<bool>>
     }
     Ok(on_list)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Report;
+
+    /// The C record's text: the first violation only, cut to 255 bytes, NUL-terminated.
+    #[test]
+    fn the_first_violation_fills_the_c_text_cut_to_255_bytes() {
+        let mut rep = Report::default();
+        assert_eq!(rep.first_violation_text(), "");
+        rep.violation(|| "x".repeat(300));
+        rep.violation(|| "a later violation".into());
+        assert_eq!(rep.violations, 2);
+        assert_eq!(rep.first_violation_text(), "x".repeat(255));
+        assert_eq!(rep.first_violation[254], b'x' as std::ffi::c_char);
+        assert_eq!(rep.first_violation[255], 0, "the last byte stays the NUL");
+    }
+}
