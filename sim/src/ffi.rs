@@ -329,9 +329,3 @@ impl Cache {
         }
     }
 }
-
-/// The audit's first violation as text.
-pub fn violation_text(r: &skv_check_report) -> String {
-    let bytes: Vec<u8> = r.first_violation.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
-}

@@ -4,7 +4,6 @@
 
 use super::mamba::real;
 use super::{expect_ok, unexpected, Engine, Fault};
-use crate::ffi;
 
 impl Engine<'_> {
     /// skv_cache_check, plus libskv's slot counts against the engine's own.
@@ -13,7 +12,7 @@ impl Engine<'_> {
         let r = self.cache.check().map_err(|s| unexpected("skv_cache_check", s))?;
         if r.violations > 0 {
             self.m.violations += r.violations;
-            self.m.first_violation = ffi::violation_text(&r);
+            self.m.first_violation = r.first_violation_text();
             return Err(format!("audit: {} violations, first: {}", r.violations, self.m.first_violation));
         }
         let active: Vec<i32> =
