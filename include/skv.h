@@ -21,7 +21,7 @@
  *   session slot holds), SKV_ERR_INVALID_ARG (owned mode: a req disagreeing with libskv's
  *   record of its row), SKV_ERR_STATE, then the rest;
  *   an owned-mode function on an external-mode handle is SKV_ERR_UNSUPPORTED whatever its
- *   arguments (after the NULL checks).
+ *   arguments (after the pointer checks: NULL, alignment, overlap).
  * - Versioned structs (skv_cache_config, skv_pool_ops, skv_engine_hooks) start with
  *   uint32_t struct_size = the sizeof of the header the caller was built with. Every size from
  *   the struct's first published one up is accepted (each struct's doc lists its sizes); libskv
@@ -1164,10 +1164,10 @@ enum skv_status skv_session_held(const struct skv_cache *c,
  * owned mode to its SWA pool (the row keeps its full-pool pages). `*freed` (NULL allowed)
  * is the number of positions handed back. A req holding no row changes nothing. Errors:
  * owned mode without an SWA pool (swa_num_token_slots 0), or external mode without
- * free_kv_segment, is SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong;
- * window 0, pre_len >
- * kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
- * cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
+ * free_kv_segment, is SKV_ERR_UNSUPPORTED after the pointer checks, whatever else is wrong;
+ * window 0, pre_len > kv_allocated_len, retain_floor outside -1..=UINT32_MAX, unknown flags,
+ * or a step that would free from a cursor inside a page are SKV_ERR_INVALID_ARG; a row an
+ * idle session slot holds is
  * SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
  *
  * The caller must pass every pointer as NULL or valid.
@@ -1388,7 +1388,7 @@ enum skv_status skv_publish_prefix(struct skv_cache *c,
 
 /**
  * Copies req_to_token[row, start:end) into out (end-start values). External mode:
- * SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
+ * SKV_ERR_UNSUPPORTED whatever the row and range (after the pointer checks).
  *
  * The caller must pass out holding end-start values.
  *

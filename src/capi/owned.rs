@@ -365,7 +365,7 @@ pub unsafe extern "C" fn skv_publish_prefix(
 }
 
 /// Copies req_to_token[row, start:end) into out (end-start values). External mode:
-/// SKV_ERR_UNSUPPORTED whatever the row and range (after the NULL checks).
+/// SKV_ERR_UNSUPPORTED whatever the row and range (after the pointer checks).
 ///
 /// The caller must pass out holding end-start values.
 ///

@@ -321,10 +321,10 @@ pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 /// owned mode to its SWA pool (the row keeps its full-pool pages). `*freed` (NULL allowed)
 /// is the number of positions handed back. A req holding no row changes nothing. Errors:
 /// owned mode without an SWA pool (swa_num_token_slots 0), or external mode without
-/// free_kv_segment, is SKV_ERR_UNSUPPORTED after the NULL checks, whatever else is wrong;
-/// window 0, pre_len >
-/// kv_allocated_len, retain_floor < -1, unknown flags, or a step that would free from a
-/// cursor inside a page are SKV_ERR_INVALID_ARG; a row an idle session slot holds is
+/// free_kv_segment, is SKV_ERR_UNSUPPORTED after the pointer checks, whatever else is wrong;
+/// window 0, pre_len > kv_allocated_len, retain_floor outside -1..=UINT32_MAX, unknown flags,
+/// or a step that would free from a cursor inside a page are SKV_ERR_INVALID_ARG; a row an
+/// idle session slot holds is
 /// SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
 ///
 /// The caller must pass every pointer as NULL or valid.
