@@ -1432,8 +1432,10 @@ impl World {
         let expect = if reused && detectable { Expect::Fail } else { Expect::Any };
         let tag = if reused { "stale copy, row reused" } else { "stale copy" };
         // A copy of a request since finished or handed back: its slot is idle (or gone), so a
-        // hand-back must fail. A copy of a live request may act for it.
-        let live = side.reqs.iter().any(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch);
+        // hand-back must fail. A copy of a live request may act for it, and so may one libskv
+        // cannot tell from the request now on its row (the stamp it would compare is missing).
+        let acts_for = |l: &FReq| l.r.req_pool_idx == fr.r.req_pool_idx && (l.epoch == fr.epoch || !detectable);
+        let live = side.reqs.iter().any(acts_for);
         // A match hit restores a session into the copy, which then runs: the model keeps it in a
         // free req slot (a live copy frees its live req's), so without one the copy is not used
         // for a match.
@@ -1523,7 +1525,7 @@ impl World {
             let side = &mut self.sides[s];
             side.stale.remove(k);
             let mut hit = None;
-            for live in side.reqs.iter_mut().filter(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch) {
+            for live in side.reqs.iter_mut().filter(|l| acts_for(l)) {
                 hit = hit.or(live.hit);
                 *live = FReq { r: init_req(), epoch: 0, hit: None, matched: None };
             }
