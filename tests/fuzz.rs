@@ -22,8 +22,8 @@ mod fuzz_driver;
 use fuzz_driver::{Plan, Probes};
 
 /// The probe classes every run includes unless `SKV_FUZZ_PROBES` names others: all of them.
-/// Each one failed on libskv 0.1.0 (a crash, a deadlock or a wrong status) and is a regression
-/// test of its fix since.
+/// Each one failed on an earlier libskv (a crash, a deadlock, a wrong status or state no call
+/// could release) and is a regression test of its fix since.
 const CI_PROBES: &str = "all";
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -81,6 +81,7 @@ fn fuzz_c_abi() {
     let by: Vec<String> = names.iter().zip(t.by_status).map(|(n, c)| format!("{n} {c}")).collect();
     println!("skv fuzz: statuses: {}", by.join(", "));
     println!("skv fuzz: reached: {:?}", t.cover);
+    println!("skv fuzz: coverage (calls by function and status):\n{}", fuzz_driver::coverage::table(&t.calls_by));
     assert!(t.calls >= plan.calls);
     // Every status class a hostile caller can reach must have been reached.
     for (i, n) in names.iter().enumerate() {
@@ -98,10 +99,30 @@ fn fuzz_c_abi() {
         "owned swa_evict gave SWA pages back",
         "swa view of a running row checked",
         "flashinfer_swa checked against the full layout",
-        "cursor past swa_dead_lo refused without free_kv_segment",
-    ] {
+        "extend batch checked",
+        "commit batch checked",
+        "a per-step call took a req with a handle given twice",
+    ]
+    .into_iter()
+    .chain(plan.probes.aliased_buffers.then_some("batch aliasing or misaligned buffers refused"))
+    .chain(plan.probes.aliased_buffers.then_some("single-call misaligned or overlapping buffers refused"))
+    .chain(plan.probes.doubled_handles.then_some("a recurrent handle given twice refused"))
+    .chain(plan.probes.no_segment_cursor.then_some("cursor past swa_dead_lo refused without free_kv_segment"))
+    {
         if plan.calls >= 50_000 {
             assert!(t.cover.get(what).copied().unwrap_or(0) > 0, "the run never reached: {what}");
         }
+    }
+    // Rarer outcomes: a free callback that fails midway hands back part of its indices.
+    for what in ["free_kv_segment failed midway", "free_kv failed midway"] {
+        if plan.calls >= 1_000_000 {
+            assert!(t.cover.get(what).copied().unwrap_or(0) > 0, "the run never reached: {what}");
+        }
+    }
+    // Every export reached OK and each refusal it documents (a short run: those it reliably
+    // reaches), and none returned a status it does not document.
+    if plan.calls >= 100_000 {
+        let bad = fuzz_driver::coverage::check(&t.calls_by, plan.calls < 10_000_000);
+        assert!(bad.is_empty(), "coverage:\n  {}", bad.join("\n  "));
     }
 }

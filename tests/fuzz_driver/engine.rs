@@ -9,7 +9,17 @@ use std::ffi::{c_int, c_void};
 
 use skv::*;
 
+use super::every::{call_export, HANDLE_EXPORTS};
 use super::{Probes, Rng};
+
+/// Without the strict re-entry rule a call into another handle may run: only queries that
+/// change nothing (and succeed on a fresh req) are then made (`Engine::reenter`).
+fn call_export_is_harmless(k: usize) -> bool {
+    matches!(
+        HANDLE_EXPORTS[k],
+        "skv_session_held" | "skv_cache_stats" | "skv_session_usage" | "skv_branch_usage" | "skv_checkpoint"
+    )
+}
 
 /// How the external side's pool ops look (`skv_pool_ops.struct_size` and `free_kv_segment`).
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -53,6 +63,14 @@ pub struct Engine {
     pub fail_rate: u64,
     /// Chance per 1000 that a callback calls back into libskv.
     pub reenter_rate: u64,
+    /// The calls made from callbacks during the current call, with their statuses.
+    pub reentered: Vec<(&'static str, skv_status)>,
+    /// The rest of a free that failed midway (`free_kv` or `free_kv_segment` handed back a
+    /// part, then returned non-zero): the engine frees it itself once the call returns, as an
+    /// engine that knows what its callback could not free does. libskv must never hand it back
+    /// again (a double free) and must still run every later callback of the call.
+    pub midway: Vec<(i32, u32, Vec<i32>, u32)>,
+
     pub rng: Rng,
     pub me: *mut skv_cache,
     pub other: *mut skv_cache,
@@ -81,6 +99,9 @@ impl Engine {
             injected: 0,
             fail_rate: 0,
             reenter_rate: 0,
+            reentered: Vec::new(),
+            midway: Vec::new(),
+
             rng: Rng(seed),
             me: std::ptr::null_mut(),
             other: std::ptr::null_mut(),
@@ -97,32 +118,74 @@ impl Engine {
         }
     }
 
+    /// For a free of `idx`: where it stops when it fails midway (it hands back the pages of
+    /// the indices before that, keeps the rest for `finish_midway` and returns non-zero), or
+    /// `None` to do its work whole and then fail or succeed as `fail` says. It stops between
+    /// two pages.
+    fn stop_midway(&mut self, idx: &[i32]) -> Option<usize> {
+        if idx.len() < 2 || self.fail_rate == 0 || self.rng.below(1000) >= self.fail_rate / 2 {
+            return None;
+        }
+        let ps = self.ps as i32;
+        let cuts: Vec<usize> = (1..idx.len()).filter(|&k| idx[k] / ps != idx[k - 1] / ps).collect();
+        if cuts.is_empty() {
+            return None;
+        }
+        self.injected += 1;
+        Some(cuts[self.rng.below(cuts.len() as u64) as usize])
+    }
+
+    /// Frees what the frees that failed midway kept, after the call that ran them returned;
+    /// returns how many free_kv and free_kv_segment calls had failed so.
+    pub fn finish_midway(&mut self) -> (u64, u64) {
+        let (mut kv, mut seg) = (0, 0);
+        for (row, first_pos, idx, pools) in std::mem::take(&mut self.midway) {
+            self.trail.push("(the engine frees the rest)".into());
+            match row {
+                -1 => (kv, _) = (kv + 1, self.free_whole(&idx)),
+                _ => (seg, _) = (seg + 1, self.segment(row, first_pos, &idx, pools)),
+            }
+        }
+        (kv, seg)
+    }
+
     /// A callback calling libskv: on its own handle that is SKV_ERR_STATE (and freeing it does
-    /// nothing); on another handle OK today, SKV_ERR_STATE under the strict rule.
+    /// nothing); on another handle OK today, SKV_ERR_STATE under the strict rule. Each call is
+    /// any export taking a handle (`every`), kept in `reentered` for the coverage.
     fn reenter(&mut self) {
         if self.reenter_rate == 0 || self.rng.below(1000) >= self.reenter_rate {
             return;
         }
-        let mut h = skv_held { full_tokens: 0, swa_tokens: 0, rows: 0, aux_states: 0, sessions: 0, aux_handles: 0 };
-        // SAFETY: both handles outlive every call made on them.
-        unsafe {
-            let st = skv_session_held(self.me, std::ptr::null(), 0, &mut h);
-            if st != skv_status::SKV_ERR_STATE {
-                self.findings.push(format!("re-entry into the same handle returned {st:?}, not SKV_ERR_STATE"));
+        let k = self.rng.below(HANDLE_EXPORTS.len() as u64) as usize;
+        let st = call_export(k, self.me);
+        self.reentered.push((HANDLE_EXPORTS[k], st));
+        if st != skv_status::SKV_ERR_STATE {
+            self.findings.push(format!(
+                "re-entry into the same handle: {} returned {st:?}, not SKV_ERR_STATE",
+                HANDLE_EXPORTS[k]
+            ));
+        }
+        if self.rng.below(4) == 0 {
+            // Must do nothing: the running call holds the handle.
+            // SAFETY: the handle outlives every call made on it.
+            unsafe { skv_cache_free(self.me) };
+        }
+        if !self.other.is_null() {
+            let mut k = self.rng.below(HANDLE_EXPORTS.len() as u64) as usize;
+            while !self.probes.strict_reentry && !call_export_is_harmless(k) {
+                k = self.rng.below(HANDLE_EXPORTS.len() as u64) as usize;
             }
-            if self.rng.below(4) == 0 {
-                // Must do nothing: the running call holds the handle.
-                skv_cache_free(self.me);
-            }
-            if !self.other.is_null() {
-                let st = skv_session_held(self.other, std::ptr::null(), 0, &mut h);
-                let ok = match self.probes.strict_reentry {
-                    true => st == skv_status::SKV_ERR_STATE,
-                    false => matches!(st, skv_status::SKV_OK | skv_status::SKV_ERR_STATE),
-                };
-                if !ok {
-                    self.findings.push(format!("re-entry into another handle from a callback returned {st:?}"));
-                }
+            let st = call_export(k, self.other);
+            self.reentered.push((HANDLE_EXPORTS[k], st));
+            let ok = match self.probes.strict_reentry {
+                true => st == skv_status::SKV_ERR_STATE,
+                false => matches!(st, skv_status::SKV_OK | skv_status::SKV_ERR_STATE),
+            };
+            if !ok {
+                self.findings.push(format!(
+                    "re-entry into another handle from a callback: {} returned {st:?}",
+                    HANDLE_EXPORTS[k]
+                ));
             }
         }
     }
@@ -206,16 +269,28 @@ pub unsafe extern "C" fn free_kv(ud: *mut c_void, idx: *const i32, n: usize) -> 
         // With free_kv_segment set, every KV free goes through it.
         e.findings.push(format!("free_kv of {n} indices, though free_kv_segment is set"));
     }
-    for p in e.pages_of(idx, "free_kv") {
-        match e.page_owner[p] {
-            None => e.findings.push(format!("double free: page {p} (index in free_kv of {n}) is already free")),
-            Some(_) => e.free_full(p),
-        }
+    if let Some(k) = e.stop_midway(idx) {
+        e.free_whole(&idx[..k]);
+        e.midway.push((-1, 0, idx[k..].to_vec(), 0));
+        return -8;
     }
+    e.free_whole(idx);
     e.fail()
 }
 
 impl Engine {
+    /// free_kv's work: every page the indices fall in goes back to the pool.
+    fn free_whole(&mut self, idx: &[i32]) {
+        for p in self.pages_of(idx, "free_kv") {
+            match self.page_owner[p] {
+                None => self
+                    .findings
+                    .push(format!("double free: page {p} (index in free_kv of {}) is already free", idx.len())),
+                Some(_) => self.free_full(p),
+            }
+        }
+    }
+
     /// The distinct pages of a free's indices; under SKV_FLAG_PAGE_FREES each must be its page's
     /// first index and no page may come twice.
     fn pages_of(&mut self, idx: &[i32], what: &str) -> BTreeSet<usize> {
@@ -260,48 +335,65 @@ pub unsafe extern "C" fn free_kv_segment(
     e.reenter();
     // SAFETY: libskv passes n indices at idx.
     let idx = unsafe { std::slice::from_raw_parts(idx, n) };
-    let why = format!("free_kv_segment(row {row}, first_pos {first_pos}, n {n}, pools {pools})");
     if row < 0 || row as usize >= e.row_free.len() || e.row_free[row as usize] {
-        e.findings.push(format!("{why}: a row the engine does not hold"));
+        e.findings.push(format!(
+            "free_kv_segment(row {row}, first_pos {first_pos}, n {n}, pools {pools}): a row the engine does not hold"
+        ));
         return e.fail();
-    }
-    if !first_pos.is_multiple_of(e.ps) {
-        e.findings.push(format!("{why}: first_pos is not a page boundary"));
-    }
-    let step = if e.page_frees { e.ps } else { 1 };
-    for (k, &i) in idx.iter().enumerate() {
-        let pos = first_pos as usize + k * step as usize;
-        if e.row_map[row as usize].get(pos).copied() != Some(i) {
-            e.findings.push(format!("{why}: index {i} is not row position {pos}"));
-        }
-    }
-    for p in e.pages_of(idx, &why) {
-        if e.page_owner[p] != Some(row) {
-            e.findings.push(format!("{why}: page {p} is not the row's (owner {:?})", e.page_owner[p]));
-            continue;
-        }
-        match pools {
-            SKV_POOL_FULL if e.swa_live[p] => {
-                e.findings.push(format!("{why}: full page {p} freed alone while its SWA peer lives (a leak)"))
-            }
-            SKV_POOL_FULL => e.free_full(p),
-            SKV_POOL_BOTH | SKV_POOL_SWA if !e.swa_live[p] => {
-                e.findings.push(format!("{why}: SWA page {p} freed twice"))
-            }
-            SKV_POOL_BOTH => e.free_full(p),
-            SKV_POOL_SWA => {
-                e.trail.push(format!("swa {p}"));
-                e.swa_live[p] = false;
-                e.events += 1;
-            }
-            _ => e.findings.push(format!("{why}: unknown pools")),
-        }
     }
     if pools == SKV_POOL_SWA {
         // A window step frees whole pages: one index each under SKV_FLAG_PAGE_FREES.
-        e.swa_freed += n as u64 * step as u64;
+        e.swa_freed += n as u64 * if e.page_frees { e.ps as u64 } else { 1 };
     }
+    if let Some(k) = e.stop_midway(idx) {
+        let step = if e.page_frees { e.ps } else { 1 };
+        e.segment(row, first_pos, &idx[..k], pools);
+        e.midway.push((row, first_pos + k as u32 * step, idx[k..].to_vec(), pools));
+        return -8;
+    }
+    e.segment(row, first_pos, idx, pools);
     e.fail()
+}
+
+impl Engine {
+    /// free_kv_segment's work on positions `first_pos..` of `row` (the row may have been handed
+    /// back since, when the engine finishes a free that failed midway).
+    fn segment(&mut self, row: i32, first_pos: u32, idx: &[i32], pools: u32) {
+        let n = idx.len();
+        let why = format!("free_kv_segment(row {row}, first_pos {first_pos}, n {n}, pools {pools})");
+        if !first_pos.is_multiple_of(self.ps) {
+            self.findings.push(format!("{why}: first_pos is not a page boundary"));
+        }
+        let step = if self.page_frees { self.ps } else { 1 };
+        for (k, &i) in idx.iter().enumerate() {
+            let pos = first_pos as usize + k * step as usize;
+            if self.row_map[row as usize].get(pos).copied() != Some(i) {
+                self.findings.push(format!("{why}: index {i} is not row position {pos}"));
+            }
+        }
+        for p in self.pages_of(idx, &why) {
+            if self.page_owner[p] != Some(row) {
+                self.findings.push(format!("{why}: page {p} is not the row's (owner {:?})", self.page_owner[p]));
+                continue;
+            }
+            match pools {
+                SKV_POOL_FULL if self.swa_live[p] => {
+                    self.findings.push(format!("{why}: full page {p} freed alone while its SWA peer lives (a leak)"))
+                }
+                SKV_POOL_FULL => self.free_full(p),
+                SKV_POOL_BOTH | SKV_POOL_SWA if !self.swa_live[p] => {
+                    self.findings.push(format!("{why}: SWA page {p} freed twice"))
+                }
+                SKV_POOL_BOTH => self.free_full(p),
+                SKV_POOL_SWA => {
+                    self.trail.push(format!("swa {p}"));
+                    self.swa_live[p] = false;
+                    self.events += 1;
+                }
+                _ => self.findings.push(format!("{why}: unknown pools")),
+            }
+        }
+    }
 }
 
 pub unsafe extern "C" fn free_row(ud: *mut c_void, row: i32) -> c_int {

@@ -17,14 +17,25 @@
 //! scheduler's calls (`skv_hand_back`, the usage and idle-slot queries, `skv_admission_pages`)
 //! are checked against each other and against what the calls they describe then do.
 //!
-//! Deterministic for a seed. Probe classes that fail on libskv 0.1.0 are off unless named in
-//! `Probes` (see `Probes::parse`).
+//! ABI 3's calls are all driven: the batch calls (`world/batch.rs`, checked against what the
+//! single calls say of each request, their arrays laid out apart, touching, misaligned or
+//! overlapping at random byte offsets), every caller buffer's alignment and aliasing
+//! (`world/buffers.rs`), recurrent handles given twice (`world/handles.rs`), the window step and
+//! the frees of a pool without `free_kv_segment` (`world/hybrid.rs`), free callbacks failing
+//! midway (`engine.rs`), NULL and re-entrant calls of every export (`every.rs`), and the rest
+//! (`world/misc.rs`). Every call's status is counted by function (`coverage.rs`): a run must
+//! reach each export's OK and each refusal its header line documents, and nothing else.
+//!
+//! Deterministic for a seed. Probe classes of holes earlier versions had are named in `Probes`
+//! (see `Probes::parse`); every run includes them all unless told otherwise.
 
+pub mod coverage;
 pub mod engine;
+pub mod every;
 mod probes;
 mod world;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 pub use world::World;
@@ -64,7 +75,7 @@ impl Rng {
     }
 }
 
-/// Probe classes beyond what passes on libskv 0.1.0. Each names the hole it probes.
+/// Probe classes, each of a hole an earlier libskv had (0.1.0's holes 1-7, 0.3.0's issue 23).
 #[derive(Clone, Copy, Default, Debug)]
 pub struct Probes {
     /// Array lengths no array can have (SIZE_MAX/2 ...) on traced handles: the trace must
@@ -85,6 +96,16 @@ pub struct Probes {
     /// Config/hooks structs larger than this header's with non-zero unknown tail bytes must be
     /// refused (hole 7).
     pub struct_tails: bool,
+    /// Caller buffers misaligned, or overlapping where a call writes one while it reads
+    /// another (a batch's out_loc or n_tokens over its reqs): refused before anything is read
+    /// (issue 23, item 1).
+    pub aliased_buffers: bool,
+    /// A req holding one recurrent handle twice, which a release would free twice: refused
+    /// (issue 23, item 4).
+    pub doubled_handles: bool,
+    /// Without free_kv_segment, a req whose window freed positions: refused, so no slot keeps
+    /// a cursor that makes every later release unsupported (issue 23, item 5).
+    pub no_segment_cursor: bool,
 }
 
 impl Probes {
@@ -102,6 +123,9 @@ impl Probes {
                 ("stale-reused-rows", &mut p.stale_reused_rows),
                 ("external-unsupported", &mut p.external_unsupported),
                 ("struct-tails", &mut p.struct_tails),
+                ("aliased-buffers", &mut p.aliased_buffers),
+                ("doubled-handles", &mut p.doubled_handles),
+                ("no-segment-cursor", &mut p.no_segment_cursor),
             ] {
                 if all || n == name {
                     *f = true;
@@ -137,6 +161,8 @@ pub struct Totals {
     /// How often each outcome a check needs was reached (a skv_hand_back that succeeded, an
     /// admission prediction followed through, ...).
     pub cover: std::collections::BTreeMap<&'static str, u64>,
+    /// How often each export returned each status.
+    pub calls_by: coverage::Coverage,
 }
 
 /// Progress for the watchdog: a deadlock (a probe of hole 3) ends the process with the seed.
@@ -163,6 +189,18 @@ fn watchdog(seed: u64) {
 
 static SEED: AtomicU64 = AtomicU64::new(0);
 
+/// The call in progress (its description's first bytes, NUL-ended), for the crash report.
+static CALL: [AtomicU8; 240] = [const { AtomicU8::new(0) }; 240];
+
+/// Notes the call about to be made, for `on_crash`.
+pub(crate) fn note_call(desc: &str) {
+    let n = desc.len().min(CALL.len() - 1);
+    for (slot, &b) in CALL.iter().zip(&desc.as_bytes()[..n]) {
+        slot.store(b, Ordering::Relaxed);
+    }
+    CALL[n].store(0, Ordering::Relaxed);
+}
+
 /// A crash (a probe of a hole that reads past a caller's array) still names the seed and call.
 extern "C" fn on_crash(sig: libc::c_int) {
     let mut buf = *b"skv fuzz: crashed (signal   ) at call                     , seed 0x                \n";
@@ -180,10 +218,20 @@ extern "C" fn on_crash(sig: libc::c_int) {
     put(&mut buf, 28, sig as u64, 10);
     put(&mut buf, 57, PROGRESS.load(Ordering::Relaxed), 10);
     put(&mut buf, 81, SEED.load(Ordering::Relaxed), 16);
+    let mut call = [b'\n'; 248];
+    call[..6].copy_from_slice(b"  in: ");
+    let mut n = 6;
+    for slot in &CALL {
+        match slot.load(Ordering::Relaxed) {
+            0 => break,
+            b => (call[n], n) = (b, n + 1),
+        }
+    }
     // SAFETY: write(2) and signal(2) are async-signal-safe; the default action then ends the
     // process as the signal would have.
     unsafe {
         libc::write(2, buf.as_ptr().cast(), buf.len());
+        libc::write(2, call.as_ptr().cast(), n + 1);
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
     }

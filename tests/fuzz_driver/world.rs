@@ -9,10 +9,16 @@ use std::ptr::{null, null_mut};
 use skv::skv_status::*;
 use skv::*;
 
+use super::coverage::{self, Coverage};
 use super::engine::{self, Engine, Pools};
+use super::every::{call_export, HANDLE_EXPORTS};
 use super::{tick, Plan, Probes, Rng, Totals};
 
+mod batch;
+mod buffers;
+mod handles;
 mod hybrid;
+mod misc;
 mod sched;
 
 use hybrid::dead_lo;
@@ -102,6 +108,11 @@ pub struct World {
     want: Option<(Expect, bool)>,
     /// How often each new call's interesting outcome was reached (`Totals::cover`).
     pub cover: std::collections::BTreeMap<&'static str, u64>,
+    /// How often each export returned each status (`Totals::calls_by`).
+    pub calls_by: Coverage,
+    /// Caller memory the next call reads or writes besides its req (batch arrays, out-buffers,
+    /// aliasing layouts): a failed call must leave every byte of it as it was.
+    watch: Vec<(*const u8, usize)>,
 }
 
 impl Side {
@@ -314,6 +325,8 @@ impl World {
             no_mutate: false,
             want: None,
             cover: Default::default(),
+            calls_by: Default::default(),
+            watch: Vec::new(),
         };
         for s in 0..2 {
             let (me, other) = (w.sides[s].c, w.sides[1 - s].c);
@@ -341,6 +354,7 @@ impl World {
         // SAFETY: a live handle and a NUL-terminated path.
         let st = unsafe { skv_cache_set_trace(side.c, if on { cpath.as_ptr() } else { null() }) };
         assert_eq!(st, SKV_OK, "skv_cache_set_trace");
+        coverage::record(&mut self.calls_by, "skv_cache_set_trace", st);
         side.traced = on;
     }
 
@@ -382,14 +396,32 @@ impl World {
             self.log.pop_front();
         }
         self.log.push_back(format!("[{}] {} {desc}", s, if self.sides[s].owned { "owned" } else { "external" }));
+        super::note_call(&desc);
         let side = &self.sides[s];
         let before = side.snap();
         // SAFETY: req is NULL or points at a live req.
         let req_before = unsafe { req.as_ref().copied() };
+        let watch = std::mem::take(&mut self.watch);
+        let watched = |w: &[(*const u8, usize)]| -> Vec<Vec<u8>> {
+            // SAFETY: each watched range is caller memory the call may use, live through it.
+            w.iter().map(|&(p, n)| unsafe { std::slice::from_raw_parts(p, n) }.to_vec()).collect()
+        };
+        let watch_before = watched(&watch);
         side.eng().injected = 0;
         side.eng().unmapped_reads = 0;
         side.eng().swa_freed = 0;
         let st = f();
+        for (f, st) in std::mem::take(&mut self.sides[s].eng().reentered) {
+            *self.calls_by.entry((f, st.name())).or_default() += 1;
+        }
+        let (kv, seg) = self.sides[s].eng().finish_midway();
+        if kv > 0 {
+            *self.cover.entry("free_kv failed midway").or_default() += 1;
+        }
+        if seg > 0 {
+            *self.cover.entry("free_kv_segment failed midway").or_default() += 1;
+        }
+        coverage::record(&mut self.calls_by, &desc, st);
         let st_name = format!("{st:?}");
         let msg = crate::common::last_error();
         let trail = std::mem::take(&mut self.sides[s].eng().trail);
@@ -431,6 +463,9 @@ impl World {
             if req_before != req_after {
                 self.fail(&format!("a failed call changed the req: {req_before:?} -> {req_after:?}"));
             }
+            if watched(&watch) != watch_before {
+                self.fail("a failed call changed caller memory it was given (a batch array or out-buffer)");
+            }
             let after = side.snap();
             if before != after {
                 self.fail(&format!("a failed call changed the state:\n  before {before:?}\n  after  {after:?}"));
@@ -460,6 +495,9 @@ impl World {
         t.injected_failures += self.injected;
         for (k, v) in std::mem::take(&mut self.cover) {
             *t.cover.entry(k).or_default() += v;
+        }
+        for (k, v) in std::mem::take(&mut self.calls_by) {
+            *t.calls_by.entry(k).or_default() += v;
         }
     }
 
@@ -529,6 +567,16 @@ impl World {
         if self.sides[s].swa() && self.rng.chance(80) {
             return self.op_swa_evict(s);
         }
+        // The calls and probes issue 23 added: the batches (and their buffers' aliasing),
+        // single calls' buffers, recurrent handles given twice, the rarely used exports.
+        match self.rng.below(1000) {
+            0..=49 if owned => return self.op_batch(s),
+            0..=14 => return self.op_batch(s),
+            50..=64 => return self.op_buffers(s),
+            65..=79 => return self.op_doubled_handles(s),
+            80..=84 => return self.op_misc(s),
+            _ => {}
+        }
         let k = self.rng.below(1000);
         match (owned, k) {
             (_, 0..=79) => self.op_match(s),
@@ -569,7 +617,8 @@ impl World {
             (false, 890..=914) => self.op_match(s),
             (false, 915..=939) => self.op_hand_back(s),
             (false, 940..=959) => self.op_queries(s),
-            (false, 960..=984) => self.op_swa_evict(s),
+            (false, 960..=969) => self.op_swa_evict(s),
+            // A window step too where the pool ops have free_kv_segment (or are ABI 2's).
             (false, _) => self.op_no_segment(s),
         }
     }
@@ -838,7 +887,8 @@ impl World {
             _ => (self.session(), self.branch()),
         };
         let aborted = self.rng.pick(&[0, 0, 0, 1, 3]);
-        let (st, _) = self.req_call(
+        let (r, past) = (self.sides[s].reqs[i].r, self.sides[s].stats().finishes_past_committed);
+        let (st, mutated) = self.req_call(
             s,
             i,
             "skv_cache_finished_req",
@@ -846,6 +896,20 @@ impl World {
             // SAFETY: req_call passes the side's live handle and its local req.
             |c, r| unsafe { skv_cache_finished_req(c, sid, b, r, aborted) },
         );
+        if self.completed(st) && !mutated {
+            // A finish claiming more than one token past what was committed is counted: the
+            // last sampled token has no KV yet, and no more may lack it (aborts claim nothing).
+            let finished = if r.finished_len >= 0 { r.finished_len as u64 } else { r.output_len as u64 };
+            let over = aborted == 0 && r.origin_input_len as u64 + finished > r.kv_committed_len as u64 + 1;
+            let counted = self.sides[s].stats().finishes_past_committed - past;
+            if counted != over as u64 {
+                self.fail(&format!("skv_stats.finishes_past_committed rose by {counted} for {}", show(&r)));
+            }
+            *self
+                .cover
+                .entry(if over { "finish past committed counted" } else { "finish within committed" })
+                .or_default() += 1;
+        }
         st
     }
 
@@ -994,6 +1058,11 @@ impl World {
 
     /// A NULL handle, req or out-pointer: SKV_ERR_NULL_ARG, nothing changed.
     fn op_null(&mut self, s: usize) -> skv_status {
+        if self.rng.chance(500) {
+            let k = self.rng.below(HANDLE_EXPORTS.len() as u64) as usize;
+            let desc = format!("{}(NULL handle)", HANDLE_EXPORTS[k]);
+            return self.call(s, desc, null(), Expect::Is(SKV_ERR_NULL_ARG), || call_export(k, null_mut()));
+        }
         let c = self.sides[s].c;
         let i = self.pick_req(s, true);
         let mut r = self.sides[s].reqs[i].r;
@@ -1093,14 +1162,35 @@ impl World {
         }
         let owned = self.sides[s].owned;
         let (eng, pools) = (self.sides[s].eng, self.sides[s].pools);
+        // A NULL cfg, out or ops, or pool ops lacking a callback libskv cannot do without.
+        let which = if self.rng.chance(200) { self.rng.below(if owned { 2 } else { 5 }) } else { 5 };
+        let mut ops = engine::pool_ops(pools);
+        match which {
+            3 => ops.read_row = None,
+            4 => (ops.free_kv, ops.free_kv_segment) = (None, None),
+            _ => {}
+        }
         let mut out = null_mut();
-        let desc = format!("skv_cache_new{}({:?}, tail {:?})", if owned { "" } else { "_external" }, big.cfg, big.tail);
-        // SAFETY: big.cfg is a local whose struct_size never exceeds size_of::<Big>(), the bytes
-        // behind it; the engine outlives any handle made here; out is a local.
+        let cfgp: *const skv_cache_config = if which == 0 { null() } else { &big.cfg };
+        let outp: *mut *mut skv_cache = if which == 1 { null_mut() } else { &mut out };
+        let opsp: *const skv_pool_ops = if which == 2 { null() } else { &ops };
+        if which < 5 {
+            expect = Expect::Is(SKV_ERR_NULL_ARG);
+        }
+        let nulls = format!("cfg {}, ops {}, out {}", !cfgp.is_null(), !opsp.is_null(), !outp.is_null());
+        let desc = format!(
+            "skv_cache_new{}({:?}, tail {:?}, {nulls})",
+            if owned { "" } else { "_external" },
+            big.cfg,
+            big.tail
+        );
+        // SAFETY: cfgp is NULL or big.cfg, a local whose struct_size never exceeds
+        // size_of::<Big>(), the bytes behind it; opsp is NULL or ops, a local; the engine outlives
+        // any handle made here; outp is NULL or points at the local out.
         let st = self.call(s, desc, null(), expect, || unsafe {
             match owned {
-                true => skv_cache_new(&big.cfg, &mut out),
-                false => skv_cache_new_external(&big.cfg, &engine::pool_ops(pools), eng as *mut c_void, &mut out),
+                true => skv_cache_new(cfgp, outp),
+                false => skv_cache_new_external(cfgp, opsp, eng as *mut c_void, outp),
             }
         });
         // SAFETY: out is NULL (a no-op) or the handle just made, freed once.
@@ -1432,8 +1522,10 @@ impl World {
         let expect = if reused && detectable { Expect::Fail } else { Expect::Any };
         let tag = if reused { "stale copy, row reused" } else { "stale copy" };
         // A copy of a request since finished or handed back: its slot is idle (or gone), so a
-        // hand-back must fail. A copy of a live request may act for it.
-        let live = side.reqs.iter().any(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch);
+        // hand-back must fail. A copy of a live request may act for it, and so may one libskv
+        // cannot tell from the request now on its row (the stamp it would compare is missing).
+        let acts_for = |l: &FReq| l.r.req_pool_idx == fr.r.req_pool_idx && (l.epoch == fr.epoch || !detectable);
+        let live = side.reqs.iter().any(acts_for);
         // A match hit restores a session into the copy, which then runs: the model keeps it in a
         // free req slot (a live copy frees its live req's), so without one the copy is not used
         // for a match.
@@ -1523,7 +1615,7 @@ impl World {
             let side = &mut self.sides[s];
             side.stale.remove(k);
             let mut hit = None;
-            for live in side.reqs.iter_mut().filter(|l| l.r.req_pool_idx == fr.r.req_pool_idx && l.epoch == fr.epoch) {
+            for live in side.reqs.iter_mut().filter(|l| acts_for(l)) {
                 hit = hit.or(live.hit);
                 *live = FReq { r: init_req(), epoch: 0, hit: None, matched: None };
             }
@@ -1568,7 +1660,7 @@ impl World {
             finishes_past_committed: 0,
         };
         let sp: *mut skv_stats = &mut st_;
-        match self.rng.below(7) {
+        match self.rng.below(8) {
             // SAFETY: c is the side's live handle; rp points at the local r.
             0 => self.call(s, "skv_alloc_row(external)".into(), rp, want, || unsafe { skv_alloc_row(c, rp) }),
             // SAFETY: c is the side's live handle; rp points at the local r; out_loc is NULL.
@@ -1597,6 +1689,20 @@ impl World {
             5 => self.call(s, format!("skv_row_indices(external, row {row})"), null(), want, || unsafe {
                 skv_row_indices(c, row, 0, 4, bp)
             }),
+            // SAFETY: c is the side's live handle; bp: buf's 16 entries, 4 indices and 4 counts.
+            6 if self.rng.chance(500) => self.call(s, "skv_page_refs(external)".into(), null(), want, || unsafe {
+                skv_page_refs(c, bp, 4, bp.add(8).cast())
+            }),
+            6 => {
+                let mut needed = 0usize;
+                let desc = format!("skv_build_flashinfer(external, row {row})");
+                // SAFETY: c is the side's live handle; buf holds the row, 2 indptr values, 8
+                // indices and 1 last page length, apart; needed is a local.
+                self.call(s, desc, null(), want, || unsafe {
+                    *bp = row;
+                    skv_build_flashinfer(c, bp, 1, bp.add(2), bp.add(4), bp.add(12), 8, &mut needed)
+                })
+            }
             // SAFETY: c is the side's live handle; the hooks struct lives through the call.
             _ => self.call(s, "skv_cache_set_hooks(external)".into(), null(), want, || unsafe {
                 skv_cache_set_hooks(c, &engine::hooks(), null_mut())

@@ -1,14 +1,14 @@
 //! Hybrid pools (docs/hybrid.md): `skv_swa_evict` with random windows, intervals, retain floors
 //! and flags, checked against sglang's `free_swa_out_of_window_slots` (as `tests/prop_swa.rs`
-//! ports it), and the frees of a `free_kv_segment`-less caller of the hybrid ABI, which libskv
-//! must refuse when they need a full-only piece.
+//! ports it), and the reqs of a `free_kv_segment`-less caller of the hybrid ABI whose window
+//! has freed positions, which libskv must refuse.
 
 use std::ptr::null;
 
 use skv::skv_status::*;
 use skv::*;
 
-use super::{Expect, FReq, Pools, World};
+use super::{Expect, FReq, Pools, World, REQS};
 
 fn align_up(x: u64, ps: u32) -> u64 {
     x.div_ceil(ps as u64) * ps as u64
@@ -144,43 +144,64 @@ impl World {
         st
     }
 
-    /// struct_size 56, free_kv_segment NULL: a copy of a first-turn req gets a cursor the window
-    /// moved (so said; the engine keeps no SWA pool here), then a tail free, a trim or an abort.
-    /// A req whose cursor passed swa_dead_lo is SKV_ERR_INVALID_ARG at the first call carrying
-    /// it, nothing changed: no free with a full-only piece is ever planned.
+    /// struct_size 56, free_kv_segment NULL: a copy of a req gets a cursor the window moved
+    /// (so said; the engine keeps no SWA pool here). Past swa_dead_lo (positions the window
+    /// freed, which libskv could only hand back through free_kv, a second time) every call
+    /// that checks the req against its row's record refuses it, SKV_ERR_INVALID_ARG (the
+    /// window step: SKV_ERR_UNSUPPORTED), nothing changed, so no slot ever keeps such a cursor;
+    /// at swa_dead_lo a tail free, a trim or an abort of a first turn runs as it would.
     pub(super) fn op_no_segment(&mut self, s: usize) -> skv_status {
         if self.sides[s].pools != Pools::NoSegment {
             return self.op_swa_evict(s);
         }
+        // A later turn, when there is one, half the time.
+        let hits: Vec<usize> = (0..REQS).filter(|&i| self.sides[s].reqs[i].hit.is_some()).collect();
+        if self.probes.no_segment_cursor && !hits.is_empty() && self.rng.chance(500) {
+            let i = self.rng.pick(&hits);
+            let key = self.sides[s].reqs[i].hit.expect("a hit");
+            return self.grown_protected(s, i, key);
+        }
         let i = self.pick_req(s, true);
         let side = &self.sides[s];
         let (c, ps, fr) = (side.c, side.ps(), side.reqs[i]);
-        // A slot would keep the cursor, and refuse every later release.
-        if fr.r.req_pool_idx < 0 || fr.hit.is_some() {
+        if fr.r.req_pool_idx < 0 {
             return SKV_OK;
         }
         let mut q = fr.r;
         if self.rng.chance(300) {
             q.swa_evict_floor = self.rng.upto(q.kv_allocated_len);
         }
-        let dl = dead_lo(&q, ps);
-        q.swa_evicted_seqlen = dl + self.rng.upto(q.kv_allocated_len.max(dl) - dl) / ps * ps;
-        let (alloc, prot) = (q.kv_allocated_len, q.cache_protected_len);
-        let past = q.swa_evicted_seqlen > dl;
-        let want = if past { Expect::Is(SKV_ERR_INVALID_ARG) } else { Expect::Any };
+        let (dl, alloc, prot) = (dead_lo(&q, ps), q.kv_allocated_len, q.cache_protected_len);
+        let past = self.probes.no_segment_cursor && alloc > dl && (fr.hit.is_some() || self.rng.chance(700));
+        if past {
+            let k = 1 + self.rng.upto((alloc - dl) / ps);
+            q.swa_evicted_seqlen = (dl + k * ps).min(alloc);
+            let name = self.rng.pick(&super::handles::CHECKED[..7]);
+            let want = self.refusal_of(s, name, SKV_ERR_INVALID_ARG);
+            let st = self.checked_call(s, name, q, want, "cursor past swa_dead_lo");
+            if st == SKV_ERR_INVALID_ARG {
+                *self.cover.entry("cursor past swa_dead_lo refused without free_kv_segment").or_default() += 1;
+            }
+            return st;
+        }
+        // A slot in flight would keep the req's state: the model follows only first turns here.
+        if fr.hit.is_some() {
+            return SKV_OK;
+        }
+        q.swa_evicted_seqlen = dl.min(alloc);
         let qp: *mut skv_req = &mut q;
-        let (range, st) = match self.rng.below(3) {
+        let st = match self.rng.below(3) {
             0 => {
                 let p = prot + self.rng.upto(alloc - prot);
-                let desc = format!("skv_free_tail(cursor set, {}, prefix_len {p})", super::show(&q));
+                let desc = format!("skv_free_tail(cursor at swa_dead_lo, {}, prefix_len {p})", super::show(&q));
                 // SAFETY: c is the side's live handle; qp points at the local q.
-                (past, self.call(s, desc, qp, want, || unsafe { skv_free_tail(c, qp, p) }))
+                self.call(s, desc, qp, Expect::Any, || unsafe { skv_free_tail(c, qp, p) })
             }
             1 => {
                 let fl = self.rng.upto(q.output_len);
-                let desc = format!("skv_trim_overshoot(cursor set, {}, finished_len {fl})", super::show(&q));
+                let desc = format!("skv_trim_overshoot(cursor at swa_dead_lo, {}, finished_len {fl})", super::show(&q));
                 // SAFETY: c is the side's live handle; qp points at the local q.
-                (past, self.call(s, desc, qp, want, || unsafe { skv_trim_overshoot(c, qp, fl) }))
+                self.call(s, desc, qp, Expect::Any, || unsafe { skv_trim_overshoot(c, qp, fl) })
             }
             _ => {
                 let (sid, b) = (self.session(), self.branch());
@@ -189,19 +210,53 @@ impl World {
                 if self.usage_slots(s, sid, b) != 0 {
                     return SKV_OK;
                 }
-                let desc = format!("skv_cache_finished_req(cursor set, {}, s {sid} b {b}, aborted)", super::show(&q));
+                let desc = format!(
+                    "skv_cache_finished_req(cursor at swa_dead_lo, {}, s {sid} b {b}, aborted)",
+                    super::show(&q)
+                );
                 // SAFETY: c is the side's live handle; qp points at the local q.
-                (past, self.call(s, desc, qp, want, || unsafe { skv_cache_finished_req(c, sid, b, qp, 1) }))
+                self.call(s, desc, qp, Expect::Any, || unsafe { skv_cache_finished_req(c, sid, b, qp, 1) })
             }
         };
-        if range && st == SKV_ERR_INVALID_ARG {
-            *self.cover.entry("cursor past swa_dead_lo refused without free_kv_segment").or_default() += 1;
-        }
         if self.completed(st) {
             // The engine keeps no SWA pool: it takes its cursor back.
             (q.swa_evicted_seqlen, q.swa_evict_floor) = (fr.r.swa_evicted_seqlen, fr.r.swa_evict_floor);
             let epoch = if q.req_pool_idx >= 0 { fr.epoch } else { 0 };
             self.sides[s].reqs[i] = FReq { r: q, epoch, hit: None, matched: None };
+        }
+        st
+    }
+
+    /// A later turn (a hit) whose engine raised cache_protected_len above the slot's and moved
+    /// its cursor up to its own swa_dead_lo, which lies past the slot's: a finish would save a
+    /// cursor the slot's protected length cannot free around, and is refused
+    /// (SKV_ERR_INVALID_ARG); an abort releases at the slot's protected length and cannot split
+    /// there without free_kv_segment (SKV_ERR_UNSUPPORTED). Nothing changes either way.
+    fn grown_protected(&mut self, s: usize, i: usize, (sid, b): (u64, u64)) -> skv_status {
+        let side = &self.sides[s];
+        let (c, ps, mut q) = (side.c, side.ps(), side.reqs[i].r);
+        let slot_dl = dead_lo(&q, ps);
+        // A page boundary past the slot's swa_dead_lo, within what was committed.
+        let lo = slot_dl / ps + 1;
+        let hi = q.kv_committed_len / ps;
+        if lo > hi || q.swa_evict_floor > q.cache_protected_len {
+            return SKV_OK;
+        }
+        q.cache_protected_len = (lo + self.rng.upto(hi - lo)) * ps;
+        q.swa_evicted_seqlen = dead_lo(&q, ps);
+        let aborted = self.rng.chance(400);
+        let desc = format!(
+            "skv_cache_finished_req(protected grown past the slot's, {}, s {sid} b {b}, aborted {})",
+            super::show(&q),
+            aborted as u32
+        );
+        let qp: *mut skv_req = &mut q;
+        // SAFETY: c is the side's live handle; qp points at the local q.
+        let st =
+            self.call(s, desc, qp, Expect::Fail, || unsafe { skv_cache_finished_req(c, sid, b, qp, aborted as u32) });
+        let want = if aborted { SKV_ERR_UNSUPPORTED } else { SKV_ERR_INVALID_ARG };
+        if st == want {
+            *self.cover.entry("a cursor past the slot's swa_dead_lo refused without free_kv_segment").or_default() += 1;
         }
         st
     }
@@ -301,6 +356,8 @@ impl World {
         let bad = self.rng.chance(100);
         if bad {
             rows.push(self.rng.pick(&[-1, n_rows]));
+        } else if self.rng.chance(50) {
+            rows.push(self.rng.below(n_rows as u64) as i32); // perhaps not in use
         }
         let cap = if self.rng.chance(200) { self.rng.upto(8) as usize } else { 4096 };
         let layout = |swa: bool, out: &mut [Vec<i32>; 3], needed: &mut usize| {
