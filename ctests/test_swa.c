@@ -297,8 +297,9 @@ static void an_unaligned_cursor_is_refused_at_a_split(void) {
   skv_req r = hybrid_req(), before;
   r.swa_evicted_seqlen = 26; /* an abort frees [16, 26) full-only and [26, 30) both */
   before = r;
+  /* refused as the req arrives, before any free is planned */
   CHECK_STATUS(skv_cache_finished_req(c, 3, 0, &r, 1), SKV_ERR_INVALID_ARG);
-  CHECK_MSG_HAS("splits a page");
+  CHECK_MSG_HAS("26 is not a multiple of page_size 4");
   CHECK_REQ_SAME(&r, &before);
   CHECK_EQ_INT(e.n_pieces, 0);
   r.swa_evicted_seqlen = 28;
@@ -308,6 +309,25 @@ static void an_unaligned_cursor_is_refused_at_a_split(void) {
   CHECK_PIECE(e, 1, 4, 12, SKV_POOL_BOTH);
   CHECK_PIECE(e, 2, 28, 2, SKV_POOL_BOTH);
   CHECK(req_is_empty(&r));
+  skv_cache_free(c);
+}
+
+/* A finish that frees nothing never reached the split check: it kept a cursor inside a
+ * page in the slot, and every later release of it was refused. The finish refuses it now. */
+static void a_finish_keeps_no_cursor_inside_a_page(void) {
+  engine e;
+  skv_cache *c = hybrid_cache(&e, 1, sizeof(skv_pool_ops));
+  skv_req r = req_make(1, 16, 16), before;
+  r.origin_input_len = 16;
+  r.swa_evicted_seqlen = 6;
+  before = r;
+  CHECK_STATUS(skv_cache_finished_req(c, 4, 0, &r, 0), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("6 is not a multiple of page_size 4");
+  CHECK_REQ_SAME(&r, &before);
+  CHECK_EQ_INT(e.n_pieces, 0);
+  r.swa_evicted_seqlen = 8;
+  CHECK_OK(skv_cache_finished_req(c, 4, 0, &r, 0));
+  CHECK_OK(skv_release_session(c, 4));
   skv_cache_free(c);
 }
 
@@ -372,6 +392,7 @@ int main(void) {
   evict_errors();
   free_kv_alone_cannot_free_the_full_side();
   an_unaligned_cursor_is_refused_at_a_split();
+  a_finish_keeps_no_cursor_inside_a_page();
   a_failing_segment_callback();
   a_lifted_floor_is_refused();
   return ctest_summary();

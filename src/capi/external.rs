@@ -329,10 +329,23 @@ impl Pool for ExternalPool {
     /// Without free_kv_segment (an ABI 3 caller's ops: ABI 2 callers hand every free to
     /// free_kv whole), positions the window freed could only go back through free_kv, which
     /// frees their SWA slots a second time: the row could never be released.
+    ///
+    /// With free_kv_segment, a free splits at the cursor, which must then be a page boundary
+    /// (as sglang asserts): a slot keeping a cursor inside a page could never be released.
     fn check_cursor(&self, req: &Req) -> Result<()> {
         let dead_lo = req.swa_dead_lo(self.ps);
-        if self.ops.free_kv_segment.is_some() || self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS || req.swa <= dead_lo {
+        if req.swa <= dead_lo || self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS {
             return Ok(());
+        }
+        if self.ops.free_kv_segment.is_some() {
+            if req.swa.is_multiple_of(self.ps) {
+                return Ok(());
+            }
+            return Err(Error::InvalidArg(format!(
+                "swa_evicted_seqlen {} is not a multiple of page_size {}: past swa_dead_lo {dead_lo} the \
+                 row's frees split at the cursor, which must be a page boundary",
+                req.swa, self.ps
+            )));
         }
         Err(Error::InvalidArg(format!(
             "swa_evicted_seqlen {} > swa_dead_lo {dead_lo}: the window freed positions [{dead_lo}, {}), but \
