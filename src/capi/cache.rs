@@ -66,6 +66,22 @@ pub struct skv_cache_config {
     pub swa_num_token_slots: u64,
 }
 
+#[cfg(test)]
+impl skv_cache_config {
+    /// A small owned-mode config (4-token pages, 16 pages, 4 rows) for the unit tests.
+    pub(crate) fn small_owned() -> skv_cache_config {
+        skv_cache_config {
+            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+            page_size: 4,
+            num_token_slots: 64,
+            num_rows: 4,
+            max_context_len: 32,
+            flags: 0,
+            swa_num_token_slots: 0,
+        }
+    }
+}
+
 /// Every published sizeof(skv_cache_config), oldest first; the last is this library's
 /// (`read_versioned`).
 pub(crate) const CONFIG_SIZES: [u32; 2] = [32, 40];

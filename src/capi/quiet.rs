@@ -63,15 +63,7 @@ mod tests {
             let text = info.payload().downcast_ref::<&str>().copied().unwrap_or("?");
             eprintln!("host hook saw: {text}");
         }));
-        let cfg = skv_cache_config {
-            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-            page_size: 4,
-            num_token_slots: 64,
-            num_rows: 4,
-            max_context_len: 32,
-            flags: 0,
-            swa_num_token_slots: 0,
-        };
+        let cfg = skv_cache_config::small_owned();
         let mut c = std::ptr::null_mut();
         // SAFETY: valid pointers; the handle is freed below.
         assert_eq!(unsafe { skv_cache_new(&cfg, &mut c) }, skv_status::SKV_OK);

@@ -286,15 +286,7 @@ mod tests {
     #[test]
     fn tracing_runs_inside_the_panic_boundary() {
         let path = std::env::temp_dir().join(format!("skv_trace_panic_{}.jsonl", std::process::id()));
-        let cfg = skv_cache_config {
-            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-            page_size: 4,
-            num_token_slots: 64,
-            num_rows: 4,
-            max_context_len: 32,
-            flags: 0,
-            swa_num_token_slots: 0,
-        };
+        let cfg = skv_cache_config::small_owned();
         let mut c = std::ptr::null_mut();
         let cpath = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
         // SAFETY: valid pointers throughout; the handle is freed at the end.
