@@ -33,6 +33,7 @@ test-rust: | deps
 test-events:
 	$(CARGO) test --features events --test events_dynamo
 	$(CARGO) test --features events --test events_session
+	$(CARGO) test --features events --bench hot_path
 	$(CARGO) test --features events --bench events
 
 # docs/events.md's drain path (ctests/test_doc_events.c) against a library built with the
