@@ -59,9 +59,8 @@ impl EngineHooks for Hooks {
     }
 }
 
-/// Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
-/// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
-/// them).
+/// Installs owned mode's engine hooks (copied); `user_data` is passed to each. NULL hooks
+/// removes them, after which released locks and aux states are dropped.
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
 /// they are installed.
