@@ -254,9 +254,8 @@ typedef int (*skv_free_kv_segment_fn)(void *user_data,
 /**
  * The engine's pools (external mode). A callback returning non-zero fails the call with
  * SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
- * locked, and must not throw. While a callback runs, every libskv call taking a handle (any
- * handle, not only this one) made on its thread returns SKV_ERR_STATE, and skv_cache_free
- * does nothing: a callback must not call libskv with a handle.
+ * locked; they must not throw, nor call libskv with a handle (see "Callbacks" at the top;
+ * docs/external-mode.md#what-a-callback-may-call).
  */
 typedef struct skv_pool_ops {
   /**
@@ -586,10 +585,8 @@ typedef struct skv_check_report {
 
 /**
  * Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
- * here (release, aborted finish, aligned-reuse release). Either may be NULL. They run on the
- * calling thread while the handle is locked; as for skv_pool_ops, a libskv call taking a
- * handle (any handle) made from inside one returns SKV_ERR_STATE, and skv_cache_free does
- * nothing.
+ * here (release, aborted finish, aligned-reuse release). Either may be NULL. They run as
+ * skv_pool_ops' callbacks do (docs/external-mode.md#what-a-callback-may-call).
  */
 typedef struct skv_engine_hooks {
   /**

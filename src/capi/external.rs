@@ -62,9 +62,8 @@ pub const SKV_POOL_BOTH: u32 = SKV_POOL_FULL | SKV_POOL_SWA;
 
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
-/// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
-/// handle, not only this one) made on its thread returns SKV_ERR_STATE, and skv_cache_free
-/// does nothing: a callback must not call libskv with a handle.
+/// locked; they must not throw, nor call libskv with a handle (see "Callbacks" at the top;
+/// docs/external-mode.md#what-a-callback-may-call).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
