@@ -74,7 +74,9 @@ pub struct RowState {
     pub allocated: u32,
 }
 
-/// Where closed batches go: the drain queue (a ZMQ publisher is the other way out).
+/// Where closed batches go: the drain queue. The built-in ZMQ publisher (feature `zmq`) is the
+/// other way out: `close` hands it the batch and its number instead, its bounded queue full
+/// being the same `Full` (the batch dropped, the recovery due).
 struct Queue {
     batches: VecDeque<(u64, Vec<u8>)>,
     max: usize,
