@@ -133,11 +133,13 @@ struct Setup {
     swa: u64,
     flags: u32,
     max_batches: u32,
+    /// SKV_FLAG_* of the cache.
+    cache_flags: u32,
 }
 
 impl Setup {
     fn new(mode: Mode) -> Self {
-        Setup { mode, ps: 4, rows: 16, max_ctx: 512, swa: 0, flags: 0, max_batches: 0 }
+        Setup { mode, ps: 4, rows: 16, max_ctx: 512, swa: 0, flags: 0, max_batches: 0, cache_flags: 0 }
     }
 }
 
@@ -170,7 +172,7 @@ impl Engine {
             num_token_slots: 8192 * s.ps as u64,
             num_rows: s.rows,
             max_context_len: s.max_ctx,
-            flags: 0,
+            flags: s.cache_flags,
             swa_num_token_slots: s.swa,
         };
         let pool = Box::into_raw(Box::new(Pool {
@@ -680,6 +682,23 @@ fn idle_eviction_releases_the_least_recently_used_session() {
             e.check(s as u64, 0, seq);
         }
         assert_eq!(e.router.blocks(), 8);
+    });
+}
+
+#[test]
+fn a_match_that_releases_the_slot_removes_its_pages() {
+    both(|mode| {
+        // Aligned reuse: a prompt sharing less than a page with the slot finds nothing whole to
+        // reuse, and the match releases the slot before it misses.
+        let mut e = Engine::new(&Setup { cache_flags: SKV_FLAG_ALIGNED_REUSE, ..Setup::new(mode) });
+        let seq = e.turn(1, 0, &[], &Turn::plain(&toks(55, 22), &toks(56, 9)));
+        e.check(1, 0, &seq);
+        assert_eq!(e.router.blocks(), 7);
+        let mut p2 = seq[..2].to_vec();
+        p2.extend(toks(57, 10));
+        let seq2 = e.turn(1, 0, &seq, &Turn::plain(&p2, &toks(58, 2)));
+        e.check(1, 0, &seq2);
+        assert_eq!((e.router.score(&seq, &salt_of(1)), e.router.blocks()), (0, 3), "{mode:?}");
     });
 }
 
