@@ -956,8 +956,9 @@ fn differential(mode: Mode, seed: u64, calls: u64) {
     let mut known: HashMap<(u64, u64), Vec<u32>> = HashMap::new();
     let mut n = 0u64;
     let mut turns = 0u64;
-    // How often each path ran: evictions, aborts, tail frees, free_aligned, free_req, hits.
-    let mut ran = [0u64; 6];
+    // How often each path ran: evictions, aborts, tail frees, free_aligned, free_req, hits,
+    // hand-backs (after a retried match or not).
+    let mut ran = [0u64; 7];
     while n < calls {
         let s = rng.below(6);
         let b = rng.below(2);
@@ -990,6 +991,23 @@ fn differential(mode: Mode, seed: u64, calls: u64) {
             ok(unsafe { skv_release_session(e.c, s) }, "release_session");
             known.retain(|k, _| k.0 != s);
             n += 1;
+            audit(&mut e, &known);
+            continue;
+        }
+        if idle_rows > 0 && rng.below(12) == 0 {
+            // A hit the engine drops before it runs (after a retried match, or not).
+            let mut r = skv_req { origin_input_len: prompt.len() as u32, ..Default::default() };
+            let key_len = common(&held, &prompt);
+            let mut m = e.matched(s, b, &mut r, key_len);
+            if rng.below(2) == 0 {
+                m = e.matched(s, b, &mut r, key_len);
+            }
+            assert_eq!(m.hit, 1);
+            // SAFETY: a live handle and req.
+            ok(unsafe { skv_hand_back(e.c, s, b, &mut r) }, "skv_hand_back");
+            known.insert((s, b), held[..m.prefix_len as usize].to_vec());
+            ran[6] += 1;
+            n += 3;
             audit(&mut e, &known);
             continue;
         }
@@ -1063,7 +1081,7 @@ fn differential(mode: Mode, seed: u64, calls: u64) {
     }
     assert_eq!(e.router.gaps, 0);
     assert!(turns > calls / 40, "{turns} turns");
-    let want = if mode == Mode::Owned { 6 } else { 5 };
+    let want = if mode == Mode::Owned { 7 } else { 6 };
     assert!(ran.iter().filter(|&&k| k > 0).count() >= want, "{mode:?}: paths run {ran:?}");
     eprintln!("events differential {mode:?}: {n} calls, {turns} turns, paths run {ran:?}");
 }
