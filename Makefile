@@ -28,9 +28,11 @@ test-rust: | deps
 	$(CARGO) test -p skv --features cuda --test device -- --nocapture
 
 # KV events (--features events) decoded and indexed by Dynamo's router, dynamo-kv-router (a
-# dev-dependency; its first build takes a few minutes); the events bench's smoke run.
+# dev-dependency; its first build takes a few minutes); the simulator's instances routed by
+# them (skv-sim's `router` feature); the events bench's smoke run.
 test-events:
 	$(CARGO) test --features events --test events_dynamo
+	$(CARGO) test -p skv-sim --features router --test multi
 	$(CARGO) test --features events --bench events
 
 test-c: build | deps
@@ -57,6 +59,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features events -- -D warnings
+	$(CARGO) clippy -p skv-sim --all-targets --features router -- -D warnings
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --features skv/events
 	python3 scripts/check_modules.py src
 

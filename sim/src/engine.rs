@@ -172,7 +172,6 @@ struct Session {
 struct Pending {
     branch: usize,
     plan: TurnPlan,
-    inst: usize,
     /// What the router charged the instance's prefill load with (Dynamo's effective prefill
     /// tokens: the prompt less the overlap it saw).
     prefill_tokens: u64,

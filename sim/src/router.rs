@@ -50,7 +50,7 @@ impl Router {
         if batch.data_parallel_rank != Some(instance as _) {
             return Err(format!("{what}: data_parallel_rank {:?}", batch.data_parallel_rank));
         }
-        if seq == 0 && !matches!(batch.events.first(), Some(RawKvEvent::AllBlocksCleared)) {
+        if seq == 0 && !matches!(batch.events.first(), Some(RawKvEvent::AllBlocksCleared { .. })) {
             return Err(format!("{what}: the first batch does not start with AllBlocksCleared"));
         }
         self.batches += 1;
@@ -63,7 +63,7 @@ impl Router {
             let Some(ev) = self.normalizer.normalize(raw, id, worker) else {
                 return Err(format!("{what}: the normalizer filtered an event out"));
             };
-            let ev = ev.into_router_event().map_err(|e| format!("{what}: not a worker-local event: {e:?}"))?;
+            let ev = ev.into_router_event().ok_or_else(|| format!("{what}: not a worker-local event"))?;
             self.tree.apply_event(ev).map_err(|e| format!("{what}: the tree refused an event: {e:?}"))?;
         }
         Ok(())

@@ -198,7 +198,7 @@ impl Engine<'_> {
         let load =
             |k: usize| Load { prefill_tokens: self.inst[k].prefill_tokens, decode_blocks: self.inst[k].decode_blocks };
         // Dynamo's choice: the lowest cost, ties broken at random.
-        let mut best = |f: &mut Fleet, use_overlap: bool| {
+        let best = |f: &mut Fleet, use_overlap: bool| {
             let mut pick = (f64::INFINITY, live[0], 0u32);
             for &k in &live {
                 let c = cost(load(k), origin, if use_overlap { overlaps[k] } else { 0 }, ps);
@@ -232,7 +232,7 @@ impl Engine<'_> {
         self.inst[k].prefill_tokens += prefill_tokens;
         self.inst[k].decode_blocks += decode_blocks;
         self.inst[k].queue.push_back(sid);
-        self.open[i].pending = Some(Pending { branch: b, plan, inst: k, prefill_tokens, decode_blocks });
+        self.open[i].pending = Some(Pending { branch: b, plan, prefill_tokens, decode_blocks });
         self.m.router.routed += 1;
     }
 
