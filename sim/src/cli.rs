@@ -107,6 +107,10 @@ pub struct Args {
     /// released, and nothing is routed to it afterwards
     #[arg(long)]
     pub drain: Option<u32>,
+    /// The kv router's credit per cached block against a block of load: Dynamo's
+    /// `overlap_score_credit` (its default 1)
+    #[arg(long, default_value_t = 1.0)]
+    pub overlap_credit: f64,
     /// Simulated duration of one engine step (a verify round of every running request), in
     /// milliseconds; the clock of "events per simulated second"
     #[arg(long, default_value_t = 20.0)]
@@ -225,6 +229,9 @@ impl Config {
         }
         if !(a.step_ms > 0.0 && a.step_ms.is_finite()) {
             return Err(format!("--step-ms {}: must be a positive number", a.step_ms));
+        }
+        if !(a.overlap_credit >= 0.0 && a.overlap_credit.is_finite()) {
+            return Err(format!("--overlap-credit {}: must be a finite number, 0 or more", a.overlap_credit));
         }
         let instance_pages = total_pages / a.instances as u64;
         let need = max_ctx / ps + a.shared_prefix_pages as u64 + 1;

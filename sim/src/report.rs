@@ -23,10 +23,16 @@ pub fn reuse_rate(m: &Metrics) -> f64 {
     1.0 - m.prefilled as f64 / m.prompt_tokens.max(1) as f64
 }
 
-/// Events the router received per simulated second (`--step-ms` a step).
+/// The run's simulated duration: its steps, `--step-ms` each.
+#[cfg(feature = "router")]
+pub fn sim_secs(cfg: &Config, m: &Metrics) -> f64 {
+    m.router.steps as f64 * cfg.args.step_ms / 1000.0
+}
+
+/// Events the router received per simulated second.
 #[cfg(feature = "router")]
 pub fn events_per_sim_sec(cfg: &Config, m: &Metrics) -> f64 {
-    m.router.events as f64 / (m.router.steps.max(1) as f64 * cfg.args.step_ms / 1000.0)
+    m.router.events as f64 / sim_secs(cfg, m).max(1e-9)
 }
 
 /// The multi-instance summary: one row per routing policy, then each run's checks.
@@ -42,19 +48,20 @@ pub fn fleet_table(cfg: &Config, runs: &[Run]) -> String {
     );
     let _ = writeln!(
         t,
-        "  {:<9}{:>9}{:>9}{:>13}{:>11}{:>14}{:>8}   router audit",
-        "router", "hit rate", "reused", "prefilled", "imbalance", "events/sim s", "moved"
+        "  {:<9}{:>9}{:>9}{:>13}{:>11}{:>9}{:>14}{:>8}   router audit",
+        "router", "hit rate", "reused", "prefilled", "imbalance", "sim s", "events/sim s", "moved"
     );
     for r in runs {
         let (m, rm) = (&r.m, &r.m.router);
         let _ = writeln!(
             t,
-            "  {:<9}{:>8.2}%{:>8.2}%{:>13}{:>11.3}{:>14.0}{:>8}   {} of {} differ ({} audits)",
+            "  {:<9}{:>8.2}%{:>8.2}%{:>13}{:>11.3}{:>9.1}{:>14.0}{:>8}   {} of {} differ ({} audits)",
             rm.policy,
             100.0 * hit_rate(m),
             100.0 * reuse_rate(m),
             m.prefilled,
             rm.imbalance(),
+            sim_secs(cfg, m),
             events_per_sim_sec(cfg, m),
             m.moved_slots,
             rm.mismatches,
@@ -355,6 +362,8 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
         fields.push(("hit_rate".into(), format!("{:.6}", hit_rate(m))));
         fields.push(("reuse_rate".into(), format!("{:.6}", reuse_rate(m))));
         fields.push(("imbalance".into(), format!("{:.6}", rm.imbalance())));
+        fields.push(("sim_seconds".into(), format!("{:.3}", sim_secs(cfg, m))));
+        fields.push(("overlap_credit".into(), format!("{}", cfg.args.overlap_credit)));
         fields.push(("events_per_sim_sec".into(), format!("{:.3}", events_per_sim_sec(cfg, m))));
     }
     fields.push(("ok".into(), fault.is_none().to_string()));

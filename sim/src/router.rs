@@ -95,17 +95,17 @@ pub struct Load {
 
 /// Dynamo's cost of sending a request to an instance, lower is better: its
 /// `DefaultWorkerScorer::worker_logit` (scheduling/selector/reference.rs) with
-/// `KvRouterConfig::default()` (overlap_score_credit 1, no credit decay, prefill_load_scale 1,
+/// `KvRouterConfig::default()` (overlap_score_credit 1 unless `--overlap-credit`, no credit decay, prefill_load_scale 1,
 /// decode_active_request_weight 0, router_track_prefill_tokens on):
 ///
-/// `max(0, (active_prefill_tokens + isl) / block_size - overlap_blocks)
+/// `max(0, (active_prefill_tokens + isl) / block_size - overlap_score_credit * overlap_blocks)
 ///  + active_decode_blocks + request_blocks`
 ///
 /// (`request_blocks`, the request's own blocks not shared with the instance's active
 /// requests, is all of them: two sessions never share a block, and a session runs one turn at
 /// a time.)
-pub fn cost(load: Load, isl: u32, overlap_blocks: u32, block_size: u32) -> f64 {
+pub fn cost(load: Load, isl: u32, overlap_blocks: u32, block_size: u32, overlap_credit: f64) -> f64 {
     let bs = block_size as f64;
-    let prefill = ((load.prefill_tokens as f64 + isl as f64) / bs - overlap_blocks as f64).max(0.0);
+    let prefill = ((load.prefill_tokens as f64 + isl as f64) / bs - overlap_credit * overlap_blocks as f64).max(0.0);
     prefill + load.decode_blocks as f64 + isl.div_ceil(block_size) as f64
 }

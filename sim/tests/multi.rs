@@ -90,14 +90,61 @@ fn every_policy_keeps_the_routers_view_exact() {
 }
 
 #[test]
-fn kv_routing_reuses_at_least_what_sticky_routing_does() {
+fn kv_routing_follows_the_sessions_and_random_routing_loses_them() {
     let lines = run(&["--router", "kv,session,random"]);
     let (kv, session, random) = (&lines[0], &lines[1], &lines[2]);
     let hit = |j: &str| real(j, "hit_rate");
-    assert!(hit(kv) >= hit(session), "kv {} < session {}", hit(kv), hit(session));
-    assert!(hit(session) > hit(random), "random routing loses the sessions' KV: {} vs {}", hit(random), hit(session));
-    assert!(num(kv, "prefill_tokens_recomputed") <= num(session, "prefill_tokens_recomputed"), "{kv}\n{session}");
-    assert!(num(random, "moved_slots") > num(kv, "moved_slots"), "{random}\n{kv}");
+    assert!(hit(kv) > 1.5 * hit(random), "kv {} vs random {}", hit(kv), hit(random));
+    assert!(hit(session) > 1.5 * hit(random), "session {} vs random {}", hit(session), hit(random));
+    assert!(num(random, "moved_slots") > 2 * num(kv, "moved_slots"), "{random}\n{kv}");
+    // Dynamo's default cost trades reuse for balance.
+    assert!(real(kv, "imbalance") < real(session, "imbalance"), "{kv}\n{session}");
+    assert_eq!(num(session, "moved_slots"), 0, "sticky routing never moves a session: {session}");
+}
+
+/// Memory tight enough that instances evict, and an overlap credit that values a session's
+/// conversation over a block of load: the kv router keeps at least the sticky hit rate (it
+/// evicts less, its memory balanced) with a lower load imbalance, in fewer steps.
+#[test]
+fn kv_routing_keeps_the_sticky_hit_rate_with_less_imbalance() {
+    let args = [
+        "--json",
+        "--instances",
+        "4",
+        "--sessions",
+        "200",
+        "--turns",
+        "6",
+        "--concurrency",
+        "64",
+        "--batch",
+        "16",
+        "--prompt-max",
+        "256",
+        "--max-new-tokens",
+        "128",
+        "--pool-tokens",
+        "32768",
+        "--check-every",
+        "50",
+        "--seed",
+        "3",
+        "--overlap-credit",
+        "16",
+        "--router",
+        "kv,session",
+    ];
+    let out = sim(&args);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let (kv, session) = (lines[0], lines[1]);
+    assert_eq!(num(kv, "router_mismatches") + num(session, "router_mismatches"), 0);
+    assert!(num(session, "evictions") > 0, "the pool is tight: {session}");
+    assert!(real(kv, "hit_rate") >= real(session, "hit_rate"), "{kv}\n{session}");
+    assert!(num(kv, "evictions") < num(session, "evictions"), "{kv}\n{session}");
+    assert!(real(kv, "imbalance") < real(session, "imbalance"), "{kv}\n{session}");
+    assert!(num(kv, "steps") < num(session, "steps"), "{kv}\n{session}");
 }
 
 #[test]
@@ -128,6 +175,7 @@ fn bad_fleet_options_exit_2() {
         (&["--drain", "0"][..], "--drain 0"),
         (&["--router", "best"][..], "best"),
         (&["--instances", "2", "--step-ms", "0"][..], "--step-ms"),
+        (&["--instances", "2", "--overlap-credit=-1"][..], "--overlap-credit"),
     ] {
         let out = sim(args);
         let err = String::from_utf8_lossy(&out.stderr);

@@ -151,7 +151,12 @@ impl Engine<'_> {
         }
         for k in 0..self.inst.len() {
             while self.inst[k].live && self.inst[k].running < self.cfg.instance_batch as usize {
-                let Some(sid) = self.inst[k].queue.pop_front() else { break };
+                // As the single engine admits: a waiting turn at random.
+                let q = self.inst[k].queue.len();
+                if q == 0 {
+                    break;
+                }
+                let sid = self.inst[k].queue.swap_remove_back(self.rng.below(q)).expect("in the queue");
                 let i = self.open.iter().position(|s| s.id == sid).expect("a queued session is open");
                 let p = self.open[i].pending.take().expect("a queued session has a pending turn");
                 self.inst[k].prefill_tokens -= p.prefill_tokens;
@@ -201,7 +206,7 @@ impl Engine<'_> {
         let best = |f: &mut Fleet, use_overlap: bool| {
             let mut pick = (f64::INFINITY, live[0], 0u32);
             for &k in &live {
-                let c = cost(load(k), origin, if use_overlap { overlaps[k] } else { 0 }, ps);
+                let c = cost(load(k), origin, if use_overlap { overlaps[k] } else { 0 }, ps, a.overlap_credit);
                 if c < pick.0 {
                     pick = (c, k, 1);
                 } else if c == pick.0 {
