@@ -31,7 +31,9 @@
 mod encode;
 mod frame;
 mod key;
+mod ledger;
 
 pub use encode::{now_ts, BatchEncoder, KIND_FULL_ATTENTION, MEDIUM_GPU};
 pub use frame::Frames;
 pub use key::SessionKey;
+pub use ledger::{Drained, HolderKey, Ledger, LedgerConfig, RowState};
