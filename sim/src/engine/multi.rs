@@ -128,6 +128,8 @@ impl Engine<'_> {
                 }
             }
         }
+        let r = &mut self.m.router;
+        (r.batches, r.events, r.event_bytes) = (f.router.batches, f.router.events, f.router.bytes);
         Ok(())
     }
 
@@ -334,10 +336,7 @@ impl Engine<'_> {
     /// router's figures are final.
     pub(super) fn close_fleet(&mut self) -> Result<(), Fault> {
         self.pump()?;
-        let f = self.fleet.as_ref().expect("a multi-instance run");
-        let r = &mut self.m.router;
-        (r.batches, r.events, r.event_bytes) = (f.router.batches, f.router.events, f.router.bytes);
-        if !f.router.is_empty() {
+        if !self.fleet.as_ref().expect("a multi-instance run").router.is_empty() {
             return Err("the router's tree still holds blocks after every session closed".into());
         }
         Ok(())
