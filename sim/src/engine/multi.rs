@@ -84,7 +84,7 @@ impl Fleet {
         Ok(Fleet {
             policy,
             router: Router::new(e.cfg.args.page_size, n),
-            rng: Rng::new(e.cfg.args.seed ^ 0x5EED_0F_2047E2),
+            rng: Rng::new(e.cfg.args.seed ^ 0x5EED_0F20_47E2),
             buf: Vec::new(),
             pinned: HashMap::new(),
             drain_done: false,
