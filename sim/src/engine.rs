@@ -7,6 +7,8 @@
 //!
 //! The engine mirrors which (session, branch) slots libskv should hold and what each
 //! match should return, so every answer from the library is checked, not just its status.
+//! A multi-instance run (`multi`) has one such engine state per instance, each its own libskv
+//! handle; a branch's slot lives on one instance at a time.
 
 use std::time::{Duration, Instant};
 
@@ -160,8 +162,7 @@ struct Session {
     /// The branch whose turn is running (its slot, if any, is in flight).
     busy: Option<usize>,
     turn: Option<Turn>,
-    /// Multi-instance runs: the turn routed to an instance and waiting in its queue, and the
-    /// session's turns started so far (the seed of each turn's plan).
+    /// Multi-instance runs: the turn routed to an instance and waiting in its queue.
     pending: Option<Pending>,
     /// A turn preempted (or taken from a drained instance) before it finished: routed again
     /// as it was (its branch and plan).
@@ -186,7 +187,7 @@ pub struct Instance {
     receipts: u64,
     locks_taken: u64,
     running: usize,
-    /// Sessions whose turn was routed here, in arrival order (multi-instance runs).
+    /// Sessions whose turn was routed here and waits (multi-instance runs).
     queue: std::collections::VecDeque<u64>,
     /// False once drained (`--drain`): nothing runs or is routed here.
     live: bool,
