@@ -293,12 +293,9 @@ pub(crate) fn events_tokens(
         }
         _ => {}
     }
-    // A holder left bound to this row by a request that ended without a call libskv sees (an
-    // external engine freeing its own row) is stale: the row is this request's now.
-    let stale = l.holder_of_row(row).filter(|&k| k != key && cache.slots().find(k.0, k.1).is_none());
     let toks: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
     let rs = RowState { row, protected: r.protected, committed: r.committed, allocated: r.allocated };
-    let out = l.tokens(key, rs, first_pos, &toks, stale);
+    let out = l.tokens(key, rs, first_pos, &toks);
     l.close();
     out
 }

@@ -172,16 +172,7 @@ impl Ledger {
     /// are all known. A new holder's first page is `ceil(protected / page_size)` (0 from page
     /// zero). Refused, nothing changed: the holder lives in another row, a hole past the
     /// known tokens, or a token differing from one handed before below `rs.allocated`.
-    /// `stale`: the holder bound to the row whose request is known to be gone, removed once
-    /// the call is accepted (any other holder bound to the row refuses it).
-    pub fn tokens(
-        &mut self,
-        key: HolderKey,
-        rs: RowState,
-        first_pos: u32,
-        tokens: &[u32],
-        stale: Option<HolderKey>,
-    ) -> Result<()> {
+    pub fn tokens(&mut self, key: HolderKey, rs: RowState, first_pos: u32, tokens: &[u32]) -> Result<()> {
         let (session, branch) = key;
         let ps = self.cfg.page_size;
         let (first_page, known, row) = match self.holders.get(&key) {
@@ -195,7 +186,7 @@ impl Ledger {
                 rs.row
             )));
         }
-        if let Some(other) = self.by_row.get(&rs.row).filter(|&&k| k != key && Some(k) != stale) {
+        if let Some(other) = self.by_row.get(&rs.row).filter(|&&k| k != key) {
             return Err(Error::State(format!(
                 "row {} holds session {} branch {}, not session {session} branch {branch}",
                 rs.row, other.0, other.1
@@ -228,9 +219,6 @@ impl Ledger {
         }
         let keep = from as usize + differs.unwrap_or(overlap);
         // Checked: now change.
-        if let Some(k) = stale.filter(|&k| k != key && self.by_row.get(&rs.row) == Some(&k)) {
-            self.remove(k);
-        }
         if !self.holders.contains_key(&key) {
             self.meta_mut(session).holders += 1;
             self.holders.insert(key, Holder { row: rs.row, first_page, tokens: Vec::new(), ids: Vec::new() });
@@ -338,6 +326,8 @@ impl Ledger {
                 }
             }
         }
+        // Leaves first: each block named is then a leaf of the worker's chain in the router.
+        removed.reverse();
         if !removed.is_empty() && enc.block_removed(removed).is_err() {
             *overflowed = true;
         }

@@ -53,12 +53,12 @@ fn committed_known_full_pages_are_stored_once_per_block() {
     drain_kinds(&mut l);
     let t = toks(1, 22);
     // 22 tokens known, 13 committed: pages 0..3 committed and known.
-    l.tokens((1, 0), rs(3, 0, 13, 22), 0, &t, None).unwrap();
+    l.tokens((1, 0), rs(3, 0, 13, 22), 0, &t).unwrap();
     assert_eq!(l.chain((1, 0)).unwrap().1.len(), 3);
     // A second branch sharing the first 8 tokens then diverging: shares 2 blocks.
     let mut t2 = t[..8].to_vec();
     t2.extend(toks(2, 8));
-    l.tokens((1, 1), rs(4, 0, 16, 16), 0, &t2, None).unwrap();
+    l.tokens((1, 1), rs(4, 0, 16, 16), 0, &t2).unwrap();
     assert_eq!(l.blocks(), 5);
     assert_eq!(drain_kinds(&mut l), ["BlockStored", "BlockStored"]);
     // Branch 0 released: its own page goes, the shared ones stay (branch 1 holds them).
@@ -73,12 +73,12 @@ fn committed_known_full_pages_are_stored_once_per_block() {
 #[test]
 fn protected_pages_are_never_published() {
     let mut l = ledger(8, false);
-    l.tokens((1, 0), rs(0, 8, 16, 16), 0, &toks(1, 16), None).unwrap();
+    l.tokens((1, 0), rs(0, 8, 16, 16), 0, &toks(1, 16)).unwrap();
     assert_eq!(l.chain((1, 0)), Some((2, &l.chain((1, 0)).unwrap().1[..])));
     assert_eq!(l.chain((1, 0)).unwrap().1.len(), 2);
     // From page zero, the protected pages are the session's too.
     let mut z = ledger(8, true);
-    z.tokens((1, 0), rs(0, 8, 16, 16), 0, &toks(1, 16), None).unwrap();
+    z.tokens((1, 0), rs(0, 8, 16, 16), 0, &toks(1, 16)).unwrap();
     assert_eq!(z.chain((1, 0)).unwrap().0, 0);
     assert_eq!(z.chain((1, 0)).unwrap().1.len(), 4);
 }
@@ -86,14 +86,14 @@ fn protected_pages_are_never_published() {
 #[test]
 fn a_drop_releases_pages_past_the_held_length_and_forgets_their_tokens() {
     let mut l = ledger(8, false);
-    l.tokens((1, 0), rs(0, 0, 16, 16), 0, &toks(1, 16), None).unwrap();
+    l.tokens((1, 0), rs(0, 0, 16, 16), 0, &toks(1, 16)).unwrap();
     drain_kinds(&mut l);
     l.shortened(0, 9);
     assert_eq!(l.chain((1, 0)).unwrap().1.len(), 2);
     assert_eq!(drain_kinds(&mut l), ["BlockRemoved"]);
     // Position 9 on was forgotten: other tokens there are accepted, and stored once committed.
     let other = toks(7, 7);
-    l.tokens((1, 0), rs(0, 0, 9, 9), 9, &other, None).unwrap();
+    l.tokens((1, 0), rs(0, 0, 9, 9), 9, &other).unwrap();
     assert_eq!(l.chain((1, 0)).unwrap().1.len(), 2);
     l.held((1, 0), 16, 16);
     assert_eq!(l.chain((1, 0)).unwrap().1.len(), 4);
@@ -103,25 +103,25 @@ fn a_drop_releases_pages_past_the_held_length_and_forgets_their_tokens() {
 #[test]
 fn a_hole_or_a_changed_held_token_is_refused_and_changes_nothing() {
     let mut l = ledger(8, false);
-    l.tokens((1, 0), rs(0, 0, 8, 10), 0, &toks(1, 10), None).unwrap();
+    l.tokens((1, 0), rs(0, 0, 8, 10), 0, &toks(1, 10)).unwrap();
     drain_kinds(&mut l);
     let before = (l.chain((1, 0)).unwrap().1.to_vec(), l.blocks());
-    let e = l.tokens((1, 0), rs(0, 0, 12, 12), 11, &toks(1, 2), None).unwrap_err();
+    let e = l.tokens((1, 0), rs(0, 0, 12, 12), 11, &toks(1, 2)).unwrap_err();
     assert!(e.to_string().contains("first_pos 11 leaves a hole"), "{e}");
     let mut changed = toks(1, 12);
     changed[5] = 99;
-    let e = l.tokens((1, 0), rs(0, 0, 12, 12), 0, &changed, None).unwrap_err();
+    let e = l.tokens((1, 0), rs(0, 0, 12, 12), 0, &changed).unwrap_err();
     assert!(e.to_string().contains("tokens[5] = 99 at position 5 differs"), "{e}");
-    let e = l.tokens((1, 0), rs(1, 0, 12, 12), 10, &toks(1, 2), None).unwrap_err();
+    let e = l.tokens((1, 0), rs(1, 0, 12, 12), 10, &toks(1, 2)).unwrap_err();
     assert!(e.to_string().contains("lives in row 0, the req holds row 1"), "{e}");
-    let e = l.tokens((2, 0), rs(0, 0, 12, 12), 0, &toks(1, 2), None).unwrap_err();
+    let e = l.tokens((2, 0), rs(0, 0, 12, 12), 0, &toks(1, 2)).unwrap_err();
     assert!(e.to_string().contains("row 0 holds session 1 branch 0"), "{e}");
     assert_eq!((l.chain((1, 0)).unwrap().1.to_vec(), l.blocks()), before);
     assert_eq!(drain_kinds(&mut l), Vec::<&str>::new());
     // A token past the held length may change (an engine's retried output).
     let mut past = toks(1, 10);
     past[9] = 5;
-    l.tokens((1, 0), rs(0, 0, 8, 9), 0, &past, None).unwrap();
+    l.tokens((1, 0), rs(0, 0, 8, 9), 0, &past).unwrap();
 }
 
 #[test]
@@ -129,7 +129,7 @@ fn a_session_salt_is_set_before_its_first_tokens() {
     let mut l = ledger(8, false);
     l.set_session(5, Some("conv-5"), Some(77)).unwrap();
     assert_eq!(l.salt(5), "conv-5");
-    l.tokens((5, 0), rs(0, 0, 4, 4), 0, &toks(1, 4), None).unwrap();
+    l.tokens((5, 0), rs(0, 0, 4, 4), 0, &toks(1, 4)).unwrap();
     let e = l.set_session(5, None, None).unwrap_err();
     assert!(matches!(e, Error::State(_)), "{e}");
     assert!(matches!(l.set_session(6, Some(""), None), Err(Error::InvalidArg(_))));
@@ -147,7 +147,7 @@ fn an_overflow_drops_a_batch_then_recovers_with_everything_held() {
     let mut l = ledger(2, false);
     // Queue: [cleared]. Three stores: one fits, two are dropped.
     for s in 1..=3u64 {
-        l.tokens((s, 0), rs(s as u32, 0, 8, 8), 0, &toks(s as u32, 8), None).unwrap();
+        l.tokens((s, 0), rs(s as u32, 0, 8, 8), 0, &toks(s as u32, 8)).unwrap();
         l.close();
     }
     assert_eq!((l.queued(), l.dropped()), (2, 2));
@@ -182,8 +182,8 @@ fn a_small_buffer_consumes_nothing() {
 fn the_recovery_stores_a_shared_block_once() {
     let mut l = ledger(1, false);
     let t = toks(1, 8);
-    l.tokens((1, 0), rs(0, 0, 8, 8), 0, &t, None).unwrap();
-    l.tokens((1, 1), rs(1, 0, 8, 8), 0, &t, None).unwrap();
+    l.tokens((1, 0), rs(0, 0, 8, 8), 0, &t).unwrap();
+    l.tokens((1, 1), rs(1, 0, 8, 8), 0, &t).unwrap();
     l.close();
     assert_eq!(l.dropped(), 1);
     let mut buf = vec![0u8; 4096];
