@@ -24,23 +24,12 @@ use std::process::ExitCode;
 use std::ptr::{null, null_mut};
 
 use serde_json::Value;
+use skv::core::{FieldValue, ReqField};
 use skv::*;
 
-/// The fields of `skv_req` a trace spells out, in its order.
-const REQ_FIELDS: [&str; 12] = [
-    "req_pool_idx",
-    "row_generation",
-    "kv_committed_len",
-    "kv_allocated_len",
-    "cache_protected_len",
-    "swa_evicted_seqlen",
-    "origin_input_len",
-    "output_len",
-    "finished_len",
-    "lock_node",
-    "lock_receipt",
-    "aux_state",
-];
+/// The `skv_req` fields traces from before ABI 4 lack: such a trace reads each as its
+/// `skv_req::default()` value, the value every req had then.
+const NEWER_REQ_FIELDS: [&str; 2] = ["swa_evict_floor", "aux_track"];
 
 /// The most values one buffer of the replay holds (64 MiB of `i32`). A call that succeeded
 /// wrote at most 65,536 values the trace kept whole, so only a failed call's buffer (its
@@ -220,12 +209,11 @@ fn int(v: &Value) -> Option<i128> {
     v.as_i64().map(i128::from).or_else(|| v.as_u64().map(i128::from))
 }
 
-/// A req's `aux_track` pair; a trace older than the field records none (both empty).
-fn track(v: &Value) -> Option<[i64; 2]> {
+/// A req field's recorded value: a number, or a pair of numbers (`aux_track`).
+fn field_value(v: &Value) -> Option<FieldValue> {
     match v {
-        Value::Null => Some([-1, -1]),
-        Value::Array(a) if a.len() == 2 => Some([a[0].as_i64()?, a[1].as_i64()?]),
-        _ => None,
+        Value::Array(a) if a.len() == 2 => Some(FieldValue::Pair([a[0].as_i64()?, a[1].as_i64()?])),
+        v => int(v).map(FieldValue::One),
     }
 }
 
@@ -271,37 +259,24 @@ impl Call<'_> {
         if r.is_null() {
             return Ok(None);
         }
-        let mut q = std::mem::MaybeUninit::<skv_req>::zeroed();
-        // SAFETY: skv_req_init writes every field.
-        let mut q = unsafe {
-            skv_req_init(q.as_mut_ptr());
-            q.assume_init()
-        };
-        q.req_pool_idx = self.req_field(k, r, "req_pool_idx")?;
-        q.row_generation = self.req_field(k, r, "row_generation")?;
-        q.kv_committed_len = self.req_field(k, r, "kv_committed_len")?;
-        q.kv_allocated_len = self.req_field(k, r, "kv_allocated_len")?;
-        q.cache_protected_len = self.req_field(k, r, "cache_protected_len")?;
-        q.swa_evicted_seqlen = self.req_field(k, r, "swa_evicted_seqlen")?;
-        q.origin_input_len = self.req_field(k, r, "origin_input_len")?;
-        q.output_len = self.req_field(k, r, "output_len")?;
-        q.finished_len = self.req_field(k, r, "finished_len")?;
-        q.lock_node = self.req_field(k, r, "lock_node")?;
-        q.lock_receipt = self.req_field(k, r, "lock_receipt")?;
-        q.aux_state = self.req_field(k, r, "aux_state")?;
-        q.aux_track = track(&r["aux_track"]).ok_or_else(|| self.cannot(format!("{k}.aux_track: not two numbers")))?;
-        // Traces from before the field read as 0, the value every req had then.
-        q.swa_evict_floor = match r.get("swa_evict_floor") {
-            None => 0,
-            Some(_) => self.req_field(k, r, "swa_evict_floor")?,
-        };
+        let mut q = skv_req::default();
+        for f in &skv_req::FIELDS {
+            let Some(v) = self.recorded_field(k, r, f)? else { continue };
+            if !(f.set)(&mut q, v) {
+                return Err(self.cannot(format!("{k}.{} {v} out of range", f.name)));
+            }
+        }
         Ok(Some(q))
     }
 
-    /// A req's field as its C type.
-    fn req_field<T: TryFrom<i128>>(&self, k: &str, r: &Value, name: &str) -> Result<T, Fault> {
-        let n = int(&r[name]).ok_or_else(|| self.cannot(format!("{k}.{name} missing")))?;
-        T::try_from(n).map_err(|_| self.cannot(format!("{k}.{name} {n} out of range")))
+    /// A req's field as recorded; `None` for a field newer than the trace (`NEWER_REQ_FIELDS`).
+    fn recorded_field(&self, k: &str, r: &Value, f: &ReqField) -> Result<Option<FieldValue>, Fault> {
+        let name = f.name;
+        match r.get(name) {
+            None if NEWER_REQ_FIELDS.contains(&name) => Ok(None),
+            None => Err(self.cannot(format!("{k}.{name} missing"))),
+            Some(v) => field_value(v).map(Some).ok_or_else(|| self.cannot(format!("{k}.{name} = {v}: not a value"))),
+        }
     }
 
     /// An input array as the values the call takes (`None` for a recorded NULL).
@@ -384,37 +359,17 @@ impl Call<'_> {
 
     fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Fault> {
         let (Some(want), Some(got)) = (self.v.get(k), got) else { return Ok(()) };
-        let got_track = got.aux_track;
-        let got_floor = got.swa_evict_floor;
-        let got = [
-            got.req_pool_idx as i128,
-            got.row_generation as i128,
-            got.kv_committed_len as i128,
-            got.kv_allocated_len as i128,
-            got.cache_protected_len as i128,
-            got.swa_evicted_seqlen as i128,
-            got.origin_input_len as i128,
-            got.output_len as i128,
-            got.finished_len as i128,
-            got.lock_node as i128,
-            got.lock_receipt as i128,
-            got.aux_state as i128,
-        ];
-        for (name, g) in REQ_FIELDS.iter().zip(got) {
-            if int(&want[name]) != Some(g) {
-                return Err(self.differs(format!("{k}.{name} = {g}, recorded {}", want[name])));
+        for f in &skv_req::FIELDS {
+            let g = (f.get)(got);
+            let w = match self.recorded_field(k, want, f) {
+                Ok(w) => w.unwrap_or((f.get)(&skv_req::default())),
+                Err(_) => return Err(self.differs(format!("{k}.{} = {g}, recorded {}", f.name, want[f.name]))),
+            };
+            if g != w {
+                return Err(self.differs(format!("{k}.{} = {g}, recorded {}", f.name, want[f.name])));
             }
         }
-        if track(&want["aux_track"]) != Some(got_track) {
-            return Err(self.differs(format!("{k}.aux_track = {got_track:?}, recorded {}", want["aux_track"])));
-        }
-        let floor = got_floor as i128;
-        match int(&want["swa_evict_floor"]) {
-            Some(w) if w != floor => {
-                Err(self.differs(format!("{k}.swa_evict_floor = {floor}, recorded {}", want["swa_evict_floor"])))
-            }
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
     fn check_num(&self, k: &str, got: i128) -> Result<(), Fault> {
