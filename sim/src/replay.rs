@@ -55,26 +55,28 @@ pub fn from_args() -> Option<ExitCode> {
             println!("skv-sim replay: {summary}");
             ExitCode::SUCCESS
         }
-        Err(Fault::Differs(msg)) => {
+        Err(Stop::Differs(msg)) => {
             println!("skv-sim replay: FAIL: {msg}");
             ExitCode::from(1)
         }
-        Err(Fault::Cannot(msg)) => {
+        Err(Stop::Cannot(msg)) => {
             eprintln!("skv-sim replay: cannot replay: {msg}");
             ExitCode::from(2)
         }
     })
 }
 
-enum Fault {
+/// Why a replay stopped before the trace's end: a difference (exit 1) or a trace it cannot
+/// replay (exit 2). Not the simulator's `engine::Fault`, a libskv misbehaviour a run found.
+enum Stop {
     /// The replay disagrees with the recording (or the audit found a violation).
     Differs(String),
     /// The trace cannot be replayed at all.
     Cannot(String),
 }
 
-fn cannot(line: usize, msg: impl std::fmt::Display) -> Fault {
-    Fault::Cannot(format!("line {line}: {msg}"))
+fn cannot(line: usize, msg: impl std::fmt::Display) -> Stop {
+    Stop::Cannot(format!("line {line}: {msg}"))
 }
 
 unsafe extern "C" fn hook_lock(_: *mut c_void, _: u64, _: u64) -> c_int {
@@ -97,8 +99,8 @@ impl Drop for Handles {
     }
 }
 
-fn replay_file(path: &str) -> Result<String, Fault> {
-    let file = File::open(path).map_err(|e| Fault::Cannot(format!("{path}: {e}")))?;
+fn replay_file(path: &str) -> Result<String, Stop> {
+    let file = File::open(path).map_err(|e| Stop::Cannot(format!("{path}: {e}")))?;
     let mut reader = BufReader::new(file);
     let mut raw = Vec::new();
     let mut handles = Handles(HashMap::new());
@@ -139,7 +141,7 @@ fn replay_file(path: &str) -> Result<String, Fault> {
 }
 
 /// A fresh handle of the config a `trace_start` line records.
-fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
+fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Stop> {
     if v["mode"] != "owned" {
         return Err(cannot(
             line,
@@ -181,14 +183,14 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
     Ok(c)
 }
 
-fn audit(c: *mut skv_cache, line: usize, f: &str) -> Result<(), Fault> {
+fn audit(c: *mut skv_cache, line: usize, f: &str) -> Result<(), Stop> {
     // SAFETY: a live handle and a valid out-pointer.
     unsafe {
         let mut rep = std::mem::zeroed::<skv_check_report>();
         let st = skv_cache_check(c, &mut rep);
         if st != skv_status::SKV_OK || rep.violations != 0 {
             let first = CStr::from_ptr(rep.first_violation.as_ptr()).to_string_lossy().into_owned();
-            return Err(Fault::Differs(format!(
+            return Err(Stop::Differs(format!(
                 "line {line}: after {f}: audit {} with {} violations: {first}",
                 st.name(),
                 rep.violations
@@ -222,18 +224,18 @@ impl Call<'_> {
         self.v["fn"].as_str().unwrap_or("?")
     }
 
-    fn num(&self, k: &str) -> Result<i128, Fault> {
+    fn num(&self, k: &str) -> Result<i128, Stop> {
         int(&self.v[k]).ok_or_else(|| self.cannot(format!("no number \"{k}\"")))
     }
 
     /// An argument as the type the call takes; a number that type cannot hold was not written
     /// by libskv.
-    fn arg<T: TryFrom<i128>>(&self, k: &str) -> Result<T, Fault> {
+    fn arg<T: TryFrom<i128>>(&self, k: &str) -> Result<T, Stop> {
         let n = self.num(k)?;
         T::try_from(n).map_err(|_| self.cannot(format!("{k} {n} out of range")))
     }
 
-    fn cannot(&self, what: impl std::fmt::Display) -> Fault {
+    fn cannot(&self, what: impl std::fmt::Display) -> Stop {
         cannot(self.line, format!("{}: {what}", self.f()))
     }
 
@@ -251,11 +253,11 @@ impl Call<'_> {
         self.null_arg().as_deref() == Some(name)
     }
 
-    fn req(&self, k: &str) -> Result<Option<skv_req>, Fault> {
+    fn req(&self, k: &str) -> Result<Option<skv_req>, Stop> {
         self.req_value(k, &self.v[k])
     }
 
-    fn req_value(&self, k: &str, r: &Value) -> Result<Option<skv_req>, Fault> {
+    fn req_value(&self, k: &str, r: &Value) -> Result<Option<skv_req>, Stop> {
         if r.is_null() {
             return Ok(None);
         }
@@ -270,7 +272,7 @@ impl Call<'_> {
     }
 
     /// A req's field as recorded; `None` for a field newer than the trace (`NEWER_REQ_FIELDS`).
-    fn recorded_field(&self, k: &str, r: &Value, f: &ReqField) -> Result<Option<FieldValue>, Fault> {
+    fn recorded_field(&self, k: &str, r: &Value, f: &ReqField) -> Result<Option<FieldValue>, Stop> {
         let name = f.name;
         match r.get(name) {
             None if NEWER_REQ_FIELDS.contains(&name) => Ok(None),
@@ -280,7 +282,7 @@ impl Call<'_> {
     }
 
     /// An input array as the values the call takes (`None` for a recorded NULL).
-    fn list<T: TryFrom<i128>>(&self, k: &str) -> Result<Option<Vec<T>>, Fault> {
+    fn list<T: TryFrom<i128>>(&self, k: &str) -> Result<Option<Vec<T>>, Stop> {
         self.whole(k)?;
         let a = match &self.v[k] {
             Value::Null => return Ok(None),
@@ -301,7 +303,7 @@ impl Call<'_> {
 
     /// Refuses an array the trace cut (`"<k>_cut_at"`), which the replay needs whole: as the
     /// call's input, or to compare the call's output with.
-    fn whole(&self, k: &str) -> Result<(), Fault> {
+    fn whole(&self, k: &str) -> Result<(), Stop> {
         let Some(kept) = self.v.get(format!("{k}_cut_at")) else { return Ok(()) };
         let len = self.v.get(format!("{k}_full_len")).map_or("more".into(), Value::to_string);
         Err(self.cannot(format!("{k} was cut in the trace: {kept} of {len} values kept")))
@@ -309,7 +311,7 @@ impl Call<'_> {
 
     /// A recorded output array `k`, if any, must hold the `n` values the call writes to be
     /// compared with them.
-    fn stored(&self, k: &str, n: usize) -> Result<(), Fault> {
+    fn stored(&self, k: &str, n: usize) -> Result<(), Stop> {
         self.whole(k)?;
         match self.v.get(k) {
             None => Ok(()),
@@ -323,7 +325,7 @@ impl Call<'_> {
 
     /// `n` zeroed values for the call to write, or "cannot replay" when the replay cannot hold
     /// them.
-    fn zeroed<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Vec<T>, Fault> {
+    fn zeroed<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Vec<T>, Stop> {
         if n > MAX_VALUES {
             return Err(self.cannot(format!("{k} of {n} values: more than the replay holds ({MAX_VALUES})")));
         }
@@ -335,19 +337,19 @@ impl Call<'_> {
 
     /// The buffer of `n` values an output argument `k` is replayed with: none (NULL) where the
     /// recording names `k` NULL.
-    fn out<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Option<Vec<T>>, Fault> {
+    fn out<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Option<Vec<T>>, Stop> {
         if self.is_null(k) {
             return Ok(None);
         }
         self.zeroed(k, n).map(Some)
     }
 
-    fn differs(&self, what: String) -> Fault {
-        Fault::Differs(format!("line {}: {}: {what}", self.line, self.f()))
+    fn differs(&self, what: String) -> Stop {
+        Stop::Differs(format!("line {}: {}: {what}", self.line, self.f()))
     }
 
     /// The status first, then (for a call that completed) every output the trace recorded.
-    fn check_status(&self, st: skv_status) -> Result<bool, Fault> {
+    fn check_status(&self, st: skv_status) -> Result<bool, Stop> {
         let want = self.v["status"].as_str().unwrap_or("?");
         let got = st.name();
         if got != want {
@@ -357,7 +359,7 @@ impl Call<'_> {
         Ok(matches!(st, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK))
     }
 
-    fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Fault> {
+    fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Stop> {
         let (Some(want), Some(got)) = (self.v.get(k), got) else { return Ok(()) };
         for f in &skv_req::FIELDS {
             let g = (f.get)(got);
@@ -372,14 +374,14 @@ impl Call<'_> {
         Ok(())
     }
 
-    fn check_num(&self, k: &str, got: i128) -> Result<(), Fault> {
+    fn check_num(&self, k: &str, got: i128) -> Result<(), Stop> {
         match self.v.get(k) {
             Some(w) if int(w) != Some(got) => Err(self.differs(format!("{k} = {got}, recorded {w}"))),
             _ => Ok(()),
         }
     }
 
-    fn check_list<T: Copy + Into<i128>>(&self, k: &str, got: &[T]) -> Result<(), Fault> {
+    fn check_list<T: Copy + Into<i128>>(&self, k: &str, got: &[T]) -> Result<(), Stop> {
         let Some(want) = self.v.get(k) else { return Ok(()) };
         let Some(want) = want.as_array() else { return Err(self.cannot(format!("{k} = {want}: not an array"))) };
         if want.len() != got.len() {
@@ -394,7 +396,7 @@ impl Call<'_> {
     }
 
     /// Replays a call that takes a req: NULL when recorded so, compared after.
-    fn with_req(&self, call: impl FnOnce(*mut skv_req) -> skv_status) -> Result<(bool, Option<skv_req>), Fault> {
+    fn with_req(&self, call: impl FnOnce(*mut skv_req) -> skv_status) -> Result<(bool, Option<skv_req>), Stop> {
         let mut r = self.req("req")?;
         let before = r;
         let p = r.as_mut().map_or(null_mut(), |r| r as *mut skv_req);
@@ -407,7 +409,7 @@ impl Call<'_> {
         Ok((done, r))
     }
 
-    fn run(&self) -> Result<(), Fault> {
+    fn run(&self) -> Result<(), Stop> {
         let c = self.c;
         // SAFETY: every call below gets a live handle, buffers of at least the length passed
         // with them, and NULL where the recording names a NULL argument.
@@ -605,7 +607,7 @@ impl Call<'_> {
     }
 
     /// skv_idle_sessions: its status (the ids are not compared).
-    fn idle_sessions(&self) -> Result<(), Fault> {
+    fn idle_sessions(&self) -> Result<(), Stop> {
         let cap: usize = self.arg("cap")?;
         let (mut sids, mut bids) = (self.out::<u64>("session_ids", cap)?, self.out::<u64>("branch_ids", cap)?);
         let mut count = 0usize;
@@ -618,7 +620,7 @@ impl Call<'_> {
 
     /// skv_build_flashinfer and its SWA twin: kv_indices gets the `cap` values the call was
     /// given, whose first `needed` the trace records.
-    fn flashinfer(&self, f: &str) -> Result<(), Fault> {
+    fn flashinfer(&self, f: &str) -> Result<(), Stop> {
         let build = if f == "skv_build_flashinfer" { skv_build_flashinfer } else { skv_build_flashinfer_swa };
         let rows = self.list::<i32>("rows")?;
         let (p, n) = input(&rows);
@@ -648,7 +650,7 @@ impl Call<'_> {
 
     /// A batch call records its arrays only when it succeeds (the inputs are the outputs less
     /// n_tokens); a failed one changed nothing, so replay passes over it.
-    fn batch(&self, f: &str) -> Result<(), Fault> {
+    fn batch(&self, f: &str) -> Result<(), Stop> {
         if self.v["status"].as_str() != Some("SKV_OK") {
             return Ok(());
         }
