@@ -62,16 +62,7 @@ impl Cache {
             bail!(OutOfMemory, "no free row (num_rows {})", pool.total_rows());
         };
         let generation = self.bump_generation(row);
-        *req = Req {
-            req_pool_idx: row as i32,
-            row_generation: generation,
-            kv_committed_len: 0,
-            kv_allocated_len: 0,
-            cache_protected_len: 0,
-            swa_evicted_seqlen: 0,
-            swa_evict_floor: 0,
-            ..*req
-        };
+        req.set_row(row as i32, generation);
         Ok(())
     }
 
@@ -91,16 +82,7 @@ impl Cache {
         }
         self.effects.push(Effect::FreeRow { row });
         self.run_effects(|_| {})?;
-        *req = Req {
-            req_pool_idx: -1,
-            row_generation: 0,
-            kv_committed_len: 0,
-            kv_allocated_len: 0,
-            cache_protected_len: 0,
-            swa_evicted_seqlen: 0,
-            swa_evict_floor: 0,
-            ..*req
-        };
+        req.set_row(-1, 0);
         Ok(())
     }
 

@@ -424,6 +424,22 @@ impl Req {
         Ok(())
     }
 
+    /// The req holding `row` (-1: none), stamped `generation`, with nothing of it mapped: its
+    /// lengths, window cursor and floor 0; the rest (turn lengths, lock, handles) stays.
+    pub fn set_row(&mut self, row: i32, generation: u32) {
+        let empty = Req { req_pool_idx: row, row_generation: generation, ..Req::default() };
+        *self = Req {
+            origin_input_len: self.origin_input_len,
+            output_len: self.output_len,
+            finished_len: self.finished_len,
+            lock_node: self.lock_node,
+            lock_receipt: self.lock_receipt,
+            aux_state: self.aux_state,
+            aux_track: self.aux_track,
+            ..empty
+        };
+    }
+
     /// The req after a finish or release: it holds nothing; `origin_input_len`,
     /// `output_len` and `finished_len` stay.
     pub fn clear_kv(&mut self) {
