@@ -70,6 +70,8 @@ pub unsafe extern "C" fn skv_req_init(req: *mut Req) -> skv_status {
     export!(skv_req_init, || {
         // SAFETY: req is NULL or valid (the contract above); out_mut refuses NULL.
         let req = unsafe { out_mut(req, "req") }?;
+        // A whole-struct write leaves no byte indeterminate: `Req` has no padding (asserted
+        // beside its field table).
         *req = skv_req::default();
         Ok(())
     })
