@@ -346,11 +346,17 @@ impl PageAllocator {
 mod tests {
     use super::*;
 
+    /// An allocator of `total_pages` (4 rows of 64 pages) with `n` pages handed to a row.
+    fn allocated(total_pages: u32, n: u32) -> (PageAllocator, Vec<u32>) {
+        let mut a = PageAllocator::new(total_pages, 4, 64).unwrap();
+        let mut got = Vec::new();
+        a.alloc(n, &mut got).unwrap();
+        (a, got)
+    }
+
     #[test]
     fn lifo_from_page_one() {
-        let mut a = PageAllocator::new(5, 4, 64).unwrap();
-        let mut got = Vec::new();
-        a.alloc(2, &mut got).unwrap();
+        let (mut a, mut got) = allocated(5, 2);
         assert_eq!(got, [1, 2]);
         a.free_owned(&got[..1]);
         got.clear();
@@ -371,9 +377,7 @@ mod tests {
 
     #[test]
     fn only_engine_held_pages_carry_a_map_count() {
-        let mut a = PageAllocator::new(6, 4, 64).unwrap();
-        let mut row = Vec::new();
-        a.alloc(2, &mut row).unwrap();
+        let (mut a, row) = allocated(6, 2);
         let mut engine = Vec::new();
         a.alloc_held(2, &mut engine).unwrap();
         assert_eq!((row.as_slice(), engine.as_slice()), ([1, 2].as_slice(), [3, 4].as_slice()));
@@ -390,9 +394,7 @@ mod tests {
 
     #[test]
     fn bulk_free_pushes_in_order() {
-        let mut a = PageAllocator::new(6, 4, 64).unwrap();
-        let mut got = Vec::new();
-        a.alloc(4, &mut got).unwrap();
+        let (mut a, mut got) = allocated(6, 4);
         assert_eq!(got, [1, 2, 3, 4]);
         a.free_owned(&got[1..]);
         got.clear();

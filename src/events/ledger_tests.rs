@@ -14,6 +14,13 @@ fn rs(row: u32, protected: u32, committed: u32, allocated: u32) -> RowState {
     RowState { row, protected, committed, allocated }
 }
 
+/// A ledger whose first batch (AllBlocksCleared) is already drained.
+fn drained_ledger(max_batches: usize) -> Ledger {
+    let mut l = ledger(max_batches, false);
+    drain_kinds(&mut l);
+    l
+}
+
 /// The events of every queued batch, in order, by their type tags.
 fn drain_kinds(l: &mut Ledger) -> Vec<&'static str> {
     let mut out = Vec::new();
@@ -49,8 +56,7 @@ fn the_first_batch_is_all_blocks_cleared_numbered_zero() {
 
 #[test]
 fn committed_known_full_pages_are_stored_once_per_block() {
-    let mut l = ledger(8, false);
-    drain_kinds(&mut l);
+    let mut l = drained_ledger(8);
     let t = toks(1, 22);
     // 22 tokens known, 13 committed: pages 0..3 committed and known.
     l.tokens((1, 0), rs(3, 0, 13, 22), 0, &t).unwrap();
@@ -199,8 +205,7 @@ fn the_recovery_stores_a_shared_block_once() {
 
 #[test]
 fn a_session_counts_its_blocks_only_while_it_has_two_holders() {
-    let mut l = ledger(64, false);
-    drain_kinds(&mut l);
+    let mut l = drained_ledger(64);
     let t = toks(3, 16);
     l.tokens((1, 0), rs(0, 0, 16, 16), 0, &t).unwrap();
     // A second branch over the same pages: nothing new is stored, and the pages stay while
