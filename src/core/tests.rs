@@ -229,8 +229,7 @@ fn swa_past_target_floors_the_trim() {
 #[test]
 fn aligned_reuse_releases_a_slot_with_nothing_whole_to_reuse() {
     let mut c = external(16, 128, true);
-    let mut r = Req { origin_input_len: 10, ..req(3, 10, 10) };
-    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    save(&mut c, 1, 0, 3, 10);
     let mut next = Req::default();
     assert_eq!(c.match_prefix(1, 0, &mut next, 100, false).unwrap().hit, 0);
     assert_eq!(log(&mut c), ["free_kv 384..394", "free_row 3"]);
@@ -240,12 +239,10 @@ fn aligned_reuse_releases_a_slot_with_nothing_whole_to_reuse() {
 #[test]
 fn in_flight_slots_refuse_release() {
     let mut c = external(1, 128, false);
-    let mut r = Req { origin_input_len: 5, ..req(0, 5, 5) };
-    c.cache_finished_req(1, 0, &mut r, false).unwrap();
+    save(&mut c, 1, 0, 0, 5);
     let mut other = Req { origin_input_len: 3, ..req(1, 3, 3) };
     c.cache_finished_req(1, 1, &mut other, false).unwrap();
-    let mut next = Req::default();
-    c.match_prefix(1, 0, &mut next, 5, false).unwrap();
+    matched(&mut c, 5);
     log(&mut c);
     assert!(matches!(c.release_session(1), Err(Error::State(_))));
     assert!(matches!(c.release_branch(1, 0), Err(Error::State(_))));
@@ -258,10 +255,8 @@ fn in_flight_slots_refuse_release() {
 #[test]
 fn retried_match_and_row_ownership() {
     let mut c = external(1, 128, false);
-    let mut r = Req { origin_input_len: 8, ..req(0, 8, 8) };
-    c.cache_finished_req(1, 0, &mut r, false).unwrap();
-    let mut next = Req::default();
-    c.match_prefix(1, 0, &mut next, 8, false).unwrap();
+    save(&mut c, 1, 0, 0, 8);
+    let mut next = matched(&mut c, 8);
     next.kv_allocated_len = 12;
     let again = c.match_prefix(1, 0, &mut next, 6, false).unwrap();
     assert_eq!(again.prefix_len, 6);
@@ -613,6 +608,23 @@ fn owned(ps: u32, pages: u64) -> Cache {
     hybrid(ps, pages, 0)
 }
 
+/// A fresh row of `c` with `n` tokens allocated.
+fn extended(c: &mut Cache, n: u32) -> Req {
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    c.alloc_extend(&mut r, n, None).unwrap();
+    r
+}
+
+/// A running request's row: `len` tokens mapped and committed, as a turn of `origin` prompt
+/// tokens and `len - origin` outputs leaves it.
+fn running_turn(c: &mut Cache, origin: u32, len: u32) -> Req {
+    let mut r = extended(c, len);
+    c.commit(&mut r, len).unwrap();
+    (r.origin_input_len, r.output_len) = (origin, len - origin);
+    r
+}
+
 fn indices(c: &Cache, r: &Req) -> Vec<i32> {
     let mut out = vec![0; r.kv_allocated_len as usize];
     c.row_indices(r.req_pool_idx as u32, 0, r.kv_allocated_len, false, &mut out).unwrap();
@@ -627,9 +639,7 @@ fn clean(c: &Cache) {
 #[test]
 fn extend_continues_inside_the_kept_partial_page() {
     let mut c = owned(4, 16);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 6, None).unwrap();
+    let mut r = extended(&mut c, 6);
     assert_eq!(indices(&c, &r), [4, 5, 6, 7, 8, 9]);
     c.commit(&mut r, 5).unwrap();
     r.origin_input_len = 5;
@@ -691,9 +701,7 @@ fn pool_pages_refuse_double_free_and_mapped_frees() {
 fn free_and_row_owned_pages_are_told_apart_by_the_free_stack() {
     // Neither kind carries a per-page word: refs, refusals and the audit ask the free stack.
     let mut c = owned(2, 8);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 4, None).unwrap();
+    let r = extended(&mut c, 4);
     let own = indices(&c, &r);
     let mut tree = [0i32; 2];
     c.pool_alloc(&mut tree).unwrap();
@@ -721,9 +729,7 @@ fn the_audit_sees_every_full_page() {
     // no row maps, and 3 free pages; each break below must be reported.
     let corrupt = |f: &dyn Fn(&mut super::owned::OwnedPool, u32)| {
         let mut c = owned(4, 8);
-        let mut r = Req::default();
-        c.alloc_row(&mut r).unwrap();
-        c.alloc_extend(&mut r, 12, None).unwrap();
+        let mut r = extended(&mut c, 12);
         c.commit(&mut r, 12).unwrap();
         c.publish_prefix(&mut r, 8).unwrap();
         c.pool_alloc(&mut [0i32; 4]).unwrap();
@@ -771,9 +777,7 @@ fn the_audit_sees_every_full_page() {
 #[test]
 fn publish_hands_pages_to_the_tree() {
     let mut c = owned(2, 8);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 5, None).unwrap();
+    let mut r = extended(&mut c, 5);
     c.commit(&mut r, 5).unwrap();
     c.publish_prefix(&mut r, 4).unwrap();
     let prefix = indices(&c, &r)[..4].to_vec();
@@ -794,11 +798,7 @@ fn publish_hands_pages_to_the_tree() {
 #[test]
 fn owned_session_turns_conserve_pages() {
     let mut c = owned(4, 32);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 10, None).unwrap();
-    c.commit(&mut r, 10).unwrap();
-    (r.origin_input_len, r.output_len) = (9, 1);
+    let mut r = running_turn(&mut c, 9, 10);
     c.cache_finished_req(5, 0, &mut r, false).unwrap();
     assert!(matches!(
         c.alloc_extend(
@@ -851,8 +851,7 @@ fn primitives_respect_the_session_that_holds_the_row() {
     log(&mut c);
     assert!(matches!(c.free_aligned(0, 10, 12), Err(Error::State(_))), "the slot is idle");
     assert!(matches!(c.cache_finished_req(1, 0, &mut stale.clone(), false), Err(Error::State(_))), "stale req");
-    let mut next = Req::default();
-    c.match_prefix(1, 0, &mut next, 12, false).unwrap();
+    let next = matched(&mut c, 12);
     assert!(matches!(c.free_aligned(0, 4, 12), Err(Error::State(_))), "below the protected prefix");
     assert!(matches!(c.free_aligned(0, 10, 11), Err(Error::State(_))), "short of the slot's end");
     let mut liar = Req { cache_protected_len: 0, ..next };
@@ -881,10 +880,8 @@ fn primitives_respect_the_session_that_holds_the_row() {
 #[test]
 fn a_running_slot_matches_only_its_own_request_again() {
     let mut c = external(1, 128, false);
-    let mut r = Req { origin_input_len: 8, ..req(0, 8, 8) };
-    c.cache_finished_req(1, 0, &mut r, false).unwrap();
-    let mut first = Req::default();
-    c.match_prefix(1, 0, &mut first, 8, false).unwrap();
+    save(&mut c, 1, 0, 0, 8);
+    let mut first = matched(&mut c, 8);
     let mut second = Req::default();
     assert!(matches!(c.match_prefix(1, 0, &mut second, 8, false), Err(Error::State(_))));
     assert_eq!(second, Req::default());
@@ -947,9 +944,7 @@ fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
 fn a_failed_upload_is_owed_again() {
     let mut c = owned(4, 16);
     c.track_row_changes().unwrap();
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 6, None).unwrap();
+    let r = extended(&mut c, 6);
     assert!(c.drain_row_changes(|_, _, _| Err(Error::Cuda("copy failed".into()))).is_err());
     let mut got = Vec::new();
     c.drain_row_changes(|row, start, idx| {
@@ -1028,9 +1023,7 @@ fn external_stale_copy_after_release_is_refused() {
 #[test]
 fn a_trim_below_finished_len_keeps_the_req_valid() {
     let mut c = owned(2, 32);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 10, None).unwrap();
+    let mut r = extended(&mut c, 10);
     c.commit(&mut r, 10).unwrap();
     (r.origin_input_len, r.output_len, r.finished_len) = (6, 4, 3);
     c.trim_overshoot(&mut r, 1).unwrap();
@@ -1046,6 +1039,13 @@ fn a_trim_below_finished_len_keeps_the_req_valid() {
 fn save(c: &mut Engine, session: u64, branch: u64, row: i32, len: u32) {
     let mut r = Req { origin_input_len: len, ..req(row, len, len) };
     c.cache_finished_req(session, branch, &mut r, false).unwrap();
+}
+
+/// A fresh req matched against session 1 branch 0 for `len` tokens.
+fn matched(c: &mut Engine, len: u32) -> Req {
+    let mut r = Req::default();
+    c.match_prefix(1, 0, &mut r, len, false).unwrap();
+    r
 }
 
 #[test]
@@ -1110,11 +1110,7 @@ fn hand_back_refuses_what_is_not_a_matched_unrun_request() {
 #[test]
 fn owned_hand_back_keeps_the_pages_and_refuses_an_extended_row() {
     let mut c = owned(4, 32);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 10, None).unwrap();
-    c.commit(&mut r, 10).unwrap();
-    r.origin_input_len = 10;
+    let mut r = running_turn(&mut c, 10, 10);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     let free = c.stats().unwrap().free_pages;
     let mut turn = Req { origin_input_len: 14, ..Req::default() };
@@ -1187,9 +1183,7 @@ fn usage_per_session_and_branch() {
 #[test]
 fn admission_pages_mirror_match_and_extend() {
     let mut c = owned(4, 64);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 14, None).unwrap();
+    let mut r = extended(&mut c, 14);
     c.commit(&mut r, 10).unwrap();
     (r.origin_input_len, r.output_len) = (10, 0);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
@@ -1214,11 +1208,7 @@ fn admission_pages_mirror_match_and_extend() {
 #[test]
 fn admission_counts_what_a_match_frees() {
     let mut c = owned(4, 64);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 20, None).unwrap();
-    c.commit(&mut r, 20).unwrap();
-    r.origin_input_len = 20;
+    let mut r = running_turn(&mut c, 20, 20);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     // Reusing 6 of 20 tokens: the match keeps pages 0..2 (positions 0..7) and frees 3.
     let a = c.admission(1, 0, 6, 12).unwrap();
@@ -1277,24 +1267,33 @@ fn swa_pages(c: &Cache) -> (u64, u64) {
     (s.swa_free_pages, s.swa_used_pages)
 }
 
-/// A running request's row: `len` tokens mapped and committed, as a turn of `origin` prompt
-/// tokens and `len - origin` outputs leaves it.
-fn hybrid_turn(c: &mut Cache, origin: u32, len: u32) -> Req {
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, len, None).unwrap();
-    c.commit(&mut r, len).unwrap();
-    (r.origin_input_len, r.output_len) = (origin, len - origin);
+/// A sliding window of `size` tokens evicted at every step, no prefix sharing, no floor.
+fn unshared_window(size: u32) -> Window {
+    Window { size, eviction_interval: 1, prefix_sharing: false, retain_floor: None }
+}
+
+/// running_turn, then the window of `size` tokens evicted at the turn's end.
+fn evicted_turn(c: &mut Cache, origin: u32, len: u32, size: u32) -> Req {
+    let mut r = running_turn(c, origin, len);
+    c.swa_evict(&mut r, len, &unshared_window(size)).unwrap();
     r
+}
+
+/// A hybrid cache (page size 4, 32 pages, 16 SWA pages) running a 16-token turn whose 4-token
+/// window has passed position 12.
+fn passed_window() -> (Cache, Req) {
+    let mut c = hybrid(4, 32, 16);
+    let r = evicted_turn(&mut c, 8, 16, 4);
+    (c, r)
 }
 
 #[test]
 fn hybrid_pages_map_both_pools_and_the_window_frees_the_swa_side_only() {
     let mut c = hybrid(4, 32, 16);
-    let mut r = hybrid_turn(&mut c, 20, 22);
+    let mut r = running_turn(&mut c, 20, 22);
     assert_eq!(c.stats().unwrap().used_pages, 6);
     assert_eq!(swa_pages(&c), (15 - 6, 6), "one SWA page per page the row maps");
-    let w = Window { size: 8, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    let w = unshared_window(8);
     assert_eq!(c.swa_evict(&mut r, 22, &w).unwrap(), 12, "[0, 12): 22 - 8 floored to a page");
     assert_eq!(r.swa_evicted_seqlen, 12);
     assert_eq!(c.stats().unwrap().used_pages, 6, "the full side keeps every page");
@@ -1315,9 +1314,7 @@ fn hybrid_pages_map_both_pools_and_the_window_frees_the_swa_side_only() {
 #[test]
 fn hybrid_trim_match_and_abort_free_each_side_once() {
     let mut c = hybrid(4, 64, 32);
-    let mut r = hybrid_turn(&mut c, 10, 30);
-    let w = Window { size: 6, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
-    c.swa_evict(&mut r, 30, &w).unwrap();
+    let mut r = evicted_turn(&mut c, 10, 30, 6);
     assert_eq!(r.swa_evicted_seqlen, 24);
     // The turn really ended at 10 + 12 = 22: the trim floors to 20 (the cursor stays on a page).
     r.finished_len = 12;
@@ -1341,11 +1338,11 @@ fn hybrid_trim_match_and_abort_free_each_side_once() {
 #[test]
 fn hybrid_cursor_moves_only_through_the_window() {
     let mut c = hybrid(4, 32, 16);
-    let mut r = hybrid_turn(&mut c, 8, 16);
+    let mut r = running_turn(&mut c, 8, 16);
     let mut lied = Req { swa_evicted_seqlen: 8, ..r };
     let e = c.alloc_extend(&mut lied, 1, None).unwrap_err();
     assert!(matches!(&e, Error::InvalidArg(m) if m.contains("swa_evicted_seqlen 8 != 0 recorded for row")), "{e}");
-    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    let w = unshared_window(4);
     c.swa_evict(&mut r, 16, &w).unwrap();
     assert_eq!(r.swa_evicted_seqlen, 12);
     let stale = Req { swa_evicted_seqlen: 0, ..r };
@@ -1357,10 +1354,7 @@ fn hybrid_cursor_moves_only_through_the_window() {
 
 #[test]
 fn hybrid_free_aligned_keeps_no_part_of_a_page_the_window_passed() {
-    let mut c = hybrid(4, 32, 16);
-    let mut r = hybrid_turn(&mut c, 8, 16);
-    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
-    c.swa_evict(&mut r, 16, &w).unwrap();
+    let (mut c, mut r) = passed_window();
     assert_eq!(r.swa_evicted_seqlen, 12);
     // Keeping 6 would keep page 1 (positions 4..8) with its SWA page gone, and put 6 and 7
     // back inside the window: an SWA layer would read them from the padding page.
@@ -1383,7 +1377,7 @@ fn hybrid_free_aligned_keeps_no_part_of_a_page_the_window_passed() {
 #[test]
 fn hybrid_out_of_swa_pages_changes_nothing() {
     let mut c = hybrid(4, 32, 4); // 3 usable SWA pages
-    let mut r = hybrid_turn(&mut c, 4, 8);
+    let mut r = running_turn(&mut c, 4, 8);
     let before = (r, c.stats().unwrap());
     let e = c.alloc_extend(&mut r, 8, None).unwrap_err();
     assert!(matches!(&e, Error::OutOfMemory(m) if m.contains("SWA pages needed")), "{e}");
@@ -1396,7 +1390,7 @@ fn hybrid_out_of_swa_pages_changes_nothing() {
     assert!(matches!(c.pool_alloc(&mut tree), Err(Error::OutOfMemory(_))));
     assert_eq!(c.stats().unwrap(), before.1);
     // The window frees room for the next page.
-    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    let w = unshared_window(4);
     c.swa_evict(&mut r, 8, &w).unwrap();
     c.alloc_extend(&mut r, 4, None).unwrap();
     clean(&c);
@@ -1431,13 +1425,11 @@ fn hybrid_prefix_pages_keep_their_swa_pages_with_the_engine() {
 #[test]
 fn views_of_a_missing_swa_pool_are_unsupported() {
     let mut c = owned(4, 16);
-    let mut r = Req::default();
-    c.alloc_row(&mut r).unwrap();
-    c.alloc_extend(&mut r, 4, None).unwrap();
+    let mut r = extended(&mut c, 4);
     let mut out = [0i32; 4];
     assert!(matches!(c.row_indices(r.req_pool_idx as u32, 0, 4, true, &mut out), Err(Error::Unsupported(_))));
     assert!(matches!(c.flashinfer_len(&[r.req_pool_idx], true), Err(Error::Unsupported(_))));
-    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
+    let w = unshared_window(4);
     let e = c.swa_evict(&mut r, 4, &w).unwrap_err();
     assert!(matches!(&e, Error::Unsupported(m) if m.contains("swa_num_token_slots 0")), "{e}");
     assert_eq!(c.stats().unwrap().swa_total_pages, 0);
@@ -1446,10 +1438,7 @@ fn views_of_a_missing_swa_pool_are_unsupported() {
 #[test]
 fn the_audit_sees_both_pools() {
     let corrupt = |f: &dyn Fn(&mut super::owned::SwaSide, u32)| {
-        let mut c = hybrid(4, 32, 16);
-        let mut r = hybrid_turn(&mut c, 8, 16);
-        let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
-        c.swa_evict(&mut r, 16, &w).unwrap();
+        let (mut c, mut r) = passed_window();
         let row = r.req_pool_idx as u32;
         c.cache_finished_req(1, 0, &mut r, false).unwrap();
         clean(&c);
@@ -1470,10 +1459,7 @@ fn the_audit_sees_both_pools() {
 
 #[test]
 fn hybrid_free_aligned_keeps_no_page_the_window_passed() {
-    let mut c = hybrid(4, 32, 16);
-    let mut r = hybrid_turn(&mut c, 8, 16);
-    let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
-    c.swa_evict(&mut r, 16, &w).unwrap();
+    let (mut c, mut r) = passed_window();
     assert_eq!(r.swa_evicted_seqlen, 12);
     let row = r.req_pool_idx as u32;
     let before = c.stats().unwrap();
