@@ -25,9 +25,7 @@ pub unsafe extern "C" fn skv_device_attach(
     export!(
         skv_device_attach,
         c,
-        |t| {
-            t.num("device_ordinal", device_ordinal);
-        },
+        |t| t.num("device_ordinal", device_ordinal),
         // SAFETY: c is NULL or a live handle (the contract above); arg and lock refuse NULL.
         || unsafe {
             let handle = arg(c.cast_const(), "cache")?;

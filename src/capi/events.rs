@@ -56,9 +56,7 @@ pub unsafe extern "C" fn skv_events_enable(c: *mut skv_cache, cfg: *const skv_ev
     export!(
         skv_events_enable,
         c,
-        |t| {
-            t.num("cfg", !cfg.is_null() as u8);
-        },
+        |t| t.num("cfg", !cfg.is_null() as u8),
         // SAFETY: c is NULL or a live handle and cfg NULL or valid (the contract above); arg
         // and lock refuse NULL before anything is read.
         || unsafe {
@@ -260,9 +258,7 @@ pub unsafe extern "C" fn skv_events_drain(
     export!(
         skv_events_drain,
         c,
-        |t| {
-            t.num("cap", cap as u64);
-        },
+        |t| t.num("cap", cap as u64),
         // SAFETY: c is NULL or a live handle, buf NULL or cap bytes, len and seq NULL or valid
         // (the contract above); arg, nonnull, out_mut and slice_mut refuse NULL.
         || unsafe {

@@ -36,9 +36,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
     export!(
         skv_alloc_extend,
         c,
-        |t| {
-            t.req("req", req).num("n_tokens", n_tokens);
-        },
+        |t| t.req("req", req).num("n_tokens", n_tokens),
         // SAFETY: c and req are NULL or valid and out_loc NULL or n_tokens values (the contract
         // above); on_req refuses NULL, out_loc is used only when not NULL.
         || unsafe {
@@ -69,9 +67,7 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut Req, n_tokens: 
     export!(
         skv_commit,
         c,
-        |t| {
-            t.req("req", req).num("n_tokens", n_tokens);
-        },
+        |t| t.req("req", req).num("n_tokens", n_tokens),
         // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
         || unsafe { on_req_in_place(c, req, |c, r| c.commit(r, n_tokens)) },
         |t| {
@@ -239,9 +235,7 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
     export!(
         skv_pool_alloc,
         c,
-        |t| {
-            t.num("n_tokens", n_tokens);
-        },
+        |t| t.num("n_tokens", n_tokens),
         // SAFETY: c is NULL or a live handle and out_indices NULL or n_tokens values (the contract
         // above); lock and slice_mut refuse NULL.
         || unsafe {
@@ -265,9 +259,7 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
     export!(
         skv_pool_free,
         c,
-        |t| {
-            t.list("indices", indices, n);
-        },
+        |t| t.list("indices", indices, n),
         // SAFETY: c is NULL or a live handle and indices NULL or n values (the contract above);
         // lock and slice refuse NULL.
         || unsafe {
@@ -296,9 +288,7 @@ pub unsafe extern "C" fn skv_page_refs(
     export!(
         skv_page_refs,
         c,
-        |t| {
-            t.list("indices", indices, n);
-        },
+        |t| t.list("indices", indices, n),
         // SAFETY: c is NULL or a live handle, indices and out_counts NULL or n values (the contract
         // above); lock, slice and slice_mut refuse NULL.
         || unsafe {
@@ -332,9 +322,7 @@ pub unsafe extern "C" fn skv_map_prefix(
     export!(
         skv_map_prefix,
         c,
-        |t| {
-            t.req("req", req).list("indices", indices, n_tokens as usize);
-        },
+        |t| t.req("req", req).list("indices", indices, n_tokens as usize),
         // SAFETY: c and req are NULL or valid and indices NULL or n_tokens values (the contract
         // above); slice and on_req refuse NULL.
         || unsafe {

@@ -121,9 +121,7 @@ pub unsafe extern "C" fn skv_idle_sessions(
     export!(
         skv_idle_sessions,
         c,
-        |t| {
-            t.num("cap", cap as u64);
-        },
+        |t| t.num("cap", cap as u64),
         // SAFETY: c, count and the arrays are NULL or valid, the arrays holding cap values (the
         // contract above); slice_mut, out_mut and lock refuse NULL and impossible lengths.
         || unsafe {

@@ -72,9 +72,7 @@ pub unsafe extern "C" fn skv_cache_finished_req(
     export!(
         skv_cache_finished_req,
         c,
-        |t| {
-            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
-        },
+        |t| t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted),
         // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL and
         // holds c's lock while the closure runs.
         || unsafe {
@@ -110,9 +108,7 @@ pub unsafe extern "C" fn skv_hand_back(
     export!(
         skv_hand_back,
         c,
-        |t| {
-            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
-        },
+        |t| t.num("session_id", session_id).num("branch_id", branch_id).req("req", req),
         // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL and
         // holds c's lock while the closure runs.
         || unsafe { on_req(c, req, |cache, r| events_emit::hand_back(c, cache, (session_id, branch_id), r), |()| {}) },
@@ -140,9 +136,7 @@ pub unsafe extern "C" fn skv_checkpoint(
     export!(
         skv_checkpoint,
         c,
-        |t| {
-            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
-        },
+        |t| t.num("session_id", session_id).num("branch_id", branch_id).req("req", req),
         // SAFETY: c, req and handled are NULL or valid (the contract above); arg, out_mut and
         // lock refuse NULL.
         || unsafe {
@@ -172,9 +166,7 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
     export!(
         skv_release_session,
         c,
-        |t| {
-            t.num("session_id", session_id);
-        },
+        |t| t.num("session_id", session_id),
         || {
             // SAFETY: c is NULL or a live handle (the contract above).
             let mut cache = unsafe { lock(c) }?;
@@ -197,9 +189,7 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
     export!(
         skv_release_branch,
         c,
-        |t| {
-            t.num("session_id", session_id).num("branch_id", branch_id);
-        },
+        |t| t.num("session_id", session_id).num("branch_id", branch_id),
         || {
             // SAFETY: c is NULL or a live handle (the contract above).
             let mut cache = unsafe { lock(c) }?;
@@ -225,9 +215,7 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
     export!(
         skv_free_aligned,
         c,
-        |t| {
-            t.num("row", row).num("target", target).num("end", end);
-        },
+        |t| t.num("row", row).num("target", target).num("end", end),
         || {
             // SAFETY: c is NULL or a live handle (the contract above).
             let mut cache = unsafe { lock(c) }?;
@@ -299,9 +287,7 @@ pub unsafe extern "C" fn skv_session_held(
     export!(
         skv_session_held,
         c,
-        |t| {
-            t.list("active_rows", active_rows, n_active);
-        },
+        |t| t.list("active_rows", active_rows, n_active),
         // SAFETY: c and out are NULL or valid and active_rows NULL or n_active values (the contract
         // above); slice, out_mut and lock refuse NULL.
         || unsafe {
