@@ -7,7 +7,7 @@ GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 # ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
 GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
-.PHONY: all build deps test test-rust test-events test-c test-integration doc-check sim fuzz bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-events test-zmq test-c test-integration doc-check sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -16,9 +16,9 @@ build:
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
 # AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
-test: deps test-rust test-events test-c test-integration
+test: deps test-rust test-events test-zmq test-c test-integration
 
-# cmake, pkg-config and valgrind (apt-get as root when missing).
+# cmake, pkg-config, valgrind and a C++ compiler (apt-get as root when missing).
 deps:
 	scripts/deps.sh
 
@@ -32,6 +32,12 @@ test-rust: | deps
 test-events:
 	$(CARGO) test --features events --test events_dynamo
 	$(CARGO) test --features events --bench events
+
+# The ZMQ publisher (--features zmq) against a real subscriber. zmq-sys builds libzmq from
+# source with the C++ compiler (scripts/deps.sh): about 2 minutes on two cores, once, shared
+# with lint's `clippy -p skv --features zmq` (the same -p, so the same build of zmq-sys).
+test-zmq: | deps
+	$(CARGO) test -p skv --features zmq --test events_zmq
 
 test-c: build | deps
 	ctests/run.sh target/release
@@ -57,6 +63,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features events -- -D warnings
+	$(CARGO) clippy -p skv --all-targets --features zmq -- -D warnings
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --features skv/events
 	python3 scripts/check_modules.py src
 
