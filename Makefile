@@ -28,9 +28,11 @@ test-rust: | deps
 	$(CARGO) test -p skv --features cuda --test device -- --nocapture
 
 # KV events (--features events) decoded and indexed by Dynamo's router, dynamo-kv-router (a
-# dev-dependency; its first build takes a few minutes); the events bench's smoke run.
+# dev-dependency; its first build takes a few minutes): the format, then the session calls'
+# events through the C ABI (scenarios and the differential); the events bench's smoke run.
 test-events:
 	$(CARGO) test --features events --test events_dynamo
+	$(CARGO) test --features events --test events_session
 	$(CARGO) test --features events --bench events
 
 # The ZMQ publisher (--features zmq) against a real subscriber. zmq-sys builds libzmq from

@@ -101,6 +101,12 @@
 #define SKV_SWA_NO_PREFIX_SHARING 1
 
 /**
+ * skv_events_config's flags: libskv is the only publisher of session KV, so a session's
+ * chain starts at page 0, its protected pages included (docs/events.md, "Parents").
+ */
+#define SKV_EVENTS_FROM_PAGE_ZERO 1
+
+/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -147,6 +153,11 @@ typedef enum skv_status {
    * every later call.
    */
   SKV_ERR_INTERNAL = 9,
+  /**
+   * The caller's buffer is too small: the call says the size it needs (skv_events_drain's
+   * *len) and consumed nothing.
+   */
+  SKV_ERR_BUFFER = 10,
 } skv_status;
 
 /**
@@ -620,6 +631,38 @@ typedef struct skv_engine_hooks {
 } skv_engine_hooks;
 
 /**
+ * How a handle publishes its events (skv_events_enable).
+ */
+typedef struct skv_events_config {
+  /**
+   * sizeof(skv_events_config): 32 from ABI 4.
+   */
+  uint32_t struct_size;
+  /**
+   * Written in every batch; added to the endpoint's port.
+   */
+  uint32_t data_parallel_rank;
+  /**
+   * SKV_EVENTS_* values, OR-ed.
+   */
+  uint32_t flags;
+  /**
+   * The bound of the queue of closed batches (drain or publisher); 0 = 1024.
+   */
+  uint32_t max_batches;
+  /**
+   * NULL: drain only. A ZMQ endpoint the publisher binds, e.g. "tcp://*:5557", its port
+   * plus data_parallel_rank bound (vLLM's and TensorRT-LLM's convention). Needs the `zmq`
+   * feature (else SKV_ERR_UNSUPPORTED).
+   */
+  const char *endpoint;
+  /**
+   * The publisher's topic; NULL = "" (vLLM's default).
+   */
+  const char *topic;
+} skv_events_config;
+
+/**
  * Every exported function, for engines that dlopen libskv: one field per function, named
  * like it without the skv_ prefix (abi_version_fn is skv_abi_version). Get it with
  * skv_get_api(SKV_ABI_VERSION). Append-only within an ABI version: a function joins the
@@ -905,6 +948,35 @@ typedef struct skv_api {
                                           int32_t *kv_last_page_len,
                                           size_t cap,
                                           size_t *needed);
+  /**
+   * Same as skv_events_enable.
+   */
+  enum skv_status (*events_enable)(struct skv_cache *c, const struct skv_events_config *cfg);
+  /**
+   * Same as skv_events_session.
+   */
+  enum skv_status (*events_session)(struct skv_cache *c,
+                                    uint64_t session_id,
+                                    const char *salt,
+                                    const uint64_t *first_parent);
+  /**
+   * Same as skv_events_tokens.
+   */
+  enum skv_status (*events_tokens)(struct skv_cache *c,
+                                   uint64_t session_id,
+                                   uint64_t branch_id,
+                                   const struct skv_req *req,
+                                   uint32_t first_pos,
+                                   const int32_t *tokens,
+                                   size_t n);
+  /**
+   * Same as skv_events_drain.
+   */
+  enum skv_status (*events_drain)(struct skv_cache *c,
+                                  uint8_t *buf,
+                                  size_t cap,
+                                  size_t *len,
+                                  uint64_t *seq);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1535,6 +1607,82 @@ enum skv_status skv_device_sync(struct skv_cache *c,
  * valid until the library is unloaded, never freed by the caller.
  */
 const struct skv_api *skv_get_api(uint32_t abi_version);
+
+/**
+ * Turns events on for this handle (docs/events.md): before its first session call (a slot,
+ * a finished turn or an owned row in use: SKV_ERR_STATE), once (twice: SKV_ERR_STATE). The
+ * first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
+ * or a topic that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint needs the built-in
+ * publisher: SKV_ERR_UNSUPPORTED in this build.
+ *
+ * The caller must pass c as NULL or a live handle, cfg as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_events_enable(struct skv_cache *c, const struct skv_events_config *cfg);
+
+/**
+ * A session's salt and the parent of its first published page (docs/events.md, "Salts",
+ * "Parents"); optional, and before the session has a holder (a branch that was handed tokens:
+ * later SKV_ERR_STATE). salt NULL: "skv-session:<session_id>"; "" or not UTF-8:
+ * SKV_ERR_INVALID_ARG. first_parent NULL: the chain is a root of the router's tree; else the
+ * event hash of the engine's last protected block. skv_release_session forgets both.
+ * Events not enabled on the handle: SKV_ERR_STATE.
+ *
+ * The caller must pass c as NULL or a live handle, salt as NULL or NUL-terminated,
+ * first_parent as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_events_session(struct skv_cache *c,
+                                   uint64_t session_id,
+                                   const char *salt,
+                                   const uint64_t *first_parent);
+
+/**
+ * Hands libskv the token ids of positions [first_pos, first_pos + n) of the sequence the
+ * req's row holds, for session (session_id, branch_id): once per prefill chunk (after its
+ * commit) and once before skv_cache_finished_req with the turn's output tokens, never per
+ * decode step. Stores the committed full pages (kv_committed_len) whose tokens are all
+ * known, from the session's first published page on (docs/events.md, "What each call
+ * emits"). The req is checked as the session calls check it; it must hold a row
+ * (SKV_ERR_INVALID_ARG), that is not another session's slot nor, when (session_id,
+ * branch_id) has a slot, anything but that slot's row while it is in flight
+ * (SKV_ERR_STATE). first_pos + n past max_context_len, a negative token, first_pos past the
+ * tokens known (a hole), or a token differing from one handed before for a position still
+ * held: SKV_ERR_INVALID_ARG, nothing changed. Events not enabled: SKV_ERR_STATE.
+ *
+ * The caller must pass c as NULL or a live handle, req as NULL or valid, tokens as NULL or n
+ * values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_events_tokens(struct skv_cache *c,
+                                  uint64_t session_id,
+                                  uint64_t branch_id,
+                                  const struct skv_req *req,
+                                  uint32_t first_pos,
+                                  const int32_t *tokens,
+                                  size_t n);
+
+/**
+ * Copies the oldest closed batch of events (msgpack, `[ts, [events], data_parallel_rank]`)
+ * into buf and consumes it: *len its size, *seq its sequence number (one more than the last
+ * batch's, or more after a dropped batch: docs/events.md, "Overflow"). None pending: *len = 0
+ * and SKV_OK (*seq not written). cap smaller than the batch: SKV_ERR_BUFFER, *len = the size
+ * needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled:
+ * SKV_ERR_STATE.
+ *
+ * The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
+ * and seq as NULL or valid.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED, SKV_ERR_BUFFER
+ */
+enum skv_status skv_events_drain(struct skv_cache *c,
+                                 uint8_t *buf,
+                                 size_t cap,
+                                 size_t *len,
+                                 uint64_t *seq);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -409,6 +409,42 @@ class Cache {
     detail::call([&] { return skv_hand_back(handle_, session_id, branch_id, req.get()); });
   }
 
+  // KV events (docs/events.md; a libskv built without the `events` feature throws
+  // SKV_ERR_UNSUPPORTED)
+
+  /// Turns events on for this handle (skv_events_enable), before its first session call.
+  void events_enable(const skv_events_config &cfg) {
+    detail::call([&] { return skv_events_enable(handle_, &cfg); });
+  }
+  /// A session's salt (nullptr: "skv-session:<id>") and the parent of its first published
+  /// page (nullptr: none) (skv_events_session).
+  void events_session(uint64_t session_id, const char *salt = nullptr,
+                      const uint64_t *first_parent = nullptr) {
+    detail::call([&] { return skv_events_session(handle_, session_id, salt, first_parent); });
+  }
+  /// Token ids of positions [first_pos, first_pos + tokens.size()) of the req's sequence
+  /// (skv_events_tokens): once per prefill chunk and once before the finish.
+  void events_tokens(uint64_t session_id, uint64_t branch_id, const Req &req, uint32_t first_pos,
+                     const std::vector<int32_t> &tokens) {
+    detail::call([&] {
+      return skv_events_tokens(handle_, session_id, branch_id, req.get(), first_pos,
+                               tokens.data(), tokens.size());
+    });
+  }
+  /// The oldest closed batch (skv_events_drain) into `batch`, grown to fit; false when none
+  /// is pending. `seq` receives its sequence number.
+  bool events_drain(std::vector<uint8_t> &batch, uint64_t &seq) {
+    size_t len = 0;
+    skv_status s = skv_events_drain(handle_, batch.data(), batch.size(), &len, &seq);
+    if (s == SKV_ERR_BUFFER) {
+      batch.resize(len);
+      s = skv_events_drain(handle_, batch.data(), batch.size(), &len, &seq);
+    }
+    detail::check(s);
+    batch.resize(len);
+    return len > 0;
+  }
+
   // Scheduler queries (both modes, except admission_pages: owned mode)
 
   /// skv_cache_stats. External mode fills only what libskv knows there (total_rows,

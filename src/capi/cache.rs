@@ -21,6 +21,9 @@ pub struct skv_cache {
     pub(crate) trace: TraceFile,
     /// The GPU copy of the rows, once attached (locked after `inner`).
     pub(crate) device: Mutex<Option<Device>>,
+    /// The KV events' ledger, once skv_events_enable turned them on (locked after `inner`).
+    #[cfg(feature = "events")]
+    pub(crate) events: std::sync::OnceLock<Mutex<crate::events::Ledger>>,
 }
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
@@ -115,7 +118,14 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
     super::quiet::install();
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let trace = TraceFile::from_env(id, &cache)?;
-    Ok(Box::into_raw(Box::new(skv_cache { id, inner: HandleLock::new(cache), trace, device: Mutex::new(None) })))
+    Ok(Box::into_raw(Box::new(skv_cache {
+        id,
+        inner: HandleLock::new(cache),
+        trace,
+        device: Mutex::new(None),
+        #[cfg(feature = "events")]
+        events: std::sync::OnceLock::new(),
+    })))
 }
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode).

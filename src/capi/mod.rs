@@ -65,6 +65,11 @@ mod api;
 
 mod trace;
 
+mod events;
+
+// The session calls with their events (no exports).
+mod events_emit;
+
 // The handle's lock (no exports).
 mod handle_lock;
 
@@ -78,6 +83,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub use api::*;
 pub use cache::*;
 pub use device::*;
+pub use events::*;
 pub use external::*;
 pub use flashinfer::*;
 pub(crate) use handle_lock::{HandleGuard, HandleLock};

@@ -223,7 +223,9 @@ pub unsafe extern "C" fn skv_commit_batch(
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
-    export!(skv_free_req, |name| unsafe { req_export(c, name, req, &[], |c, r| c.free_req(r)) })
+    export!(skv_free_req, |name| unsafe {
+        req_export(c, name, req, &[], |cache, r| super::events_emit::free_req(c, cache, r))
+    })
 }
 
 /// Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole

@@ -1,7 +1,7 @@
 //! The session operations (both modes).
 
 use super::req::{on_req, req_export};
-use super::{aligned, arg, disjoint, lock, out_mut, skv_cache, skv_req, skv_status, slice, Span};
+use super::{aligned, arg, disjoint, events_emit, lock, out_mut, skv_cache, skv_req, skv_status, slice, Span};
 use crate::core::{Error, Req, Window};
 
 /// The Rust names of the C records (one definition each, in `core`).
@@ -39,7 +39,12 @@ pub unsafe extern "C" fn skv_match_prefix(
         || unsafe {
             disjoint(&[Span::of(req, 1, "req"), Span::of(out, 1, "out")])?;
             let out = out_mut(out, "out")?;
-            on_req(c, req, |c, r| c.match_prefix(session_id, branch_id, r, key_len, pre_aborted != 0), |m| *out = m)
+            on_req(
+                c,
+                req,
+                |cache, r| events_emit::match_prefix(c, cache, (session_id, branch_id), r, key_len, pre_aborted != 0),
+                |m| *out = m,
+            )
         },
         |t| {
             t.req("req_out", req).matched("out", out);
@@ -72,8 +77,16 @@ pub unsafe extern "C" fn skv_cache_finished_req(
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req).num("aborted", aborted);
         },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.cache_finished_req(session_id, branch_id, r, aborted != 0), |()| {}) },
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL and
+        // holds c's lock while the closure runs.
+        || unsafe {
+            on_req(
+                c,
+                req,
+                |cache, r| events_emit::finished(c, cache, (session_id, branch_id), r, aborted != 0),
+                |()| {},
+            )
+        },
         |t| {
             t.req("req_out", req);
         },
@@ -109,8 +122,9 @@ pub unsafe extern "C" fn skv_hand_back(
         |t| {
             t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
         },
-        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL.
-        || unsafe { on_req(c, req, |c, r| c.hand_back(session_id, branch_id, r), |()| {}) },
+        // SAFETY: c and req are NULL or valid (the contract above); on_req refuses NULL and
+        // holds c's lock while the closure runs.
+        || unsafe { on_req(c, req, |cache, r| events_emit::hand_back(c, cache, (session_id, branch_id), r), |()| {}) },
         |t| {
             t.req("req_out", req);
         },
@@ -170,9 +184,10 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
         },
         || {
             // SAFETY: c is NULL or a live handle (the contract above).
-            let mut c = unsafe { lock(c) }?;
-            c.release_session(session_id)?;
-            c.take_deferred()
+            let mut cache = unsafe { lock(c) }?;
+            // SAFETY: c is live and its lock held (just taken).
+            unsafe { events_emit::release_session(c, &mut cache, session_id) }?;
+            cache.take_deferred()
         },
         |_| {},
     )
@@ -193,9 +208,10 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
         },
         || {
             // SAFETY: c is NULL or a live handle (the contract above).
-            let mut c = unsafe { lock(c) }?;
-            c.release_branch(session_id, branch_id)?;
-            c.take_deferred()
+            let mut cache = unsafe { lock(c) }?;
+            // SAFETY: c is live and its lock held (just taken).
+            unsafe { events_emit::release_branch(c, &mut cache, (session_id, branch_id)) }?;
+            cache.take_deferred()
         },
         |_| {},
     )
@@ -229,15 +245,16 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
         },
         || {
             // SAFETY: c is NULL or a live handle (the contract above).
-            let mut c = unsafe { lock(c) }?;
+            let mut cache = unsafe { lock(c) }?;
             let Ok(row) = u32::try_from(row) else {
                 return Err(crate::core::Error::InvalidArg(format!(
                     "row {row} out of range [0, {})",
-                    c.config().num_rows
+                    cache.config().num_rows
                 )));
             };
-            c.free_aligned(row, target, end)?;
-            c.take_deferred()
+            // SAFETY: c is live and its lock held (taken above).
+            unsafe { events_emit::free_aligned(c, &mut cache, row, target, end) }?;
+            cache.take_deferred()
         },
         |_| {},
     )
@@ -255,7 +272,9 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_trim_overshoot, |name| unsafe {
-        req_export(c, name, req, &[("finished_len", finished_len)], |c, r| c.trim_overshoot(r, finished_len))
+        req_export(c, name, req, &[("finished_len", finished_len)], |cache, r| {
+            events_emit::shorten(c, cache, r, |cache, r| cache.trim_overshoot(r, finished_len))
+        })
     })
 }
 
@@ -269,7 +288,9 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_free_tail, |name| unsafe {
-        req_export(c, name, req, &[("prefix_len", prefix_len)], |c, r| c.free_tail(r, prefix_len))
+        req_export(c, name, req, &[("prefix_len", prefix_len)], |cache, r| {
+            events_emit::shorten(c, cache, r, |cache, r| cache.free_tail(r, prefix_len))
+        })
     })
 }
 

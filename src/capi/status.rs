@@ -38,6 +38,9 @@ pub enum skv_status {
     /// A bug caught at the boundary; the handle stays usable or reports SKV_ERR_INTERNAL on
     /// every later call.
     SKV_ERR_INTERNAL = 9,
+    /// The caller's buffer is too small: the call says the size it needs (skv_events_drain's
+    /// *len) and consumed nothing.
+    SKV_ERR_BUFFER = 10,
 }
 
 use skv_status::*;
@@ -54,6 +57,7 @@ pub(crate) fn status_of(e: &Error) -> skv_status {
         Error::Cuda(_) => SKV_ERR_CUDA,
         Error::Unsupported(_) => SKV_ERR_UNSUPPORTED,
         Error::Internal(_) => SKV_ERR_INTERNAL,
+        Error::Buffer(_) => SKV_ERR_BUFFER,
     }
 }
 
@@ -111,6 +115,7 @@ fn status_name(s: c_int) -> &'static CStr {
         7 => c"SKV_ERR_CUDA",
         8 => c"SKV_ERR_UNSUPPORTED",
         9 => c"SKV_ERR_INTERNAL",
+        10 => c"SKV_ERR_BUFFER",
         _ => c"SKV_ERR_UNKNOWN",
     }
 }

@@ -31,6 +31,9 @@ pub enum Error {
     /// A bug caught at the boundary.
     #[error("{0}")]
     Internal(String),
+    /// The caller's buffer is too small; nothing was consumed.
+    #[error("{0}")]
+    Buffer(String),
 }
 
 impl Error {
@@ -47,6 +50,7 @@ impl Error {
             Error::Cuda(m) => Error::Cuda(p(m)),
             Error::Unsupported(m) => Error::Unsupported(p(m)),
             Error::Internal(m) => Error::Internal(p(m)),
+            Error::Buffer(m) => Error::Buffer(p(m)),
         }
     }
 }

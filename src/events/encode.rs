@@ -155,8 +155,36 @@ impl BatchEncoder {
             ids.push(id);
             prev = Some(id);
         }
-        let ids = &ids[start..];
+        self.write_stored(key, parent, &ids[start..], tokens);
+        Ok(())
+    }
 
+    /// `block_stored` of pages whose ids the caller computed already ([`SessionKey::block_id`],
+    /// chained from `parent`): one id a page of `tokens`. The ledger hashes each page once to
+    /// count its holders, and stores only the runs whose count went from 0 to 1.
+    pub fn block_stored_ids(
+        &mut self,
+        key: &SessionKey,
+        parent: Option<u64>,
+        ids: &[u64],
+        tokens: &[u32],
+    ) -> Result<()> {
+        let ps = self.page_size as usize;
+        if ids.is_empty() || tokens.len() != ids.len() * ps || u32::try_from(tokens.len()).is_err() {
+            return Err(Error::InvalidArg(format!(
+                "block_stored_ids: {} token ids for {} pages of {ps} (at least one)",
+                tokens.len(),
+                ids.len()
+            )));
+        }
+        self.check_room()?;
+        self.write_stored(key, parent, ids, tokens);
+        Ok(())
+    }
+
+    /// Writes one `BlockStored` of checked arguments.
+    fn write_stored(&mut self, key: &SessionKey, parent: Option<u64>, ids: &[u64], tokens: &[u32]) {
+        let pages = ids.len();
         let body = &mut self.body;
         body.reserve(
             self.stored_head.len() + self.stored_meta.len() + key.tail.len() + 48 + 9 * pages + 5 * tokens.len(),
@@ -179,7 +207,6 @@ impl BatchEncoder {
         body.extend_from_slice(&self.stored_meta);
         body.extend_from_slice(&key.tail);
         self.events += 1;
-        Ok(())
     }
 
     /// Appends a `BlockRemoved` of the blocks `ids` (at least one). The router drops each
@@ -223,6 +250,12 @@ impl BatchEncoder {
         self.body.clear();
         self.events = 0;
         out.len() - start
+    }
+
+    /// Drops the open batch's events: an overflow's recovery batch replaces them.
+    pub fn clear(&mut self) {
+        self.body.clear();
+        self.events = 0;
     }
 
     /// A msgpack array holds at most u32::MAX events.

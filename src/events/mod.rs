@@ -33,11 +33,13 @@
 mod encode;
 mod frame;
 mod key;
+mod ledger;
 #[cfg(feature = "zmq")]
 mod publish;
 
 pub use encode::{now_ts, BatchEncoder, KIND_FULL_ATTENTION, MEDIUM_GPU};
 pub use frame::Frames;
 pub use key::SessionKey;
+pub use ledger::{Drained, HolderKey, Ledger, LedgerConfig, RowState};
 #[cfg(feature = "zmq")]
 pub use publish::{rank_endpoint, Full, Publisher, STOP_LINGER};

@@ -7,7 +7,7 @@ use std::ptr::{null, null_mut};
 use skv::*;
 
 /// The exports `call_export` makes, by index.
-pub const HANDLE_EXPORTS: [&str; 36] = [
+pub const HANDLE_EXPORTS: [&str; 40] = [
     "skv_cache_set_trace",
     "skv_match_prefix",
     "skv_cache_finished_req",
@@ -44,6 +44,10 @@ pub const HANDLE_EXPORTS: [&str; 36] = [
     "skv_swa_evict",
     "skv_row_swa_indices",
     "skv_build_flashinfer_swa",
+    "skv_events_enable",
+    "skv_events_session",
+    "skv_events_tokens",
+    "skv_events_drain",
 ];
 
 /// `HANDLE_EXPORTS[k]` on handle `c`, every other argument honest: a fresh req, outputs and
@@ -68,6 +72,14 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
         dec_lock_ref: None,
         free_aux: None,
+    };
+    let events = skv_events_config {
+        struct_size: std::mem::size_of::<skv_events_config>() as u32,
+        data_parallel_rank: 0,
+        flags: 0,
+        max_batches: 0,
+        endpoint: null(),
+        topic: null(),
     };
     let (rp, ip, up) = (&mut r as *mut skv_req, i32s.as_mut_ptr(), u32s.as_mut_ptr());
     let (ip2, up2) = (u64s.as_mut_ptr(), u64s[4..].as_mut_ptr());
@@ -111,7 +123,11 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             32 => skv_hand_back(c, 0, 0, rp),
             33 => skv_swa_evict(c, rp, 0, 1, 0, -1, 0, up),
             34 => skv_row_swa_indices(c, 0, 0, 1, ip),
-            _ => skv_build_flashinfer_swa(c, ip, 1, ip.add(2), ip.add(4), ip.add(6), 1, &mut n),
+            35 => skv_build_flashinfer_swa(c, ip, 1, ip.add(2), ip.add(4), ip.add(6), 1, &mut n),
+            36 => skv_events_enable(c, &events),
+            37 => skv_events_session(c, 0, null(), null()),
+            38 => skv_events_tokens(c, 0, 0, rp, 0, ip, 1),
+            _ => skv_events_drain(c, u64s.as_mut_ptr().cast(), 16, &mut n, ip2.add(2)),
         }
     }
 }

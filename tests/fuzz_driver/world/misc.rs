@@ -105,7 +105,7 @@ impl World {
         let bad = unsafe {
             let name = CStr::from_ptr(skv_status_str(v as _)).to_str().unwrap_or("");
             let want = match v {
-                0..=9 => super::super::coverage::STATUSES[v as usize],
+                0..=10 => super::super::coverage::STATUSES[v as usize],
                 _ => "SKV_ERR_UNKNOWN",
             };
             let last = skv_last_error();
