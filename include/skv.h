@@ -1612,8 +1612,10 @@ const struct skv_api *skv_get_api(uint32_t abi_version);
  * Turns events on for this handle (docs/events.md): before its first session call (a slot,
  * a finished turn or an owned row in use: SKV_ERR_STATE), once (twice: SKV_ERR_STATE). The
  * first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
- * or a topic that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint needs the built-in
- * publisher: SKV_ERR_UNSUPPORTED in this build.
+ * or a topic or endpoint that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint starts
+ * the built-in publisher (docs/events.md, "Publisher"), stopped by skv_cache_free: a
+ * malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it; a libskv built
+ * without the `zmq` feature refuses any endpoint with SKV_ERR_UNSUPPORTED.
  *
  * The caller must pass c as NULL or a live handle, cfg as NULL or valid.
  *
@@ -1670,8 +1672,8 @@ enum skv_status skv_events_tokens(struct skv_cache *c,
  * into buf and consumes it: *len its size, *seq its sequence number (one more than the last
  * batch's, or more after a dropped batch: docs/events.md, "Overflow"). None pending: *len = 0
  * and SKV_OK (*seq not written). cap smaller than the batch: SKV_ERR_BUFFER, *len = the size
- * needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled:
- * SKV_ERR_STATE.
+ * needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled, or
+ * published on an endpoint (they go out there): SKV_ERR_STATE.
  *
  * The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
  * and seq as NULL or valid.

@@ -5,17 +5,21 @@
 //! joiner) by publishing probe batches until one is received, then asserts on everything
 //! that follows. What arrives goes through Dynamo's decoder and radix tree.
 
+use std::collections::HashMap;
+use std::ffi::CString;
 use std::net::TcpListener;
+use std::ptr::null_mut;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use dynamo_kv_router::protocols::{compute_block_hash_for_seq, BlockHashOptions, WorkerWithDpRank};
-use dynamo_kv_router::zmq_wire::{decode_event_batch, ZmqEventNormalizer};
+use dynamo_kv_router::zmq_wire::{decode_event_batch, RawKvEvent, ZmqEventNormalizer};
 use dynamo_kv_router::RadixTree;
 use skv::core::Error;
 use skv::events::{now_ts, rank_endpoint, BatchEncoder, Full, Publisher, SessionKey, STOP_LINGER};
+use skv::*;
 
 const PS: u32 = 16;
 /// How long a test waits for what must arrive before it fails (a loaded 2-core CI machine).
@@ -373,4 +377,265 @@ fn stop_gives_a_stalled_subscriber_at_most_the_linger() {
     assert!(took >= STOP_LINGER.mul_f32(0.9), "stop gave the subscriber {took:?}");
     assert!(took < STOP_LINGER + Duration::from_secs(4), "stop took {took:?}");
     drop(sub);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Through the C ABI: a handle whose skv_events_enable names an endpoint.
+
+/// A handle in owned mode, page size 4, with events published on `endpoint`.
+struct Engine {
+    c: *mut skv_cache,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // SAFETY: made by `Engine::new`, freed once.
+        unsafe { skv_cache_free(self.c) };
+    }
+}
+
+const EPS: u32 = 4;
+
+fn ok(st: skv_status, what: &str) {
+    if let Err(e) = st.ok() {
+        panic!("{what}: {e}");
+    }
+}
+
+fn events_config(endpoint: &CString, topic: &CString, max_batches: u32) -> skv_events_config {
+    skv_events_config {
+        struct_size: std::mem::size_of::<skv_events_config>() as u32,
+        data_parallel_rank: 0,
+        flags: 0,
+        max_batches,
+        endpoint: endpoint.as_ptr(),
+        topic: topic.as_ptr(),
+    }
+}
+
+impl Engine {
+    /// A handle without events.
+    fn bare() -> Engine {
+        let cfg = skv_cache_config {
+            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+            page_size: EPS,
+            num_token_slots: 1 << 16,
+            num_rows: 16,
+            max_context_len: 512,
+            flags: 0,
+            swa_num_token_slots: 0,
+        };
+        let mut c = null_mut();
+        // SAFETY: valid pointers.
+        ok(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
+        Engine { c }
+    }
+
+    fn enable(&self, endpoint: &str, topic: &str, max_batches: u32) -> skv_status {
+        let (e, t) = (CString::new(endpoint).unwrap(), CString::new(topic).unwrap());
+        // SAFETY: a live handle; the config's strings outlive the call.
+        unsafe { skv_events_enable(self.c, &events_config(&e, &t, max_batches)) }
+    }
+
+    fn new(endpoint: &str, topic: &str, max_batches: u32) -> Engine {
+        let e = Engine::bare();
+        ok(e.enable(endpoint, topic, max_batches), "skv_events_enable");
+        e
+    }
+
+    /// A first turn of session `s` (branch 0): a fresh row, the prompt prefilled and its
+    /// tokens handed over, the output decoded and handed over, the finish.
+    fn turn(&mut self, s: u64, prompt: &[u32], out: &[u32]) {
+        let c = self.c;
+        let mut r = skv_req { origin_input_len: prompt.len() as u32, ..Default::default() };
+        let (p, o): (Vec<i32>, Vec<i32>) =
+            (prompt.iter().map(|&t| t as i32).collect(), out.iter().map(|&t| t as i32).collect());
+        // SAFETY: a live handle and req; the token arrays hold what they say.
+        unsafe {
+            ok(skv_alloc_row(c, &mut r), "skv_alloc_row");
+            ok(skv_alloc_extend(c, &mut r, p.len() as u32, null_mut()), "skv_alloc_extend");
+            ok(skv_commit(c, &mut r, p.len() as u32), "skv_commit");
+            ok(skv_events_tokens(c, s, 0, &r, 0, p.as_ptr(), p.len()), "skv_events_tokens");
+            ok(skv_alloc_extend(c, &mut r, o.len() as u32, null_mut()), "skv_alloc_extend");
+            ok(skv_commit(c, &mut r, o.len() as u32), "skv_commit");
+            r.output_len = o.len() as u32;
+            r.finished_len = o.len() as i32;
+            ok(skv_events_tokens(c, s, 0, &r, p.len() as u32, o.as_ptr(), o.len()), "skv_events_tokens");
+            ok(skv_cache_finished_req(c, s, 0, &mut r, 0), "skv_cache_finished_req");
+        }
+    }
+
+    fn release(&mut self, s: u64) {
+        // SAFETY: a live handle.
+        ok(unsafe { skv_release_session(self.c, s) }, "skv_release_session");
+    }
+
+    /// The full pages session `s` holds.
+    fn held_pages(&self, s: u64) -> u32 {
+        // SAFETY: plain integers.
+        let mut u: skv_usage = unsafe { std::mem::zeroed() };
+        // SAFETY: a live handle and out.
+        ok(unsafe { skv_branch_usage(self.c, s, 0, &mut u) }, "skv_branch_usage");
+        (u.committed_tokens / EPS as u64) as u32
+    }
+}
+
+/// Dynamo's router fed by a subscriber that may have joined late: an event that does not
+/// apply (a removal or a child of a block it never saw) is counted, as Dynamo's listener logs
+/// and goes on; what counts is that none fails after the last `AllBlocksCleared`.
+struct LateRouter {
+    normalizer: ZmqEventNormalizer,
+    tree: RadixTree,
+    next_event_id: u64,
+    next_seq: Option<u64>,
+    gaps: u64,
+    failed_since_clear: u64,
+    clears: u64,
+}
+
+impl LateRouter {
+    fn new() -> Self {
+        LateRouter {
+            normalizer: ZmqEventNormalizer::new(EPS),
+            tree: RadixTree::new(),
+            next_event_id: 0,
+            next_seq: None,
+            gaps: 0,
+            failed_since_clear: 0,
+            clears: 0,
+        }
+    }
+
+    fn apply(&mut self, m: &Received) {
+        if let Some(want) = self.next_seq {
+            assert!(m.seq >= want, "sequence {} after {want}", m.seq);
+            self.gaps += m.seq - want;
+        }
+        self.next_seq = Some(m.seq + 1);
+        let batch = decode_event_batch(&m.payload).expect("Dynamo decodes the batch");
+        for raw in batch.events {
+            if matches!(raw, RawKvEvent::AllBlocksCleared { .. }) {
+                self.failed_since_clear = 0;
+                self.clears += 1;
+            }
+            let id = self.next_event_id;
+            self.next_event_id += 1;
+            let ev = self.normalizer.normalize(raw, id, WorkerWithDpRank::new(1, 0)).expect("a session event");
+            if self.tree.apply_event(ev.into_router_event().unwrap()).is_err() {
+                self.failed_since_clear += 1;
+            }
+        }
+    }
+
+    fn score(&self, tokens: &[u32], s: u64) -> u32 {
+        let salt = format!("skv-session:{s}");
+        let opts = BlockHashOptions { cache_namespace: Some(&salt), ..Default::default() };
+        let seq = compute_block_hash_for_seq(tokens, EPS, opts);
+        self.tree.find_matches(seq, false).scores.get(&WorkerWithDpRank::new(1, 0)).copied().unwrap_or(0)
+    }
+
+    /// Whether the router holds exactly the full pages of `live` (each session's sequence).
+    fn agrees(&self, e: &Engine, live: &HashMap<u64, Vec<u32>>) -> bool {
+        let mut total = 0;
+        for (&s, seq) in live {
+            let held = e.held_pages(s);
+            total += held as usize;
+            if self.score(seq, s) != held {
+                return false;
+            }
+        }
+        self.tree.current_size() == total
+    }
+}
+
+/// A path for an ipc endpoint of this test alone.
+fn ipc_endpoint(name: &str) -> String {
+    format!("ipc://{}/skv-events-{}-{name}", std::env::temp_dir().display(), std::process::id())
+}
+
+#[test]
+fn after_an_overflow_the_routers_view_converges_to_what_libskv_holds() {
+    let endpoint = ipc_endpoint("overflow");
+    let mut e = Engine::new(&endpoint, "skv", 2);
+    // A subscriber that buffers little, and does not read while the engine runs: the
+    // publisher's queue of 2 batches overflows, batches are dropped.
+    let sub = Subscriber::connect(&endpoint, b"skv", 1, 4096);
+    let mut live: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut next_session = 0u64;
+    let mut run_turns = |e: &mut Engine, live: &mut HashMap<u64, Vec<u32>>, n: u64| {
+        for _ in 0..n {
+            let s = next_session;
+            next_session += 1;
+            let (prompt, out) = (tokens(s as u32, 301), tokens(s as u32 + 7, 10));
+            e.turn(s, &prompt, &out);
+            live.insert(s, [prompt, out].concat());
+            // Keep 8 sessions: the oldest is released (its pages removed).
+            if s >= 8 {
+                e.release(s - 8);
+                live.remove(&(s - 8));
+            }
+        }
+    };
+    // About 4 MB of stores, far past what the socket buffers hold.
+    run_turns(&mut e, &mut live, 1000);
+
+    // The subscriber reads again; the engine goes on, so a batch closes with room in the
+    // queue: the recovery (AllBlocksCleared, every held chain) goes out, and the router's view
+    // becomes libskv's.
+    let mut router = LateRouter::new();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        while let Some(m) = sub.recv(Duration::from_millis(5)) {
+            assert_eq!(m.topic, b"skv");
+            router.apply(&m);
+        }
+        if router.clears > 0 && router.failed_since_clear == 0 && router.agrees(&e, &live) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the router never converged: {} gaps", router.gaps);
+        run_turns(&mut e, &mut live, 1);
+    }
+    assert!(router.gaps > 0, "batches were dropped while the subscriber did not read");
+    // The engine goes on with everything received: each change now arrives, no gap.
+    let gaps = router.gaps;
+    for _ in 0..20 {
+        run_turns(&mut e, &mut live, 1);
+        while router.next_seq.is_some() && !router.agrees(&e, &live) {
+            let m = sub.recv(PATIENCE).expect("the next batch arrives");
+            router.apply(&m);
+        }
+    }
+    assert_eq!((router.gaps, router.failed_since_clear), (gaps, 0));
+    // skv_cache_free stops the publisher: promptly, the subscriber still reading.
+    let t = Instant::now();
+    drop(e);
+    assert!(t.elapsed() < STOP_LINGER + Duration::from_secs(4), "skv_cache_free took {:?}", t.elapsed());
+}
+
+#[test]
+fn enable_refuses_a_bad_endpoint_and_changes_nothing() {
+    let e = Engine::bare();
+    assert_eq!(e.enable("tcp://localhost", "", 0), skv_status::SKV_ERR_INVALID_ARG);
+    let m = last_error_message();
+    assert!(m.starts_with("skv_events_enable: cfg->endpoint") && m.contains("\"tcp://localhost\""), "{m}");
+    // A port another handle holds: the bind fails, named.
+    let first = Engine::new("tcp://127.0.0.1:*", "", 0);
+    drop(first);
+    let port = free_port();
+    let holder = Engine::new(&format!("tcp://127.0.0.1:{port}"), "", 0);
+    assert_eq!(e.enable(&format!("tcp://127.0.0.1:{port}"), "", 0), skv_status::SKV_ERR_INVALID_ARG);
+    let m = last_error_message();
+    assert!(m.contains(&format!("tcp://127.0.0.1:{port}")) && m.contains("Address already in use"), "{m}");
+    // Nothing changed: events are still off, and can be enabled.
+    let (mut len, mut seq, mut buf) = (0usize, 0u64, [0u8; 64]);
+    // SAFETY: a live handle; buf holds 64 bytes.
+    let st = unsafe { skv_events_drain(e.c, buf.as_mut_ptr(), 64, &mut len, &mut seq) };
+    assert_eq!(st, skv_status::SKV_ERR_STATE);
+    ok(e.enable(&ipc_endpoint("refusals"), "", 0), "skv_events_enable");
+    // With a publisher there is nothing to drain.
+    // SAFETY: as above.
+    let st = unsafe { skv_events_drain(e.c, buf.as_mut_ptr(), 64, &mut len, &mut seq) };
+    assert_eq!(st, skv_status::SKV_ERR_STATE);
+    assert!(last_error_message().contains("published on ipc://"), "{}", last_error_message());
+    drop(holder);
 }

@@ -48,8 +48,10 @@ fn without_events() -> Error {
 /// Turns events on for this handle (docs/events.md): before its first session call (a slot,
 /// a finished turn or an owned row in use: SKV_ERR_STATE), once (twice: SKV_ERR_STATE). The
 /// first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
-/// or a topic that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint needs the built-in
-/// publisher: SKV_ERR_UNSUPPORTED in this build.
+/// or a topic or endpoint that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint starts
+/// the built-in publisher (docs/events.md, "Publisher"), stopped by skv_cache_free: a
+/// malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it; a libskv built
+/// without the `zmq` feature refuses any endpoint with SKV_ERR_UNSUPPORTED.
 ///
 /// The caller must pass c as NULL or a live handle, cfg as NULL or valid.
 ///
@@ -92,11 +94,18 @@ unsafe fn enable_events(handle: &skv_cache, cache: &Cache, cfg: &skv_events_conf
     }
     // SAFETY: NULL or NUL-terminated, by this function's contract.
     let topic = unsafe { c_text(cfg.topic, "cfg->topic") }?.unwrap_or("");
-    if !cfg.endpoint.is_null() {
-        // The built-in publisher (feature `zmq`) starts here, owned by the handle's events.
+    // SAFETY: NULL or NUL-terminated, by this function's contract.
+    let endpoint = unsafe { c_text(cfg.endpoint, "cfg->endpoint") }?;
+    // A malformed endpoint is refused with the other arguments; a failed bind comes last.
+    #[cfg(feature = "zmq")]
+    if let Some(e) = endpoint {
+        crate::events::rank_endpoint(e, cfg.data_parallel_rank).map_err(|e| e.at("cfg->endpoint"))?;
+    }
+    #[cfg(not(feature = "zmq"))]
+    if let Some(e) = endpoint {
         return Err(Error::Unsupported(format!(
-            "cfg->endpoint: this libskv has no built-in publisher (the `zmq` feature); topic {topic:?} \
-             unused: drain with skv_events_drain and an endpoint of NULL"
+            "cfg->endpoint {e:?}: this libskv has no built-in publisher (the `zmq` feature); topic \
+             {topic:?} unused: drain with skv_events_drain and an endpoint of NULL"
         )));
     }
     let max = if cfg.max_batches == 0 { DEFAULT_MAX_BATCHES } else { cfg.max_batches };
@@ -116,6 +125,18 @@ unsafe fn enable_events(handle: &skv_cache, cache: &Cache, cfg: &skv_events_conf
     if let Some(why) = super::events_emit::session_state(cache) {
         return Err(Error::State(format!("events are enabled before the handle's first session call: {why}")));
     }
+    // The last step that can fail: a bound publisher is never left behind by a refusal.
+    #[cfg(feature = "zmq")]
+    let ledger = match endpoint {
+        Some(e) => {
+            let p = crate::events::Publisher::start(e, cfg.data_parallel_rank, topic, max as usize)
+                .map_err(|e| e.at("cfg->endpoint"))?;
+            let mut ledger = ledger;
+            ledger.publish_to(p);
+            ledger
+        }
+        None => ledger,
+    };
     handle.events.set(std::sync::Mutex::new(ledger)).map_err(|_| Error::State("events are already enabled".into()))
 }
 
@@ -256,8 +277,8 @@ fn hand_tokens(
 /// into buf and consumes it: *len its size, *seq its sequence number (one more than the last
 /// batch's, or more after a dropped batch: docs/events.md, "Overflow"). None pending: *len = 0
 /// and SKV_OK (*seq not written). cap smaller than the batch: SKV_ERR_BUFFER, *len = the size
-/// needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled:
-/// SKV_ERR_STATE.
+/// needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled, or
+/// published on an endpoint (they go out there): SKV_ERR_STATE.
 ///
 /// The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
 /// and seq as NULL or valid.
@@ -308,6 +329,10 @@ fn drain_batch(_h: &skv_cache, _buf: &mut [u8], _len: &mut usize, _seq: &mut u64
 fn drain_batch(handle: &skv_cache, buf: &mut [u8], len: &mut usize, seq: &mut u64) -> Result<()> {
     use crate::events::Drained;
     let mut ledger = super::events_emit::enabled(handle)?;
+    #[cfg(feature = "zmq")]
+    if let Some(e) = ledger.publisher_endpoint() {
+        return Err(Error::State(format!("events are published on {e}: there is nothing to drain")));
+    }
     match ledger.drain(buf) {
         Drained::Empty => *len = 0,
         Drained::Batch { seq: s, len: n } => (*len, *seq) = (n, s),

@@ -6,7 +6,7 @@
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::os::raw::{c_int, c_void};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -38,6 +38,10 @@ impl fmt::Display for Full {
 /// handle; [`stop`](Publisher::stop) (or dropping it) flushes and joins the thread.
 pub struct Publisher {
     queue: Option<SyncSender<(u64, Vec<u8>)>>,
+    bound: usize,
+    /// Batches queued and not yet taken by the thread (at most `bound`, and one more for
+    /// the moment a refused batch is counted).
+    pending: Arc<AtomicUsize>,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     endpoint: String,
@@ -83,13 +87,14 @@ impl Publisher {
         };
         let (queue, batches) = sync_channel(bound);
         let stopping = Arc::new(AtomicBool::new(false));
-        let stop_flag = Arc::clone(&stopping);
+        let pending = Arc::new(AtomicUsize::new(0));
+        let shared = Shared { pending: Arc::clone(&pending), stopping: Arc::clone(&stopping) };
         let topic = topic.as_bytes().to_vec();
         let thread = thread::Builder::new()
             .name("skv-events-pub".into())
-            .spawn(move || run(socket, ctx, topic, batches, stop_flag))
+            .spawn(move || run(socket, ctx, topic, batches, shared))
             .map_err(|e| Error::OutOfMemory(format!("publisher on {target:?}: cannot start its thread: {e}")))?;
-        Ok(Publisher { queue: Some(queue), stopping, thread: Some(thread), endpoint: bound_to })
+        Ok(Publisher { queue: Some(queue), bound, pending, stopping, thread: Some(thread), endpoint: bound_to })
     }
 
     /// The endpoint the socket is bound to, as libzmq reports it: the port a wildcard
@@ -104,12 +109,22 @@ impl Publisher {
     ///
     /// [`BatchEncoder::finish`]: super::BatchEncoder::finish
     pub fn send(&self, seq: u64, payload: Vec<u8>) -> std::result::Result<(), Full> {
-        match &self.queue {
-            // Disconnected cannot happen while the thread runs (it leaves its loop only once
-            // the queue is closed here); were it to, the batch is lost all the same.
-            Some(q) => q.try_send((seq, payload)).map_err(|_| Full),
-            None => Err(Full),
-        }
+        let Some(q) = &self.queue else { return Err(Full) };
+        // Counted before it is queued, so that the thread never takes it off the count first.
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        // Disconnected cannot happen while the thread runs (it leaves its loop only once the
+        // queue is closed here); were it to, the batch is lost all the same.
+        q.try_send((seq, payload)).map_err(|_| {
+            self.pending.fetch_sub(1, Ordering::AcqRel);
+            Full
+        })
+    }
+
+    /// Whether a batch sent now would fit: fewer than `bound` batches wait. (The thread may
+    /// take one meanwhile: then a batch fits that this said would not.) Lets a caller skip
+    /// encoding a batch that would be dropped.
+    pub fn has_room(&self) -> bool {
+        self.pending.load(Ordering::Acquire) < self.bound
     }
 
     /// Sends what is queued, then closes the socket and joins the thread, spending at most
@@ -230,17 +245,19 @@ fn last_error() -> String {
     }
 }
 
+/// What the publisher thread shares with its `Publisher`.
+struct Shared {
+    pending: Arc<AtomicUsize>,
+    stopping: Arc<AtomicBool>,
+}
+
 /// The publisher thread: sends each queued batch, retrying while a subscriber's queue is
 /// full; once stopping, gives the rest at most [`STOP_LINGER`].
-fn run(
-    socket: zmq::Socket,
-    ctx: zmq::Context,
-    topic: Vec<u8>,
-    batches: Receiver<(u64, Vec<u8>)>,
-    stopping: Arc<AtomicBool>,
-) {
+fn run(socket: zmq::Socket, ctx: zmq::Context, topic: Vec<u8>, batches: Receiver<(u64, Vec<u8>)>, shared: Shared) {
+    let Shared { pending, stopping } = shared;
     let mut deadline: Option<Instant> = None;
     'batches: while let Ok((seq, payload)) = batches.recv() {
+        pending.fetch_sub(1, Ordering::AcqRel);
         let seq = seq.to_be_bytes();
         let mut wait = Duration::from_micros(50);
         loop {
