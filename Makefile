@@ -7,7 +7,7 @@ GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 # ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
 GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
-.PHONY: all build deps test test-rust test-events test-zmq test-c test-integration doc-check sim fuzz bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-events test-zmq test-c test-c-events test-integration doc-check sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -16,7 +16,7 @@ build:
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
 # AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
-test: deps test-rust test-events test-zmq test-c test-integration
+test: deps test-rust test-events test-zmq test-c test-c-events test-integration
 
 # cmake, pkg-config, valgrind and a C++ compiler (apt-get as root when missing).
 deps:
@@ -40,6 +40,14 @@ test-events:
 # with lint's `clippy -p skv --features zmq` (the same -p, so the same build of zmq-sys).
 test-zmq: | deps
 	$(CARGO) test -p skv --features zmq --test events_zmq
+
+# docs/events.md's drain path (ctests/test_doc_events.c) against a library built with the
+# events feature, in its own target dir: test-c runs the same program against the default
+# build, where every events call is SKV_ERR_UNSUPPORTED.
+test-c-events: | deps
+	$(CARGO) build --release -p skv --features events --target-dir $(TARGET_DIR)/events
+	SKV_CTEST_ONLY=test_doc_events.c ctests/run.sh $(abspath $(TARGET_DIR))/events/release
+	SKV_CTEST_ONLY=test_doc_events.c SKV_CTEST_VALGRIND=1 ctests/run.sh $(abspath $(TARGET_DIR))/events/release
 
 test-c: build | deps
 	ctests/run.sh target/release

@@ -651,7 +651,7 @@ typedef struct skv_events_config {
    */
   uint32_t max_batches;
   /**
-   * NULL: drain only. A ZMQ endpoint the publisher binds, e.g. "tcp://*:5557", its port
+   * NULL: drain only. A ZMQ endpoint the publisher binds, e.g. "tcp://0.0.0.0:5557", its port
    * plus data_parallel_rank bound (vLLM's and TensorRT-LLM's convention). Needs the `zmq`
    * feature (else SKV_ERR_UNSUPPORTED).
    */

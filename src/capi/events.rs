@@ -23,7 +23,7 @@ pub struct skv_events_config {
     pub flags: u32,
     /// The bound of the queue of closed batches (drain or publisher); 0 = 1024.
     pub max_batches: u32,
-    /// NULL: drain only. A ZMQ endpoint the publisher binds, e.g. "tcp://*:5557", its port
+    /// NULL: drain only. A ZMQ endpoint the publisher binds, e.g. "tcp://0.0.0.0:5557", its port
     /// plus data_parallel_rank bound (vLLM's and TensorRT-LLM's convention). Needs the `zmq`
     /// feature (else SKV_ERR_UNSUPPORTED).
     pub endpoint: *const c_char,
