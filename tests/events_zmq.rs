@@ -596,16 +596,21 @@ fn after_an_overflow_the_routers_view_converges_to_what_libskv_holds() {
         run_turns(&mut e, &mut live, 1);
     }
     assert!(router.gaps > 0, "batches were dropped while the subscriber did not read");
-    // The engine goes on with everything received: each change now arrives, no gap.
-    let gaps = router.gaps;
+    // The engine goes on, the subscriber reading: after each turn the router agrees again.
+    // (A queue of 2 can still overflow in a burst of batches: then the next call's batch is
+    // the recovery, so a turn is run when nothing arrives.)
     for _ in 0..20 {
         run_turns(&mut e, &mut live, 1);
-        while router.next_seq.is_some() && !router.agrees(&e, &live) {
-            let m = sub.recv(PATIENCE).expect("the next batch arrives");
-            router.apply(&m);
+        let deadline = Instant::now() + PATIENCE;
+        while !router.agrees(&e, &live) {
+            assert!(Instant::now() < deadline, "the router fell behind for good: {} gaps", router.gaps);
+            match sub.recv(Duration::from_millis(100)) {
+                Some(m) => router.apply(&m),
+                None => run_turns(&mut e, &mut live, 1),
+            }
         }
     }
-    assert_eq!((router.gaps, router.failed_since_clear), (gaps, 0));
+    assert_eq!(router.failed_since_clear, 0, "every event since the last recovery applied");
     // skv_cache_free stops the publisher: promptly, the subscriber still reading.
     let t = Instant::now();
     drop(e);
