@@ -1614,14 +1614,16 @@ const struct skv_api *skv_get_api(uint32_t abi_version);
  * first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
  * or a topic or endpoint that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint starts
  * the built-in publisher (docs/events.md, "Publisher"), stopped by skv_cache_free: a
- * malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it; a libskv built
- * without the `zmq` feature refuses any endpoint with SKV_ERR_UNSUPPORTED.
+ * malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it, a thread the system
+ * cannot start SKV_ERR_OUT_OF_MEMORY; a libskv built without the `zmq` feature refuses any
+ * endpoint with SKV_ERR_UNSUPPORTED.
  *
  * The caller must pass c as NULL or a live handle, cfg as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_events_enable(struct skv_cache *c, const struct skv_events_config *cfg);
+enum skv_status skv_events_enable(struct skv_cache *c,
+                                  const struct skv_events_config *cfg);
 
 /**
  * A session's salt and the parent of its first published page (docs/events.md, "Salts",

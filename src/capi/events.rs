@@ -50,12 +50,13 @@ fn without_events() -> Error {
 /// first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
 /// or a topic or endpoint that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint starts
 /// the built-in publisher (docs/events.md, "Publisher"), stopped by skv_cache_free: a
-/// malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it; a libskv built
-/// without the `zmq` feature refuses any endpoint with SKV_ERR_UNSUPPORTED.
+/// malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it, a thread the system
+/// cannot start SKV_ERR_OUT_OF_MEMORY; a libskv built without the `zmq` feature refuses any
+/// endpoint with SKV_ERR_UNSUPPORTED.
 ///
 /// The caller must pass c as NULL or a live handle, cfg as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_events_enable(c: *mut skv_cache, cfg: *const skv_events_config) -> skv_status {
     export!(
@@ -129,8 +130,13 @@ unsafe fn enable_events(handle: &skv_cache, cache: &Cache, cfg: &skv_events_conf
     #[cfg(feature = "zmq")]
     let ledger = match endpoint {
         Some(e) => {
-            let p = crate::events::Publisher::start(e, cfg.data_parallel_rank, topic, max as usize)
-                .map_err(|e| e.at("cfg->endpoint"))?;
+            // A bind that fails is INVALID_ARG; a thread the system cannot start, OUT_OF_MEMORY.
+            let p = crate::events::Publisher::start(e, cfg.data_parallel_rank, topic, max as usize).map_err(
+                |e| match e {
+                    Error::OutOfMemory(m) => Error::OutOfMemory(format!("cfg->endpoint: {m}")),
+                    other => other.at("cfg->endpoint"),
+                },
+            )?;
             let mut ledger = ledger;
             ledger.publish_to(p);
             ledger
