@@ -10,11 +10,13 @@
  *   more than INT32_MAX ids: SKV_ERR_INVALID_ARG, the arrays untouched).
  * - skv_last_error() on the calling thread names the function and the offending value after
  *   a failure, and is "" after a success.
- * - Each function returning skv_status ends its comment with a "refuses:" line: every status
- *   it can return besides SKV_OK, in the enum's order (docs/refusals.md gives each one's
- *   conditions, in the order they are checked). SKV_ERR_INTERNAL is on no line: any call
- *   returns it for a libskv bug caught at the boundary, and once such a bug poisoned a handle
- *   every call taking that handle returns it.
+ * - Each function's comment says what it does, its parameters and what it returns; the rules
+ *   in full are in libskv's docs/ (docs/operations.md, call by call). Each one returning
+ *   skv_status ends with a "refuses:" line, wrapped onto indented lines: every status it can
+ *   return besides SKV_OK, in the enum's order (docs/refusals.md gives each one's conditions,
+ *   in the order they are checked). SKV_ERR_INTERNAL is on no line: any call returns it for a
+ *   libskv bug caught at the boundary, and once such a bug poisoned a handle every call
+ *   taking that handle returns it.
  * - When several things are wrong, the first of these wins: SKV_ERR_NULL_ARG,
  *   SKV_ERR_INVALID_ARG (the arguments alone), SKV_ERR_NOT_FOUND, SKV_ERR_STATE (a stale req:
  *   its row_generation is not its row's, or, owned mode, it disagrees with the row an idle
@@ -70,11 +72,9 @@
 #define SKV_FLAG_ALIGNED_REUSE 1
 
 /**
- * External mode: free_kv receives one index per freed page instead of every freed token
- * index: req_to_token[row, p] for each position p of the freed range that is a multiple of
- * page_size (a freed range always starts on a page boundary), which in a page-structured
- * table is page_id * page_size, the page's first token index. With page_size 1 it changes
- * nothing; owned mode ignores it (no free_kv). docs/external-mode.md.
+ * External mode: free_kv receives one index per freed page, req_to_token[row, p] at the
+ * page's first position p, instead of every freed token index
+ * (docs/external-mode.md#token-indices-not-pages).
  */
 #define SKV_FLAG_PAGE_FREES 2
 
@@ -201,9 +201,8 @@ typedef struct skv_cache_config {
   /**
    * Owned mode: the sliding-window (SWA) pool's capacity in token slots, a multiple of
    * page_size of at least 2 pages and at most 2^31 (its page 0 is padding too); 0 = no
-   * SWA pool. With one, every page a row maps gets an SWA page while its positions are
-   * inside the window, skv_swa_evict gives the window's pages back, and every free returns
-   * each side it holds (docs/hybrid.md). Ignored in external mode; 0 when struct_size is 32.
+   * SWA pool (docs/hybrid.md#owned-mode-two-pools). Ignored in external mode; 0 when
+   * struct_size is 32.
    */
   uint64_t swa_num_token_slots;
 } skv_cache_config;
@@ -266,9 +265,8 @@ typedef int (*skv_free_kv_segment_fn)(void *user_data,
 /**
  * The engine's pools (external mode). A callback returning non-zero fails the call with
  * SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
- * locked, and must not throw. While a callback runs, every libskv call taking a handle (any
- * handle, not only this one) made on its thread returns SKV_ERR_STATE, and skv_cache_free
- * does nothing: a callback must not call libskv with a handle.
+ * locked; they must not throw, nor call libskv with a handle (see "Callbacks" at the top;
+ * docs/external-mode.md#what-a-callback-may-call).
  */
 typedef struct skv_pool_ops {
   /**
@@ -304,17 +302,9 @@ typedef struct skv_pool_ops {
   /**
    * Positional free for hybrid (full + sliding-window) pools: return the slots `indices`
    * (n of them) of row positions [first_pos, first_pos + n) of `row` to the pools named by
-   * `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
-   * split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
-   * in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
-   * skv_swa_evict's frees are SWA-only. first_pos is a page boundary for every piece (a
-   * split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). With
-   * SKV_FLAG_PAGE_FREES each piece is handed as one index per page, as free_kv's are. NULL
-   * (or a struct_size of 48): free_kv takes every free whole; then a
-   * req whose swa_evicted_seqlen passed its swa_dead_lo (a full-only piece no free could
-   * express) is SKV_ERR_INVALID_ARG at the first call carrying it when struct_size covers
-   * this field (nothing changed), and such frees are merged into free_kv as in ABI 2 when
-   * it does not; skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+   * `pools`. Set, it takes every KV free, split at the row's SWA cursor as sglang's
+   * free_kv_row_segments splits it; NULL: free_kv takes every free whole and skv_swa_evict
+   * is SKV_ERR_UNSUPPORTED (docs/hybrid.md#the-callback).
    */
   skv_free_kv_segment_fn free_kv_segment;
 } skv_pool_ops;
@@ -563,11 +553,9 @@ typedef struct skv_stats {
    */
   uint64_t swa_used_pages;
   /**
-   * skv_cache_finished_req calls (not aborted) since creation whose target,
-   * origin_input_len + finished_len (output_len when finished_len is -1), was more than
-   * kv_committed_len + 1: the finish claimed tokens whose KV the engine never committed. The
-   * last sampled token has no KV yet, so target = kv_committed_len + 1 is a normal finish.
-   * Counted, not refused (docs/conventions.md, "Finishes past committed").
+   * skv_cache_finished_req calls (not aborted) since creation that claimed tokens whose KV
+   * the engine never committed: origin_input_len + finished_len past kv_committed_len + 1.
+   * Counted, not refused (docs/conventions.md#finishes-past-committed).
    */
   uint64_t finishes_past_committed;
 } skv_stats;
@@ -608,10 +596,8 @@ typedef struct skv_check_report {
 
 /**
  * Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
- * here (release, aborted finish, aligned-reuse release). Either may be NULL. They run on the
- * calling thread while the handle is locked; as for skv_pool_ops, a libskv call taking a
- * handle (any handle) made from inside one returns SKV_ERR_STATE, and skv_cache_free does
- * nothing.
+ * here (release, aborted finish, aligned-reuse release). Either may be NULL. They run as
+ * skv_pool_ops' callbacks do (docs/external-mode.md#what-a-callback-may-call).
  */
 typedef struct skv_engine_hooks {
   /**
@@ -1007,7 +993,7 @@ uint32_t skv_abi_version(void);
 const char *skv_version(void);
 
 /**
- * Creates a cache over libskv's own paged pool and rows (owned mode).
+ * Creates a cache over libskv's own paged pool and rows (owned mode) in `*out`.
  *
  * The caller must pass cfg and out as NULL or valid pointers.
  *
@@ -1016,10 +1002,9 @@ const char *skv_version(void);
 enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cache **out);
 
 /**
- * Creates a cache over the engine's pools (external mode); `read_row`, `free_row` and
- * `free_kv` (or, for hybrid pools, `free_kv_segment` instead) are required (SKV_ERR_NULL_ARG
- * naming each NULL one). `user_data` is passed to
- * every callback.
+ * Creates a cache over the engine's pools (external mode) in `*out`. `ops` holds the callbacks:
+ * read_row, free_row and free_kv (or, for hybrid pools, free_kv_segment instead) are required;
+ * `user_data` is passed to every callback (docs/external-mode.md).
  *
  * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
  * the handle lives.
@@ -1040,12 +1025,9 @@ enum skv_status skv_cache_new_external(const struct skv_cache_config *cfg,
 void skv_cache_free(struct skv_cache *cache);
 
 /**
- * Appends every later call on this handle to a JSON-lines file at `path` (created if
- * missing, appended to otherwise), one object per call: the function, its arguments (a
- * req field by field), the status, the error message and what the call wrote back. NULL
- * stops tracing. The environment variable SKV_TRACE=path does the same for every new handle
- * (a path that cannot be opened then fails the handle's creation). Tracing costs a
- * formatted line and a write per call; an untraced handle pays one atomic load.
+ * Appends every later call on this handle to the JSON-lines file `path` (created if missing),
+ * one object per call; NULL stops tracing. SKV_TRACE=path in the environment does the same for
+ * every new handle (docs/tracing.md).
  *
  * The caller must pass path as NULL or a NUL-terminated string.
  *
@@ -1064,16 +1046,16 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
 enum skv_status skv_req_init(struct skv_req *req);
 
 /**
- * Restores a session's slot into `req` for its next turn (docs/operations.md).
- * `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
- * or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
- * the request finishes; meanwhile only that request's req (holding the row) may match it again
- * (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
- * other req is SKV_ERR_STATE.
+ * Restores the slot of (session_id, branch_id) into `req` for the request's next turn, or
+ * misses. `key_len`: the prompt tokens whose KV may be reused, prompt_len - 1; `pre_aborted` !=
+ * 0: the engine will not run the request (a miss, nothing changes). `*out` receives hit and
+ * prefix_len. A hit leaves the slot in flight until the request finishes (docs/operations.md,
+ * docs/conventions.md#state-after-a-hit).
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_match_prefix(struct skv_cache *c,
                                  uint64_t session_id,
@@ -1084,17 +1066,15 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
                                  struct skv_match *out);
 
 /**
- * Saves a finished turn into its session slot after trimming its speculative overshoot, or
- * (aborted != 0) releases everything the session held. The req ends holding nothing. A later
- * turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
- * is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
- * req's aux_state and aux_track; of an idle slot, the slot's own record (the req must still
- * hold the slot's row). A request that matched but never ran goes back with skv_hand_back
- * instead.
+ * Ends a turn: saves it into its session slot after trimming its speculative overshoot, or,
+ * with `aborted` != 0, releases everything the session holds. The req ends holding nothing. A
+ * request that matched but never ran goes back with skv_hand_back instead (docs/operations.md;
+ * what an abort releases: docs/conventions.md#aborts-what-is-released).
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_cache_finished_req(struct skv_cache *c,
                                        uint64_t session_id,
@@ -1103,18 +1083,11 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
                                        uint32_t aborted);
 
 /**
- * Hands back a request a skv_match_prefix hit restored but that never ran (the engine
- * dropped it from its waiting queue): the slot becomes idle exactly as the match left it,
- * nothing is freed and no callback runs, and the req ends holding nothing (row -1,
- * row_generation 0, lengths 0, lock 0, aux_state and both aux_track entries -1;
- * origin_input_len, output_len, finished_len kept). The slot keeps its row and generation,
- * and its place in skv_idle_sessions' order (the turn never ran). The req must hold the row
- * the hit restored (SKV_ERR_INVALID_ARG when it holds none), and be as the hit left it;
- * SKV_ERR_STATE, nothing changed, when the
- * session has no slot (a first turn, a miss), the slot holds another row or is idle (a stale
- * copy, a finished or handed-back req), the req is stale (row_generation), or any of its
- * lengths, its lock, aux_state or an aux_track entry differs from what the match restored
- * (the request ran: finish or abort it).
+ * Hands back a request a skv_match_prefix hit restored but that never ran (the engine dropped
+ * it from its waiting queue): the slot becomes idle exactly as the match left it, in its old
+ * place in skv_idle_sessions' order; nothing is freed and no callback runs. The req must be as
+ * the hit left it (a request that ran is finished or aborted instead) and ends holding nothing
+ * (docs/operations.md).
  *
  * The caller must pass every pointer as NULL or valid.
  *
@@ -1126,8 +1099,9 @@ enum skv_status skv_hand_back(struct skv_cache *c,
                               struct skv_req *req);
 
 /**
- * Between prefill chunks: *handled = 1 when the session slot handles this request (a later
- * turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
+ * Between prefill chunks: `*handled` = 1 when the session slot handles this request (a later
+ * turn), 0 when the engine runs its own prefix-tree path. Changes nothing
+ * (docs/conventions.md#skv_checkpoint-and-handled).
  *
  * The caller must pass every pointer as NULL or valid.
  *
@@ -1145,77 +1119,63 @@ enum skv_status skv_checkpoint(const struct skv_cache *c,
  *
  * The caller must pass c as NULL or a live handle.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_release_session(struct skv_cache *c,
-                                    uint64_t session_id);
+enum skv_status skv_release_session(struct skv_cache *c, uint64_t session_id);
 
 /**
  * Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
  *
  * The caller must pass c as NULL or a live handle.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_release_branch(struct skv_cache *c,
-                                   uint64_t session_id,
-                                   uint64_t branch_id);
+enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uint64_t branch_id);
 
 /**
- * The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
- * page_size is 1); the page holding target-1 stays. row in [0, num_rows), end <=
- * max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing.
- * Owned mode: end must reach the row's mapped end and target must not reach below its
- * protected prefix. Where frees split at the SWA cursor (an owned SWA pool, or
- * free_kv_segment), a target inside a page whose SWA slots the window freed must be a page
- * boundary (SKV_ERR_INVALID_ARG: the rest of that page would be inside the window again with
- * no SWA slots), and the row's cursor drops to min(cursor, target). On a session's row:
- * SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
- * recorded end, target must keep its protected prefix, and the slot shortens with the row
- * (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits
- * at the SWA cursor and floor the in-flight slot records; a row no slot holds has no cursor
- * here (every position goes back to both pools): free such a row with skv_free_tail, which
- * reads its req's.
+ * The page-safe tail free: frees row[ceil_align(target), end) of `row` (row[target, end) when
+ * page_size is 1), keeping the page that holds target - 1; target == end frees nothing. It
+ * takes no req: the engine lowers its req's kv_allocated_len itself. The ranges each mode, a
+ * session's row and the SWA cursor allow: docs/operations.md#skv_free_alignedc-row-target-end.
  *
  * The caller must pass c as NULL or a live handle.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_free_aligned(struct skv_cache *c,
-                                 int32_t row,
-                                 uint32_t target,
-                                 uint32_t end);
+enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t target, uint32_t end);
 
 /**
- * Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
- * pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the
- * req's own finished_len is lowered to it when larger. A session row's rules are those of
- * skv_free_aligned.
+ * The finish path's trim, without the slot: cuts the req's KV lengths back to the turn's end,
+ * origin_input_len + finished_len, freeing only whole pages; output_len becomes min(output_len,
+ * finished_len), and the req's finished_len is lowered to it when larger. On a session's row
+ * the primitives' rules apply (docs/operations.md#primitives-both-modes).
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK
  */
-enum skv_status skv_trim_overshoot(struct skv_cache *c,
-                                   struct skv_req *req,
-                                   uint32_t finished_len);
+enum skv_status skv_trim_overshoot(struct skv_cache *c, struct skv_req *req, uint32_t finished_len);
 
 /**
- * Frees what lies past a reused prefix (the match path's tail free). A session row's rules
- * are those of skv_free_aligned.
+ * Frees what lies past `prefix_len` (the match path's tail free; also how rejected drafts are
+ * dropped). On a session's row the primitives' rules apply
+ * (docs/operations.md#primitives-both-modes).
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK
  */
-enum skv_status skv_free_tail(struct skv_cache *c,
-                              struct skv_req *req,
-                              uint32_t prefix_len);
+enum skv_status skv_free_tail(struct skv_cache *c, struct skv_req *req, uint32_t prefix_len);
 
 /**
- * What idle session slots hold. Rows listed in active_rows belong to running requests and
- * are not counted; (NULL, 0) lists none. A listed row outside [0, num_rows) is
- * SKV_ERR_INVALID_ARG naming its position and value.
+ * What idle session slots hold, written to `*out`. `active_rows` (n_active values) lists the
+ * rows of running requests, which are not counted; (NULL, 0) lists none
+ * (docs/conventions.md#skv_session_held-which-rows).
  *
  * The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
  *
@@ -1227,24 +1187,17 @@ enum skv_status skv_session_held(const struct skv_cache *c,
                                  struct skv_held *out);
 
 /**
- * One sliding-window step of a running request (sglang's free_swa_out_of_window_slots):
- * once `swa_evicted_seqlen` lags `pre_len - window` by at least `eviction_interval`, the
- * cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
- * (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
- * ignored without prefix sharing), never back, floored to a page; the positions it passed
- * go back to the SWA pool only: external mode through free_kv_segment(..., SKV_POOL_SWA),
- * owned mode to its SWA pool (the row keeps its full-pool pages). `*freed` (NULL allowed)
- * is the number of positions handed back. A req holding no row changes nothing. Errors:
- * owned mode without an SWA pool (swa_num_token_slots 0), or external mode without
- * free_kv_segment, is SKV_ERR_UNSUPPORTED after the pointer checks, whatever else is wrong;
- * window 0, pre_len > kv_allocated_len, retain_floor outside -1..=UINT32_MAX, unknown flags,
- * or a step that would free from a cursor inside a page are SKV_ERR_INVALID_ARG; a row an
- * idle session slot holds is
- * SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
+ * One sliding-window step of a running request (sglang's free_swa_out_of_window_slots): once
+ * the SWA cursor lags `pre_len` (the length before the step) - `window` by `eviction_interval`,
+ * it rises to that in whole pages, at most to `retain_floor` (-1 = none), and the SWA side of
+ * the positions it passed goes back; `*freed` (NULL allowed) receives how many. `flags`:
+ * SKV_SWA_NO_PREFIX_SHARING or 0. Needs free_kv_segment (external mode) or an SWA pool (owned
+ * mode). Step by step: docs/hybrid.md#the-window-step.
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_swa_evict(struct skv_cache *c,
                               struct skv_req *req,
@@ -1256,8 +1209,8 @@ enum skv_status skv_swa_evict(struct skv_cache *c,
                               uint32_t *freed);
 
 /**
- * What every slot of session_id holds, in flight or idle (docs/operations.md). A session
- * without slots gives all zeros. Both modes.
+ * What every slot of session_id holds, in flight or idle, written to `*out`; all zeros for a
+ * session without slots (docs/operations.md#scheduler-queries).
  *
  * The caller must pass every pointer as NULL or valid.
  *
@@ -1280,11 +1233,9 @@ enum skv_status skv_branch_usage(const struct skv_cache *c,
                                  struct skv_usage *out);
 
 /**
- * The idle slots (those no running request holds), least recently used first: ordered by
- * when each slot's last turn finished (skv_cache_finished_req, not aborted); a handed-back
- * request (skv_hand_back) leaves its slot's place unchanged. The first min(cap, count) are
- * written to `session_ids[i]` / `branch_ids[i]`; *count receives how many idle slots there are
- * (also when it exceeds cap: the call succeeds). (NULL, NULL, 0) only counts. Both modes.
+ * The idle slots (no running request holds them), least recently used first: the first min(cap,
+ * *count) keys go to `session_ids[i]` / `branch_ids[i]`, and `*count` receives how many there
+ * are, also past cap. (NULL, NULL, 0) only counts (docs/operations.md#scheduler-queries).
  *
  * The caller must pass every pointer as NULL or valid, session_ids and branch_ids holding
  * cap values.
@@ -1298,12 +1249,9 @@ enum skv_status skv_idle_sessions(const struct skv_cache *c,
                                   size_t *count);
 
 /**
- * Owned mode: what admitting a request of total_len tokens on (session_id, branch_id) would
- * take, given the session's state now: skv_match_prefix with key_len, then growing the row
- * to total_len (docs/operations.md). Changes nothing. total_len <= max_context_len and
- * key_len <= total_len (SKV_ERR_INVALID_ARG); the slot in flight, or a match that would
- * refuse (a reusable prefix below the protected one): SKV_ERR_STATE. External mode:
- * SKV_ERR_UNSUPPORTED.
+ * Owned mode: what admitting a request of `total_len` tokens on (session_id, branch_id) would
+ * take now, as skv_match_prefix with `key_len` followed by skv_alloc_extend to total_len would
+ * do it; written to `*out`. Changes nothing (docs/operations.md#scheduler-queries).
  *
  * The caller must pass every pointer as NULL or valid.
  *
@@ -1317,25 +1265,25 @@ enum skv_status skv_admission_pages(const struct skv_cache *c,
                                     struct skv_admission *out);
 
 /**
- * Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
- * maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
+ * Assigns a free row to a req that holds none; the row maps nothing yet, so the req's KV
+ * lengths become 0 (docs/operations.md#owned-mode-calls).
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_alloc_row(struct skv_cache *c,
-                              struct skv_req *req);
+enum skv_status skv_alloc_row(struct skv_cache *c, struct skv_req *req);
 
 /**
- * Maps n_tokens more positions of the req's row: the partial last page is filled first,
- * then whole new pages. out_loc, when not NULL, receives the n_tokens new positions' KV slot
- * indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
- * everything unchanged.
+ * Maps `n_tokens` more positions of the req's row: its partial last page first, then whole new
+ * pages. `out_loc` (NULL allowed) receives the new positions' KV slot indices
+ * (req_to_token[row, old kv_allocated_len:new)).
  *
  * The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_alloc_extend(struct skv_cache *c,
                                  struct skv_req *req,
@@ -1347,26 +1295,22 @@ enum skv_status skv_alloc_extend(struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_commit(struct skv_cache *c,
-                           struct skv_req *req,
-                           uint32_t n_tokens);
+enum skv_status skv_commit(struct skv_cache *c, struct skv_req *req, uint32_t n_tokens);
 
 /**
- * skv_alloc_extend for every request of a running batch in one call: `reqs[i]` gains
- * `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot
- * index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
- * must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
- * it (and no row may appear twice), and the pool must hold the pages of the whole batch; a
- * failing call leaves the cache, the reqs and out_loc as they were, and the error names the
- * request's position (`reqs[17]: ...`).
- * (NULL, 0) is an empty batch.
+ * skv_alloc_extend for every request of a running batch: `reqs[i]` gains `n_tokens[i]`
+ * positions, and `out_loc` (NULL allowed) receives the new KV slot indices request after
+ * request (sglang's out_cache_loc; `out_cap` must hold their sum). All or nothing; an error
+ * names the request's position, `reqs[17]: ...` (docs/operations.md#owned-mode-calls).
  *
  * The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
  * (or NULL).
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
                                        struct skv_req *reqs,
@@ -1376,12 +1320,13 @@ enum skv_status skv_alloc_extend_batch(struct skv_cache *c,
                                        size_t out_cap);
 
 /**
- * skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
- * `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
+ * skv_commit for every request of a running batch: `reqs[i].kv_committed_len` += `n_tokens[i]`.
+ * All or nothing, as skv_alloc_extend_batch; errors name the request's position.
  *
  * The caller must pass reqs and n_tokens holding n values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_commit_batch(struct skv_cache *c,
                                  struct skv_req *reqs,
@@ -1394,10 +1339,10 @@ enum skv_status skv_commit_batch(struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_free_req(struct skv_cache *c,
-                             struct skv_req *req);
+enum skv_status skv_free_req(struct skv_cache *c, struct skv_req *req);
 
 /**
  * Hands the engine's prefix tree n_tokens token slots (a multiple of page_size) in whole
@@ -1405,15 +1350,14 @@ enum skv_status skv_free_req(struct skv_cache *c,
  *
  * The caller must pass out_indices holding n_tokens values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_pool_alloc(struct skv_cache *c,
-                               uint32_t n_tokens,
-                               int32_t *out_indices);
+enum skv_status skv_pool_alloc(struct skv_cache *c, uint32_t n_tokens, int32_t *out_indices);
 
 /**
- * Takes back engine-held pages: each index frees the page it falls in. A page already free
- * (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
+ * Takes back engine-held pages: each index frees the page it falls in
+ * (docs/operations.md#owned-mode-calls).
  *
  * The caller must pass indices holding n values.
  *
@@ -1426,7 +1370,8 @@ enum skv_status skv_pool_free(struct skv_cache *c, const int32_t *indices, size_
  *
  * The caller must pass indices and out_counts holding n values each.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_page_refs(const struct skv_cache *c,
                               const int32_t *indices,
@@ -1439,7 +1384,8 @@ enum skv_status skv_page_refs(const struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_map_prefix(struct skv_cache *c,
                                struct skv_req *req,
@@ -1452,19 +1398,20 @@ enum skv_status skv_map_prefix(struct skv_cache *c,
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_publish_prefix(struct skv_cache *c,
                                    struct skv_req *req,
                                    uint32_t new_protected_len);
 
 /**
- * Copies req_to_token[row, start:end) into out (end-start values). External mode:
- * SKV_ERR_UNSUPPORTED whatever the row and range (after the pointer checks).
+ * Copies req_to_token[row, start:end) into `out` (end - start values).
  *
  * The caller must pass out holding end-start values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t row,
@@ -1473,15 +1420,14 @@ enum skv_status skv_row_indices(const struct skv_cache *c,
                                 int32_t *out);
 
 /**
- * skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position
- * of req_to_token[row, start:end) (the slot its page's SWA page holds it at), 0 for a
- * position the window has passed (skv_swa_evict gave its SWA page back; 0 is in the padding
- * page). SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external
- * mode.
+ * skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position of
+ * req_to_token[row, start:end), 0 where the window has passed
+ * (docs/hybrid.md#owned-mode-two-pools).
  *
  * The caller must pass out holding end-start values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_row_swa_indices(const struct skv_cache *c,
                                     int32_t row,
@@ -1490,8 +1436,8 @@ enum skv_status skv_row_swa_indices(const struct skv_cache *c,
                                     int32_t *out);
 
 /**
- * Reads the pool's occupancy and counters. Both modes; in external mode only what libskv
- * knows there (see skv_stats).
+ * Reads the pool's occupancy and counters into `*out`; in external mode only what libskv knows
+ * there (see skv_stats).
  *
  * The caller must pass every pointer as NULL or valid.
  *
@@ -1500,25 +1446,20 @@ enum skv_status skv_row_swa_indices(const struct skv_cache *c,
 enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out);
 
 /**
- * Audits the owned pool, linear in pages plus the rows' page entries: free + row-owned +
- * engine-held == total_pages - 1, no page in two rows' owned ranges, no free page mapped by
- * a row, every engine-held page's map count equal to the rows that map it, idle session
- * slots agreeing with their rows. With an SWA pool, also: every SWA page is free or named by
- * exactly one row-owned or engine-held page (free + in use == swa_total_pages - 1), a row's
- * protected prefix names its held pages' SWA pages, and an idle slot's row has no SWA page
- * where the window passed ([swa_dead_lo, swa_evicted_seqlen)) and one everywhere else.
+ * Audits the owned pool, linear in pages plus the rows' page entries, and writes the report to
+ * `*out`: violations == 0 when every invariant holds (the list:
+ * docs/operations.md#owned-mode-calls).
  *
  * The caller must pass every pointer as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_cache_check(const struct skv_cache *c,
-                                struct skv_check_report *out);
+enum skv_status skv_cache_check(const struct skv_cache *c, struct skv_check_report *out);
 
 /**
- * Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
- * locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
- * them).
+ * Installs owned mode's engine hooks (copied); `user_data` is passed to each. NULL hooks
+ * removes them, after which released locks and aux states are dropped.
  *
  * The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
  * they are installed.
@@ -1530,15 +1471,15 @@ enum skv_status skv_cache_set_hooks(struct skv_cache *c,
                                     void *user_data);
 
 /**
- * FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
+ * FlashInfer's paged-KV triple for a batch of `rows`: `kv_indptr[n+1]` (prefix sums of page
  * counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
- * *needed receives the number of page ids, also when it exceeds cap (or INT32_MAX): then
- * SKV_ERR_INVALID_ARG and nothing else is written. This is the one failure that writes an
- * out-parameter; every other failure leaves *needed alone.
+ * `*needed` receives the number of page ids, also when they do not fit in cap (the one failure
+ * that writes an out-parameter: docs/conventions.md).
  *
  * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_build_flashinfer(const struct skv_cache *c,
                                      const int32_t *rows,
@@ -1550,14 +1491,14 @@ enum skv_status skv_build_flashinfer(const struct skv_cache *c,
                                      size_t *needed);
 
 /**
- * skv_build_flashinfer for the sliding-window layers: the same kv_indptr and
- * kv_last_page_len, and in kv_indices the SWA pool's page id of each page (0, the padding
- * page, where the window has passed: a sliding-window kernel never reads it).
- * SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
+ * skv_build_flashinfer for the sliding-window layers: the same kv_indptr and kv_last_page_len,
+ * and in kv_indices the SWA pool's page id of each page (0, the padding page, where the window
+ * has passed: a sliding-window kernel never reads it).
  *
  * The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_build_flashinfer_swa(const struct skv_cache *c,
                                          const int32_t *rows,
@@ -1569,29 +1510,23 @@ enum skv_status skv_build_flashinfer_swa(const struct skv_cache *c,
                                          size_t *needed);
 
 /**
- * Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout
- * attention kernels read) on device `device_ordinal`, used with the engine's stream
- * `cu_stream` (a CUstream; NULL is the legacy default stream). Owned mode only
- * (SKV_ERR_UNSUPPORTED in external mode, or in a build without the `cuda` feature);
- * SKV_ERR_CUDA with a clear message where no CUDA driver is found; SKV_ERR_STATE when a copy
- * is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
- * with the handle.
+ * Owned mode, feature `cuda`: allocates a device copy of req_to_token (int32, num_rows x
+ * max_context_len) on device `device_ordinal`, zeroed, for the engine's stream `cu_stream` (a
+ * CUstream; NULL: the legacy default stream). skv_device_sync fills it; it is freed with the
+ * handle (docs/device.md).
  *
  * The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
  * live while the handle lives.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_device_attach(struct skv_cache *c,
-                                  int device_ordinal,
-                                  void *cu_stream);
+enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void *cu_stream);
 
 /**
- * Makes the device copy equal to the host rows at every mapped position, copying only the
- * spans of rows mapped anew since the last sync, asynchronously on the attached stream
- * (positions past a row's mapped length are unspecified: kernels read a row up to its
- * sequence length). Writes the copy's device pointer and its row stride in int32 values
- * (max_context_len). SKV_ERR_STATE before skv_device_attach.
+ * Makes the device copy equal to the host rows at every mapped position, copying only the spans
+ * mapped anew since the last sync, asynchronously on the attached stream. Writes the copy's
+ * device pointer and its row stride in int32 values, max_context_len (docs/device.md).
  *
  * The caller must pass every pointer as NULL or valid.
  *

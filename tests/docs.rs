@@ -8,6 +8,9 @@
 //!   the rule's opening words follow it, before the next anchor or heading. So a rule moved
 //!   out of the README, or written in docs/ since, cannot be dropped without dropping its
 //!   line too. Every `<a id>` of docs/decisions.md has its line.
+//! - include/skv.h's comments send the reader to docs/ for the long explanations: every
+//!   `docs/NAME.md` or `docs/NAME.md#fragment` they name resolves, and no comment line passes
+//!   100 columns.
 //!
 //! The checks read files through `Files`, so the tests at the end run them on texts with a
 //! broken link or a deleted rule and see them fail.
@@ -285,6 +288,47 @@ fn broken_links(fs: &dyn Files, files: &[PathBuf]) -> Vec<String> {
     errors
 }
 
+/// Every `docs/NAME.md[#fragment]` (or folder, `docs/`) a C header's text names that does not
+/// resolve, one line each.
+fn broken_header_links(fs: &dyn Files, header: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (n, line) in header.lines().enumerate() {
+        let mut rest = line;
+        while let Some(at) = rest.find("docs/") {
+            let tail = &rest[at..];
+            let len = tail.find(|c: char| !(c.is_ascii_alphanumeric() || "/.-_#".contains(c))).unwrap_or(tail.len());
+            rest = &tail[len..];
+            let target = tail[..len].trim_end_matches('.');
+            let (path, fragment) = target.split_once('#').map_or((target, None), |(p, f)| (p, Some(f)));
+            let here = format!("include/skv.h:{}: {target}", n + 1);
+            if !(path.ends_with(".md") || path.ends_with('/')) || !fs.exists(Path::new(path)) {
+                errors.push(format!("{here}: no such page"));
+                continue;
+            }
+            let Some(fragment) = fragment else { continue };
+            if !anchors(&fs.read(Path::new(path)).unwrap_or_default()).iter().any(|a| a.id == fragment) {
+                errors.push(format!("{here}: {path} has no heading or anchor #{fragment}"));
+            }
+        }
+    }
+    errors
+}
+
+/// The lines of a C header's comments (`/* ... */` and `//`) longer than `max` columns.
+fn long_comment_lines(header: &str, max: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut open = false;
+    for (n, line) in header.lines().enumerate() {
+        let starts = line.trim_start().starts_with("/*");
+        let comment = open || starts || line.contains("//");
+        if comment && line.chars().count() > max {
+            out.push(format!("include/skv.h:{}: {} columns", n + 1, line.chars().count()));
+        }
+        open = (open || starts) && !line.trim_end().ends_with("*/");
+    }
+    out
+}
+
 /// Whitespace runs as one space, so a phrase matches however the text is wrapped.
 fn squeeze(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -354,6 +398,17 @@ fn every_rule_is_still_in_the_docs() {
     assert!(errors.is_empty(), "docs/rules.list:\n  {}", errors.join("\n  "));
     let rules = list.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')).count();
     assert!(rules >= 30, "docs/rules.list names {rules} rules; the README alone moved more");
+}
+
+#[test]
+fn the_header_s_doc_links_resolve_and_its_comments_fit_100_columns() {
+    let repo = repo();
+    let header = repo.read(Path::new("include/skv.h")).expect("include/skv.h");
+    let errors = broken_header_links(&repo, &header);
+    assert!(errors.is_empty(), "include/skv.h names docs that do not exist:\n  {}", errors.join("\n  "));
+    assert!(header.contains("docs/operations.md"), "the header sends its reader to docs/");
+    let long = long_comment_lines(&header, 100);
+    assert!(long.is_empty(), "include/skv.h comment lines past 100 columns:\n  {}", long.join("\n  "));
 }
 
 // The checks themselves, on the repository's texts with one thing broken.
@@ -437,6 +492,18 @@ fn a_rule_the_list_leaves_out_fails() {
     let errors = missing_rules(&repo, &kept, Path::new("docs/decisions.md"));
     assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(errors[0].contains("#set-hooks-null: a rule docs/rules.list does not name"), "{}", errors[0]);
+}
+
+#[test]
+fn a_header_link_to_a_missing_page_or_heading_or_a_long_comment_line_fails() {
+    let repo = repo();
+    let e = broken_header_links(&repo, " * (docs/nowhere.md, docs/hybrid.md#no-such-heading).\n");
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(e[0].contains("docs/nowhere.md: no such page"), "{e:?}");
+    assert!(e[1].contains("docs/hybrid.md has no heading or anchor #no-such-heading"), "{e:?}");
+    assert!(broken_header_links(&repo, " * docs/hybrid.md#the-window-step.\n").is_empty());
+    let wide = format!("/**\n * {}\n */\nint f(void); {}\n", "x".repeat(98), "y".repeat(100));
+    assert_eq!(long_comment_lines(&wide, 100), ["include/skv.h:2: 101 columns"]);
 }
 
 #[test]

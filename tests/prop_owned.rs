@@ -2022,7 +2022,7 @@ impl Sim {
     }
 }
 
-/// sglang's `free_swa_out_of_window_slots` as skv.h states skv_swa_evict's step (no
+/// sglang's `free_swa_out_of_window_slots` as docs/hybrid.md states skv_swa_evict's step (no
 /// swa_evict_floor set): `Some((from, to))` moves the cursor to `to`, the positions in
 /// `[from, to)` losing their SWA side; `None` leaves the req alone.
 fn window_step(

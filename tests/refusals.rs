@@ -112,7 +112,11 @@ fn a_missing_wrong_or_disagreeing_line_fails() {
     let line_of = |f: &str| {
         let at = header.find(one(f)).unwrap();
         let start = header[..at].rfind(" * refuses: ").unwrap();
-        let end = start + header[start..].find('\n').unwrap();
+        // The line and its indented continuation lines.
+        let mut end = start + header[start..].find('\n').unwrap();
+        while header[end + 1..].starts_with(" *  ") {
+            end += 1 + header[end + 1..].find('\n').unwrap();
+        }
         (start, end)
     };
     let with = |f: &str, new: &str| {
@@ -131,6 +135,16 @@ fn a_missing_wrong_or_disagreeing_line_fails() {
     assert!(e.contains("SKV_ERR_INTERNAL is on no line"), "{e}");
     let e = err(with("skv_commit", " * refuses: SKV_ERR_NULL_ARG\n * refuses: SKV_ERR_STATE"));
     assert!(e.contains("skv_commit has more than one refuses: line"), "{e}");
+    // A line ending in ',' goes on on an indented line, and only there.
+    let wrapped = parse_header(&with("skv_commit", " * refuses: SKV_ERR_NULL_ARG,\n *          SKV_ERR_STATE"))
+        .expect("a wrapped line parses");
+    assert_eq!(wrapped["skv_commit"], BTreeSet::from(["SKV_ERR_NULL_ARG".to_string(), "SKV_ERR_STATE".to_string()]));
+    let e = err(with("skv_commit", " * refuses: SKV_ERR_NULL_ARG,\n * SKV_ERR_STATE"));
+    assert!(e.contains("ends in ',' but does not go on on an indented line"), "{e}");
+    let e = err(with("skv_commit", " * refuses: SKV_ERR_NULL_ARG,"));
+    assert!(e.contains("ends in ',' but does not go on on an indented line"), "{e}");
+    let e = err(with("skv_commit", " * refuses: SKV_ERR_NULL_ARG\n *          SKV_ERR_STATE"));
+    assert!(e.contains("an indented line after a refuses: line that does not end in ','"), "{e}");
     let e = err(header.replace(
         "const char *skv_version(void);",
         "/**\n * refuses: SKV_ERR_NULL_ARG\n */\nconst char *skv_version2(void);\nconst char *skv_version(void);",

@@ -31,11 +31,9 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A session prefix is reused only in whole pages (docs/operations.md, skv_match_prefix).
 pub const SKV_FLAG_ALIGNED_REUSE: u32 = 0x1;
 
-/// External mode: free_kv receives one index per freed page instead of every freed token
-/// index: req_to_token[row, p] for each position p of the freed range that is a multiple of
-/// page_size (a freed range always starts on a page boundary), which in a page-structured
-/// table is page_id * page_size, the page's first token index. With page_size 1 it changes
-/// nothing; owned mode ignores it (no free_kv). docs/external-mode.md.
+/// External mode: free_kv receives one index per freed page, req_to_token[row, p] at the
+/// page's first position p, instead of every freed token index
+/// (docs/external-mode.md#token-indices-not-pages).
 pub const SKV_FLAG_PAGE_FREES: u32 = 0x2;
 
 /// Every SKV_FLAG_* bit this library knows.
@@ -63,9 +61,8 @@ pub struct skv_cache_config {
     pub flags: u32,
     /// Owned mode: the sliding-window (SWA) pool's capacity in token slots, a multiple of
     /// page_size of at least 2 pages and at most 2^31 (its page 0 is padding too); 0 = no
-    /// SWA pool. With one, every page a row maps gets an SWA page while its positions are
-    /// inside the window, skv_swa_evict gives the window's pages back, and every free returns
-    /// each side it holds (docs/hybrid.md). Ignored in external mode; 0 when struct_size is 32.
+    /// SWA pool (docs/hybrid.md#owned-mode-two-pools). Ignored in external mode; 0 when
+    /// struct_size is 32.
     pub swa_num_token_slots: u64,
 }
 
@@ -128,7 +125,7 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
     })))
 }
 
-/// Creates a cache over libskv's own paged pool and rows (owned mode).
+/// Creates a cache over libskv's own paged pool and rows (owned mode) in `*out`.
 ///
 /// The caller must pass cfg and out as NULL or valid pointers.
 ///
@@ -145,10 +142,9 @@ pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *
     })
 }
 
-/// Creates a cache over the engine's pools (external mode); `read_row`, `free_row` and
-/// `free_kv` (or, for hybrid pools, `free_kv_segment` instead) are required (SKV_ERR_NULL_ARG
-/// naming each NULL one). `user_data` is passed to
-/// every callback.
+/// Creates a cache over the engine's pools (external mode) in `*out`. `ops` holds the callbacks:
+/// read_row, free_row and free_kv (or, for hybrid pools, free_kv_segment instead) are required;
+/// `user_data` is passed to every callback (docs/external-mode.md).
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
 /// the handle lives.
@@ -208,12 +204,9 @@ pub unsafe extern "C" fn skv_cache_free(cache: *mut skv_cache) {
     }
 }
 
-/// Appends every later call on this handle to a JSON-lines file at `path` (created if
-/// missing, appended to otherwise), one object per call: the function, its arguments (a
-/// req field by field), the status, the error message and what the call wrote back. NULL
-/// stops tracing. The environment variable SKV_TRACE=path does the same for every new handle
-/// (a path that cannot be opened then fails the handle's creation). Tracing costs a
-/// formatted line and a write per call; an untraced handle pays one atomic load.
+/// Appends every later call on this handle to the JSON-lines file `path` (created if missing),
+/// one object per call; NULL stops tracing. SKV_TRACE=path in the environment does the same for
+/// every new handle (docs/tracing.md).
 ///
 /// The caller must pass path as NULL or a NUL-terminated string.
 ///

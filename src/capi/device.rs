@@ -6,18 +6,16 @@ use super::{arg, lock, out_mut, skv_cache, skv_status};
 use crate::core::Error;
 use crate::device::Device;
 
-/// Allocates a device copy of req_to_token (int32, num_rows x max_context_len, the layout
-/// attention kernels read) on device `device_ordinal`, used with the engine's stream
-/// `cu_stream` (a CUstream; NULL is the legacy default stream). Owned mode only
-/// (SKV_ERR_UNSUPPORTED in external mode, or in a build without the `cuda` feature);
-/// SKV_ERR_CUDA with a clear message where no CUDA driver is found; SKV_ERR_STATE when a copy
-/// is already attached. The copy starts zeroed and is filled by skv_device_sync; it is freed
-/// with the handle.
+/// Owned mode, feature `cuda`: allocates a device copy of req_to_token (int32, num_rows x
+/// max_context_len) on device `device_ordinal`, zeroed, for the engine's stream `cu_stream` (a
+/// CUstream; NULL: the legacy default stream). skv_device_sync fills it; it is freed with the
+/// handle (docs/device.md).
 ///
 /// The caller must pass cu_stream as NULL or a CUstream of that device's primary context,
 /// live while the handle lives.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_attach(
     c: *mut skv_cache,
@@ -45,11 +43,9 @@ pub unsafe extern "C" fn skv_device_attach(
     )
 }
 
-/// Makes the device copy equal to the host rows at every mapped position, copying only the
-/// spans of rows mapped anew since the last sync, asynchronously on the attached stream
-/// (positions past a row's mapped length are unspecified: kernels read a row up to its
-/// sequence length). Writes the copy's device pointer and its row stride in int32 values
-/// (max_context_len). SKV_ERR_STATE before skv_device_attach.
+/// Makes the device copy equal to the host rows at every mapped position, copying only the spans
+/// mapped anew since the last sync, asynchronously on the attached stream. Writes the copy's
+/// device pointer and its row stride in int32 values, max_context_len (docs/device.md).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///

@@ -62,9 +62,8 @@ pub const SKV_POOL_BOTH: u32 = SKV_POOL_FULL | SKV_POOL_SWA;
 
 /// The engine's pools (external mode). A callback returning non-zero fails the call with
 /// SKV_ERR_CALLBACK. Callbacks run on the thread that called libskv, while the handle is
-/// locked, and must not throw. While a callback runs, every libskv call taking a handle (any
-/// handle, not only this one) made on its thread returns SKV_ERR_STATE, and skv_cache_free
-/// does nothing: a callback must not call libskv with a handle.
+/// locked; they must not throw, nor call libskv with a handle (see "Callbacks" at the top;
+/// docs/external-mode.md#what-a-callback-may-call).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_pool_ops {
@@ -88,17 +87,9 @@ pub struct skv_pool_ops {
     pub free_aux: skv_free_aux_fn,
     /// Positional free for hybrid (full + sliding-window) pools: return the slots `indices`
     /// (n of them) of row positions [first_pos, first_pos + n) of `row` to the pools named by
-    /// `pools` (SKV_POOL_FULL, SKV_POOL_SWA or SKV_POOL_BOTH). Set, it takes every KV free,
-    /// split at the row's SWA cursor as sglang's free_kv_row_segments splits it: positions
-    /// in [swa_dead_lo, swa_evicted_seqlen) go back full-side only (first), the rest to both;
-    /// skv_swa_evict's frees are SWA-only. first_pos is a page boundary for every piece (a
-    /// split at a cursor inside a page is SKV_ERR_INVALID_ARG, as sglang asserts). With
-    /// SKV_FLAG_PAGE_FREES each piece is handed as one index per page, as free_kv's are. NULL
-    /// (or a struct_size of 48): free_kv takes every free whole; then a
-    /// req whose swa_evicted_seqlen passed its swa_dead_lo (a full-only piece no free could
-    /// express) is SKV_ERR_INVALID_ARG at the first call carrying it when struct_size covers
-    /// this field (nothing changed), and such frees are merged into free_kv as in ABI 2 when
-    /// it does not; skv_swa_evict is SKV_ERR_UNSUPPORTED. docs/hybrid.md.
+    /// `pools`. Set, it takes every KV free, split at the row's SWA cursor as sglang's
+    /// free_kv_row_segments splits it; NULL: free_kv takes every free whole and skv_swa_evict
+    /// is SKV_ERR_UNSUPPORTED (docs/hybrid.md#the-callback).
     pub free_kv_segment: skv_free_kv_segment_fn,
 }
 

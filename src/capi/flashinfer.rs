@@ -3,15 +3,15 @@
 use super::{disjoint, lock, nonnull, out_mut, skv_cache, skv_status, slice, slice_mut, traced, Span};
 use crate::core::Error;
 
-/// FlashInfer's paged-KV triple for a batch of rows: `kv_indptr[n+1]` (prefix sums of page
+/// FlashInfer's paged-KV triple for a batch of `rows`: `kv_indptr[n+1]` (prefix sums of page
 /// counts), kv_indices (page ids), `kv_last_page_len[n]` (1..page_size; 0 for an empty row).
-/// *needed receives the number of page ids, also when it exceeds cap (or INT32_MAX): then
-/// SKV_ERR_INVALID_ARG and nothing else is written. This is the one failure that writes an
-/// out-parameter; every other failure leaves *needed alone.
+/// `*needed` receives the number of page ids, also when they do not fit in cap (the one failure
+/// that writes an out-parameter: docs/conventions.md).
 ///
 /// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer(
@@ -30,14 +30,14 @@ pub unsafe extern "C" fn skv_build_flashinfer(
     })
 }
 
-/// skv_build_flashinfer for the sliding-window layers: the same kv_indptr and
-/// kv_last_page_len, and in kv_indices the SWA pool's page id of each page (0, the padding
-/// page, where the window has passed: a sliding-window kernel never reads it).
-/// SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external mode.
+/// skv_build_flashinfer for the sliding-window layers: the same kv_indptr and kv_last_page_len,
+/// and in kv_indices the SWA pool's page id of each page (0, the padding page, where the window
+/// has passed: a sliding-window kernel never reads it).
 ///
 /// The caller must pass kv_indptr holding n+1 values, kv_last_page_len n and kv_indices cap.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn skv_build_flashinfer_swa(

@@ -7,10 +7,8 @@ use super::{lock, skv_cache, skv_status, CallbackScope};
 use crate::core::{EngineHooks, Result};
 
 /// Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
-/// here (release, aborted finish, aligned-reuse release). Either may be NULL. They run on the
-/// calling thread while the handle is locked; as for skv_pool_ops, a libskv call taking a
-/// handle (any handle) made from inside one returns SKV_ERR_STATE, and skv_cache_free does
-/// nothing.
+/// here (release, aborted finish, aligned-reuse release). Either may be NULL. They run as
+/// skv_pool_ops' callbacks do (docs/external-mode.md#what-a-callback-may-call).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_engine_hooks {
@@ -59,9 +57,8 @@ impl EngineHooks for Hooks {
     }
 }
 
-/// Installs owned mode's engine hooks (copied); NULL hooks removes them, after which released
-/// locks and aux states are dropped. External mode: SKV_ERR_UNSUPPORTED (skv_pool_ops carries
-/// them).
+/// Installs owned mode's engine hooks (copied); `user_data` is passed to each. NULL hooks
+/// removes them, after which released locks and aux states are dropped.
 ///
 /// The caller must pass every pointer as NULL or valid, and keep the callbacks callable while
 /// they are installed.

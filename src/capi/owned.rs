@@ -7,26 +7,27 @@ use super::{
 };
 use crate::core::{Cache, Error, Req, Result};
 
-/// Assigns a free row to a req that holds none (SKV_ERR_INVALID_ARG if it holds one); the row
-/// maps nothing yet, so the req's KV lengths become 0. SKV_ERR_OUT_OF_MEMORY: no free row.
+/// Assigns a free row to a req that holds none; the row maps nothing yet, so the req's KV
+/// lengths become 0 (docs/operations.md#owned-mode-calls).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_alloc_row, |name| unsafe { req_export(c, name, req, &[], |c, r| c.alloc_row(r)) })
 }
 
-/// Maps n_tokens more positions of the req's row: the partial last page is filled first,
-/// then whole new pages. out_loc, when not NULL, receives the n_tokens new positions' KV slot
-/// indices (req_to_token[row, old kv_allocated_len:new)). SKV_ERR_OUT_OF_MEMORY leaves
-/// everything unchanged.
+/// Maps `n_tokens` more positions of the req's row: its partial last page first, then whole new
+/// pages. `out_loc` (NULL allowed) receives the new positions' KV slot indices
+/// (req_to_token[row, old kv_allocated_len:new)).
 ///
 /// The caller must pass every pointer as NULL or valid, out_loc holding n_tokens values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend(
     c: *mut skv_cache,
@@ -63,7 +64,8 @@ pub unsafe extern "C" fn skv_alloc_extend(
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
     export!(
@@ -118,19 +120,16 @@ unsafe fn on_req_in_place(
     cache.take_deferred()
 }
 
-/// skv_alloc_extend for every request of a running batch in one call: `reqs[i]` gains
-/// `n_tokens[i]` positions, and out_loc (when not NULL) receives every newly assigned KV slot
-/// index, request after request (sglang's out_cache_loc; the sum of n_tokens values, which
-/// must not exceed out_cap). All or nothing: every req is checked as skv_alloc_extend checks
-/// it (and no row may appear twice), and the pool must hold the pages of the whole batch; a
-/// failing call leaves the cache, the reqs and out_loc as they were, and the error names the
-/// request's position (`reqs[17]: ...`).
-/// (NULL, 0) is an empty batch.
+/// skv_alloc_extend for every request of a running batch: `reqs[i]` gains `n_tokens[i]`
+/// positions, and `out_loc` (NULL allowed) receives the new KV slot indices request after
+/// request (sglang's out_cache_loc; `out_cap` must hold their sum). All or nothing; an error
+/// names the request's position, `reqs[17]: ...` (docs/operations.md#owned-mode-calls).
 ///
 /// The caller must pass reqs and n_tokens holding n values, and out_loc holding out_cap values
 /// (or NULL).
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend_batch(
     c: *mut skv_cache,
@@ -181,12 +180,13 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
     )
 }
 
-/// skv_commit for every request of a running batch in one call: `reqs[i].kv_committed_len` +=
-/// `n_tokens[i]`. All or nothing, as skv_alloc_extend_batch; errors name the request's position.
+/// skv_commit for every request of a running batch: `reqs[i].kv_committed_len` += `n_tokens[i]`.
+/// All or nothing, as skv_alloc_extend_batch; errors name the request's position.
 ///
 /// The caller must pass reqs and n_tokens holding n values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit_batch(
     c: *mut skv_cache,
@@ -219,7 +219,8 @@ pub unsafe extern "C" fn skv_commit_batch(
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -233,7 +234,8 @@ pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> s
 ///
 /// The caller must pass out_indices holding n_tokens values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_indices: *mut i32) -> skv_status {
     export!(
@@ -254,8 +256,8 @@ pub unsafe extern "C" fn skv_pool_alloc(c: *mut skv_cache, n_tokens: u32, out_in
     )
 }
 
-/// Takes back engine-held pages: each index frees the page it falls in. A page already free
-/// (double free) or still mapped by a row is SKV_ERR_STATE and nothing is freed.
+/// Takes back engine-held pages: each index frees the page it falls in
+/// (docs/operations.md#owned-mode-calls).
 ///
 /// The caller must pass indices holding n values.
 ///
@@ -284,7 +286,8 @@ pub unsafe extern "C" fn skv_pool_free(c: *mut skv_cache, indices: *const i32, n
 ///
 /// The caller must pass indices and out_counts holding n values each.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_page_refs(
     c: *const skv_cache,
@@ -319,7 +322,8 @@ pub unsafe extern "C" fn skv_page_refs(
 ///
 /// The caller must pass every pointer as NULL or valid, indices holding n_tokens values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_map_prefix(
     c: *mut skv_cache,
@@ -351,7 +355,8 @@ pub unsafe extern "C" fn skv_map_prefix(
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_publish_prefix(
     c: *mut skv_cache,
@@ -366,12 +371,12 @@ pub unsafe extern "C" fn skv_publish_prefix(
     })
 }
 
-/// Copies req_to_token[row, start:end) into out (end-start values). External mode:
-/// SKV_ERR_UNSUPPORTED whatever the row and range (after the pointer checks).
+/// Copies req_to_token[row, start:end) into `out` (end - start values).
 ///
 /// The caller must pass out holding end-start values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_indices(
     c: *const skv_cache,
@@ -384,15 +389,14 @@ pub unsafe extern "C" fn skv_row_indices(
     export!(skv_row_indices, |name| unsafe { row_indices_of(name, c, row, start, end, false, out) })
 }
 
-/// skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position
-/// of req_to_token[row, start:end) (the slot its page's SWA page holds it at), 0 for a
-/// position the window has passed (skv_swa_evict gave its SWA page back; 0 is in the padding
-/// page). SKV_ERR_UNSUPPORTED without an SWA pool (swa_num_token_slots 0) and in external
-/// mode.
+/// skv_row_indices for the sliding-window layers: the SWA pool's token slot of each position of
+/// req_to_token[row, start:end), 0 where the window has passed
+/// (docs/hybrid.md#owned-mode-two-pools).
 ///
 /// The caller must pass out holding end-start values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_row_swa_indices(
     c: *const skv_cache,

@@ -6,8 +6,8 @@ use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced};
 /// The Rust names of the C records (one definition each, in `core`).
 pub use crate::core::{Admission as skv_admission, Usage as skv_usage};
 
-/// What every slot of session_id holds, in flight or idle (docs/operations.md). A session
-/// without slots gives all zeros. Both modes.
+/// What every slot of session_id holds, in flight or idle, written to `*out`; all zeros for a
+/// session without slots (docs/operations.md#scheduler-queries).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
@@ -72,11 +72,9 @@ unsafe fn usage(
     )
 }
 
-/// The idle slots (those no running request holds), least recently used first: ordered by
-/// when each slot's last turn finished (skv_cache_finished_req, not aborted); a handed-back
-/// request (skv_hand_back) leaves its slot's place unchanged. The first min(cap, count) are
-/// written to `session_ids[i]` / `branch_ids[i]`; *count receives how many idle slots there are
-/// (also when it exceeds cap: the call succeeds). (NULL, NULL, 0) only counts. Both modes.
+/// The idle slots (no running request holds them), least recently used first: the first min(cap,
+/// *count) keys go to `session_ids[i]` / `branch_ids[i]`, and `*count` receives how many there
+/// are, also past cap. (NULL, NULL, 0) only counts (docs/operations.md#scheduler-queries).
 ///
 /// The caller must pass every pointer as NULL or valid, session_ids and branch_ids holding
 /// cap values.
@@ -125,12 +123,9 @@ pub unsafe extern "C" fn skv_idle_sessions(
     )
 }
 
-/// Owned mode: what admitting a request of total_len tokens on (session_id, branch_id) would
-/// take, given the session's state now: skv_match_prefix with key_len, then growing the row
-/// to total_len (docs/operations.md). Changes nothing. total_len <= max_context_len and
-/// key_len <= total_len (SKV_ERR_INVALID_ARG); the slot in flight, or a match that would
-/// refuse (a reusable prefix below the protected one): SKV_ERR_STATE. External mode:
-/// SKV_ERR_UNSUPPORTED.
+/// Owned mode: what admitting a request of `total_len` tokens on (session_id, branch_id) would
+/// take now, as skv_match_prefix with `key_len` followed by skv_alloc_extend to total_len would
+/// do it; written to `*out`. Changes nothing (docs/operations.md#scheduler-queries).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///

@@ -7,16 +7,16 @@ use crate::core::{Error, Req, Window};
 /// The Rust names of the C records (one definition each, in `core`).
 pub use crate::core::{Held as skv_held, Match as skv_match};
 
-/// Restores a session's slot into `req` for its next turn (docs/operations.md).
-/// `key_len` is the number of prompt tokens the engine could reuse. The req must hold no row,
-/// or the slot's own row; another row is SKV_ERR_STATE. A hit leaves the slot in flight until
-/// the request finishes; meanwhile only that request's req (holding the row) may match it again
-/// (a retry: in external mode its kv_allocated_len counts if larger than the slot's), and any
-/// other req is SKV_ERR_STATE.
+/// Restores the slot of (session_id, branch_id) into `req` for the request's next turn, or
+/// misses. `key_len`: the prompt tokens whose KV may be reused, prompt_len - 1; `pre_aborted` !=
+/// 0: the engine will not run the request (a miss, nothing changes). `*out` receives hit and
+/// prefix_len. A hit leaves the slot in flight until the request finishes (docs/operations.md,
+/// docs/conventions.md#state-after-a-hit).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_match_prefix(
     c: *mut skv_cache,
@@ -52,17 +52,15 @@ pub unsafe extern "C" fn skv_match_prefix(
     )
 }
 
-/// Saves a finished turn into its session slot after trimming its speculative overshoot, or
-/// (aborted != 0) releases everything the session held. The req ends holding nothing. A later
-/// turn's req comes from skv_match_prefix: finishing (not aborting) a session whose slot is idle
-/// is SKV_ERR_STATE. An abort of an in-flight slot releases max(slot, req) allocated and the
-/// req's aux_state and aux_track; of an idle slot, the slot's own record (the req must still
-/// hold the slot's row). A request that matched but never ran goes back with skv_hand_back
-/// instead.
+/// Ends a turn: saves it into its session slot after trimming its speculative overshoot, or,
+/// with `aborted` != 0, releases everything the session holds. The req ends holding nothing. A
+/// request that matched but never ran goes back with skv_hand_back instead (docs/operations.md;
+/// what an abort releases: docs/conventions.md#aborts-what-is-released).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_finished_req(
     c: *mut skv_cache,
@@ -93,18 +91,11 @@ pub unsafe extern "C" fn skv_cache_finished_req(
     )
 }
 
-/// Hands back a request a skv_match_prefix hit restored but that never ran (the engine
-/// dropped it from its waiting queue): the slot becomes idle exactly as the match left it,
-/// nothing is freed and no callback runs, and the req ends holding nothing (row -1,
-/// row_generation 0, lengths 0, lock 0, aux_state and both aux_track entries -1;
-/// origin_input_len, output_len, finished_len kept). The slot keeps its row and generation,
-/// and its place in skv_idle_sessions' order (the turn never ran). The req must hold the row
-/// the hit restored (SKV_ERR_INVALID_ARG when it holds none), and be as the hit left it;
-/// SKV_ERR_STATE, nothing changed, when the
-/// session has no slot (a first turn, a miss), the slot holds another row or is idle (a stale
-/// copy, a finished or handed-back req), the req is stale (row_generation), or any of its
-/// lengths, its lock, aux_state or an aux_track entry differs from what the match restored
-/// (the request ran: finish or abort it).
+/// Hands back a request a skv_match_prefix hit restored but that never ran (the engine dropped
+/// it from its waiting queue): the slot becomes idle exactly as the match left it, in its old
+/// place in skv_idle_sessions' order; nothing is freed and no callback runs. The req must be as
+/// the hit left it (a request that ran is finished or aborted instead) and ends holding nothing
+/// (docs/operations.md).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
@@ -131,8 +122,9 @@ pub unsafe extern "C" fn skv_hand_back(
     )
 }
 
-/// Between prefill chunks: *handled = 1 when the session slot handles this request (a later
-/// turn), 0 when the engine runs its own prefix-tree path. Changes nothing.
+/// Between prefill chunks: `*handled` = 1 when the session slot handles this request (a later
+/// turn), 0 when the engine runs its own prefix-tree path. Changes nothing
+/// (docs/conventions.md#skv_checkpoint-and-handled).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
@@ -173,7 +165,8 @@ pub unsafe extern "C" fn skv_checkpoint(
 ///
 /// The caller must pass c as NULL or a live handle.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64) -> skv_status {
     export!(
@@ -197,7 +190,8 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 ///
 /// The caller must pass c as NULL or a live handle.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, branch_id: u64) -> skv_status {
     export!(
@@ -217,24 +211,15 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
     )
 }
 
-/// The page-safe tail free: frees row[ceil_align(target):end) (row[target:end) when
-/// page_size is 1); the page holding target-1 stays. row in [0, num_rows), end <=
-/// max_context_len and target <= end (SKV_ERR_INVALID_ARG); target == end frees nothing.
-/// Owned mode: end must reach the row's mapped end and target must not reach below its
-/// protected prefix. Where frees split at the SWA cursor (an owned SWA pool, or
-/// free_kv_segment), a target inside a page whose SWA slots the window freed must be a page
-/// boundary (SKV_ERR_INVALID_ARG: the rest of that page would be inside the window again with
-/// no SWA slots), and the row's cursor drops to min(cursor, target). On a session's row:
-/// SKV_ERR_STATE while the slot is idle; while it is in flight, end must reach the slot's
-/// recorded end, target must keep its protected prefix, and the slot shortens with the row
-/// (the engine lowers its own req's kv_allocated_len). With free_kv_segment, the free splits
-/// at the SWA cursor and floor the in-flight slot records; a row no slot holds has no cursor
-/// here (every position goes back to both pools): free such a row with skv_free_tail, which
-/// reads its req's.
+/// The page-safe tail free: frees row[ceil_align(target), end) of `row` (row[target, end) when
+/// page_size is 1), keeping the page that holds target - 1; target == end frees nothing. It
+/// takes no req: the engine lowers its req's kv_allocated_len itself. The ranges each mode, a
+/// session's row and the SWA cursor allow: docs/operations.md#skv_free_alignedc-row-target-end.
 ///
 /// The caller must pass c as NULL or a live handle.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u32, end: u32) -> skv_status {
     export!(
@@ -260,14 +245,15 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
     )
 }
 
-/// Cuts every KV field of `req` back to origin_input_len + finished_len, freeing only whole
-/// pages (the finish path's trim); output_len becomes min(output_len, finished_len), and the
-/// req's own finished_len is lowered to it when larger. A session row's rules are those of
-/// skv_free_aligned.
+/// The finish path's trim, without the slot: cuts the req's KV lengths back to the turn's end,
+/// origin_input_len + finished_len, freeing only whole pages; output_len becomes min(output_len,
+/// finished_len), and the req's finished_len is lowered to it when larger. On a session's row
+/// the primitives' rules apply (docs/operations.md#primitives-both-modes).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
 pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -278,12 +264,14 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
     })
 }
 
-/// Frees what lies past a reused prefix (the match path's tail free). A session row's rules
-/// are those of skv_free_aligned.
+/// Frees what lies past `prefix_len` (the match path's tail free; also how rejected drafts are
+/// dropped). On a session's row the primitives' rules apply
+/// (docs/operations.md#primitives-both-modes).
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
 pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
@@ -294,9 +282,9 @@ pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, pre
     })
 }
 
-/// What idle session slots hold. Rows listed in active_rows belong to running requests and
-/// are not counted; (NULL, 0) lists none. A listed row outside [0, num_rows) is
-/// SKV_ERR_INVALID_ARG naming its position and value.
+/// What idle session slots hold, written to `*out`. `active_rows` (n_active values) lists the
+/// rows of running requests, which are not counted; (NULL, 0) lists none
+/// (docs/conventions.md#skv_session_held-which-rows).
 ///
 /// The caller must pass every pointer as NULL or valid, active_rows holding n_active values.
 ///
@@ -333,24 +321,17 @@ pub unsafe extern "C" fn skv_session_held(
 /// evicted right up to pre_len - window instead of keeping whole pages of it.
 pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 
-/// One sliding-window step of a running request (sglang's free_swa_out_of_window_slots):
-/// once `swa_evicted_seqlen` lags `pre_len - window` by at least `eviction_interval`, the
-/// cursor first rises to swa_dead_lo, then to `pre_len - ceil_align(max(window, page_size))`
-/// (`pre_len - window` with SKV_SWA_NO_PREFIX_SHARING), capped by `retain_floor` (-1 = none;
-/// ignored without prefix sharing), never back, floored to a page; the positions it passed
-/// go back to the SWA pool only: external mode through free_kv_segment(..., SKV_POOL_SWA),
-/// owned mode to its SWA pool (the row keeps its full-pool pages). `*freed` (NULL allowed)
-/// is the number of positions handed back. A req holding no row changes nothing. Errors:
-/// owned mode without an SWA pool (swa_num_token_slots 0), or external mode without
-/// free_kv_segment, is SKV_ERR_UNSUPPORTED after the pointer checks, whatever else is wrong;
-/// window 0, pre_len > kv_allocated_len, retain_floor outside -1..=UINT32_MAX, unknown flags,
-/// or a step that would free from a cursor inside a page are SKV_ERR_INVALID_ARG; a row an
-/// idle session slot holds is
-/// SKV_ERR_STATE. On a running session's row the slot's cursor follows. docs/hybrid.md.
+/// One sliding-window step of a running request (sglang's free_swa_out_of_window_slots): once
+/// the SWA cursor lags `pre_len` (the length before the step) - `window` by `eviction_interval`,
+/// it rises to that in whole pages, at most to `retain_floor` (-1 = none), and the SWA side of
+/// the positions it passed goes back; `*freed` (NULL allowed) receives how many. `flags`:
+/// SKV_SWA_NO_PREFIX_SHARING or 0. Needs free_kv_segment (external mode) or an SWA pool (owned
+/// mode). Step by step: docs/hybrid.md#the-window-step.
 ///
 /// The caller must pass every pointer as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_swa_evict(
     c: *mut skv_cache,

@@ -109,11 +109,9 @@ pub struct Stats {
     pub swa_free_pages: u64,
     /// SWA pages mapped by rows or held by the engine.
     pub swa_used_pages: u64,
-    /// skv_cache_finished_req calls (not aborted) since creation whose target,
-    /// origin_input_len + finished_len (output_len when finished_len is -1), was more than
-    /// kv_committed_len + 1: the finish claimed tokens whose KV the engine never committed. The
-    /// last sampled token has no KV yet, so target = kv_committed_len + 1 is a normal finish.
-    /// Counted, not refused (docs/conventions.md, "Finishes past committed").
+    /// skv_cache_finished_req calls (not aborted) since creation that claimed tokens whose KV
+    /// the engine never committed: origin_input_len + finished_len past kv_committed_len + 1.
+    /// Counted, not refused (docs/conventions.md#finishes-past-committed).
     pub finishes_past_committed: u64,
 }
 

@@ -20,7 +20,8 @@ pub const UNLISTED: &str = "SKV_ERR_INTERNAL";
 pub const PREFIX: &str = "refuses: ";
 
 /// Every function of include/skv.h that returns `skv_status`, with the statuses on its
-/// `refuses:` line. Panics, naming every problem, when a function returning a status has no
+/// `refuses:` line. A line ending in ',' goes on on the next comment line, which is indented
+/// (`refuses: A, B,` then ` *          C`), so that no line passes 100 columns. Panics, naming every problem, when a function returning a status has no
 /// line (or two), a line names a status the header does not define (or SKV_OK, or
 /// SKV_ERR_INTERNAL), lists one twice or out of the enum's order, or stands on a function that
 /// returns no status.
@@ -83,20 +84,47 @@ pub fn parse_header(header: &str) -> Result<Refusals, Vec<String>> {
     let statuses = header_statuses(header).map_err(|e| vec![e])?;
     let mut errors = Vec::new();
     let mut out = Refusals::new();
-    // The `refuses:` lines of the doc block just closed (with their line numbers), until the
-    // item it documents.
+    // The `refuses:` lines of the doc block just closed (with their line numbers, each with its
+    // continuation lines joined on), until the item it documents.
     let mut pending: Option<Vec<(usize, String)>> = None;
     let mut block: Option<Vec<(usize, String)>> = None;
+    // The previous line of the open block was a `refuses:` line (or its continuation) ending
+    // in ',' (the list goes on), or one ending without (an indented line after it is a list
+    // that lost a ',').
+    let mut continued = false;
+    let mut ended = false;
     for (i, line) in header.lines().enumerate() {
         let n = i + 1;
         let inner = line.trim_start();
         if let Some(b) = block.as_mut() {
-            if let Some(text) = inner.strip_prefix("* ").or(inner.strip_prefix("*").filter(|t| !t.starts_with('/'))) {
+            let text = inner.strip_prefix("* ").or(inner.strip_prefix("*").filter(|t| !t.starts_with('/')));
+            let indented = text.filter(|t| t.starts_with(' ') && !t.trim().is_empty());
+            if continued {
+                continued = false;
+                match indented {
+                    Some(t) => {
+                        let last = b.last_mut().expect("a refuses: line goes on");
+                        last.1 = format!("{} {}", last.1, t.trim());
+                        continued = last.1.ends_with(',');
+                        ended = !continued;
+                    }
+                    None => errors.push(format!(
+                        "line {n}: the refuses: line above ends in ',' but does not go on on an indented line"
+                    )),
+                }
+            } else if ended && indented.is_some() {
+                ended = false;
+                errors.push(format!("line {n}: an indented line after a refuses: line that does not end in ','"));
+            } else if let Some(text) = text {
+                ended = false;
                 if text.trim_start().starts_with(PREFIX.trim_end()) {
                     b.push((n, text.trim().to_string()));
+                    continued = text.trim_end().ends_with(',');
+                    ended = !continued;
                 }
             }
             if inner.ends_with("*/") {
+                (continued, ended) = (false, false);
                 pending = block.take();
             }
             continue;
