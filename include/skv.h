@@ -1555,10 +1555,10 @@ const struct skv_api *skv_get_api(uint32_t abi_version);
  *
  * The caller must pass c as NULL or a live handle, cfg as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
-enum skv_status skv_events_enable(struct skv_cache *c,
-                                  const struct skv_events_config *cfg);
+enum skv_status skv_events_enable(struct skv_cache *c, const struct skv_events_config *cfg);
 
 /**
  * A session's salt and the parent of its first published page (docs/events.md, "Salts",
@@ -1594,7 +1594,8 @@ enum skv_status skv_events_session(struct skv_cache *c,
  * The caller must pass c as NULL or a live handle, req as NULL or valid, tokens as NULL or n
  * values.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_events_tokens(struct skv_cache *c,
                                   uint64_t session_id,
@@ -1615,7 +1616,8 @@ enum skv_status skv_events_tokens(struct skv_cache *c,
  * The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
  * and seq as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED, SKV_ERR_BUFFER
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED,
+ *          SKV_ERR_BUFFER
  */
 enum skv_status skv_events_drain(struct skv_cache *c,
                                  uint8_t *buf,

@@ -56,7 +56,8 @@ fn without_events() -> Error {
 ///
 /// The caller must pass c as NULL or a live handle, cfg as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_events_enable(c: *mut skv_cache, cfg: *const skv_events_config) -> skv_status {
     export!(
@@ -228,7 +229,8 @@ unsafe fn set_session(handle: &skv_cache, session_id: u64, salt: *const c_char, 
 /// The caller must pass c as NULL or a live handle, req as NULL or valid, tokens as NULL or n
 /// values.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_events_tokens(
     c: *mut skv_cache,
@@ -289,7 +291,8 @@ fn hand_tokens(
 /// The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
 /// and seq as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED, SKV_ERR_BUFFER
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED,
+///          SKV_ERR_BUFFER
 #[no_mangle]
 pub unsafe extern "C" fn skv_events_drain(
     c: *mut skv_cache,
