@@ -548,6 +548,33 @@ impl LateRouter {
     }
 }
 
+/// Sessions' first turns, one after another, the 8 latest kept (the oldest released, its
+/// pages removed); `live` is what each kept session's sequence is.
+struct Workload {
+    next: u64,
+    live: HashMap<u64, Vec<u32>>,
+}
+
+impl Workload {
+    fn new() -> Self {
+        Workload { next: 0, live: HashMap::new() }
+    }
+
+    fn turns(&mut self, e: &mut Engine, n: u64) {
+        for _ in 0..n {
+            let s = self.next;
+            self.next += 1;
+            let (prompt, out) = (tokens(s as u32, 301), tokens(s as u32 + 7, 10));
+            e.turn(s, &prompt, &out);
+            self.live.insert(s, [prompt, out].concat());
+            if s >= 8 {
+                e.release(s - 8);
+                self.live.remove(&(s - 8));
+            }
+        }
+    }
+}
+
 /// A path for an ipc endpoint of this test alone.
 fn ipc_endpoint(name: &str) -> String {
     format!("ipc://{}/skv-events-{}-{name}", std::env::temp_dir().display(), std::process::id())
@@ -560,24 +587,9 @@ fn after_an_overflow_the_routers_view_converges_to_what_libskv_holds() {
     // A subscriber that buffers little, and does not read while the engine runs: the
     // publisher's queue of 2 batches overflows, batches are dropped.
     let sub = Subscriber::connect(&endpoint, b"skv", 1, 4096);
-    let mut live: HashMap<u64, Vec<u32>> = HashMap::new();
-    let mut next_session = 0u64;
-    let mut run_turns = |e: &mut Engine, live: &mut HashMap<u64, Vec<u32>>, n: u64| {
-        for _ in 0..n {
-            let s = next_session;
-            next_session += 1;
-            let (prompt, out) = (tokens(s as u32, 301), tokens(s as u32 + 7, 10));
-            e.turn(s, &prompt, &out);
-            live.insert(s, [prompt, out].concat());
-            // Keep 8 sessions: the oldest is released (its pages removed).
-            if s >= 8 {
-                e.release(s - 8);
-                live.remove(&(s - 8));
-            }
-        }
-    };
+    let mut w = Workload::new();
     // About 4 MB of stores, far past what the socket buffers hold.
-    run_turns(&mut e, &mut live, 1000);
+    w.turns(&mut e, 1000);
 
     // The subscriber reads again; the engine goes on, so a batch closes with room in the
     // queue: the recovery (AllBlocksCleared, every held chain) goes out, and the router's view
@@ -589,24 +601,24 @@ fn after_an_overflow_the_routers_view_converges_to_what_libskv_holds() {
             assert_eq!(m.topic, b"skv");
             router.apply(&m);
         }
-        if router.clears > 0 && router.failed_since_clear == 0 && router.agrees(&e, &live) {
+        if router.clears > 0 && router.failed_since_clear == 0 && router.agrees(&e, &w.live) {
             break;
         }
         assert!(Instant::now() < deadline, "the router never converged: {} gaps", router.gaps);
-        run_turns(&mut e, &mut live, 1);
+        w.turns(&mut e, 1);
     }
     assert!(router.gaps > 0, "batches were dropped while the subscriber did not read");
     // The engine goes on, the subscriber reading: after each turn the router agrees again.
     // (A queue of 2 can still overflow in a burst of batches: then the next call's batch is
     // the recovery, so a turn is run when nothing arrives.)
     for _ in 0..20 {
-        run_turns(&mut e, &mut live, 1);
+        w.turns(&mut e, 1);
         let deadline = Instant::now() + PATIENCE;
-        while !router.agrees(&e, &live) {
+        while !router.agrees(&e, &w.live) {
             assert!(Instant::now() < deadline, "the router fell behind for good: {} gaps", router.gaps);
             match sub.recv(Duration::from_millis(100)) {
                 Some(m) => router.apply(&m),
-                None => run_turns(&mut e, &mut live, 1),
+                None => w.turns(&mut e, 1),
             }
         }
     }
@@ -643,4 +655,34 @@ fn enable_refuses_a_bad_endpoint_and_changes_nothing() {
     assert_eq!(st, skv_status::SKV_ERR_STATE);
     assert!(last_error_message().contains("published on ipc://"), "{}", last_error_message());
     drop(holder);
+}
+
+#[test]
+fn a_router_that_subscribes_late_converges_at_the_next_call() {
+    let endpoint = ipc_endpoint("late");
+    let mut e = Engine::new(&endpoint, "", 0);
+    let mut w = Workload::new();
+    // Nobody listens yet: these stores go nowhere.
+    w.turns(&mut e, 5);
+    let sub = Subscriber::connect(&endpoint, b"", 0, 0);
+    // Once the subscription reaches the publisher, the next call's batch is the recovery. The
+    // engine's calls meanwhile: a turn of another session, released at once (what libskv holds
+    // stays the five sessions stored before the join).
+    let mut router = LateRouter::new();
+    let deadline = Instant::now() + PATIENCE;
+    let mut other = 1000;
+    loop {
+        while let Some(m) = sub.recv(Duration::from_millis(20)) {
+            router.apply(&m);
+        }
+        if router.clears > 0 && router.failed_since_clear == 0 && router.agrees(&e, &w.live) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the late router never converged");
+        e.turn(other, &tokens(other as u32, 40), &[]);
+        e.release(other);
+        other += 1;
+    }
+    assert_eq!(w.live.len(), 5);
+    assert_eq!(router.gaps, 0, "nothing was dropped: the join alone brought the recovery");
 }

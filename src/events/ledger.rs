@@ -392,6 +392,11 @@ impl Ledger {
     /// the next sequence number. A full queue drops it, its number spent: the next batch
     /// closed is then the recovery.
     pub fn close(&mut self) {
+        // A subscriber that joined missed what was stored before: it gets the recovery too.
+        #[cfg(feature = "zmq")]
+        if self.queue.publisher.as_ref().is_some_and(|p| p.subscriber_joined()) {
+            self.overflowed = true;
+        }
         if self.overflowed {
             // The recovery re-stores everything, this batch's events included; it is encoded
             // only when it can be queued.

@@ -9,7 +9,8 @@
 //! - [`Frames`]: a batch's ZMQ multipart message, `[topic, 8-byte big-endian sequence
 //!   number, payload]`.
 //! - `Publisher` (feature `zmq`): sends closed batches on a ZMQ PUB socket from a
-//!   background thread, through a bounded queue that never blocks the caller.
+//!   background thread, through a bounded queue that never blocks the caller, and tells the
+//!   ledger when a subscriber joins.
 //!
 //! **Block ids.** A page's id (its `block_hashes` entry, and its children's
 //! `parent_block_hash`) is the 64-bit XXH3 of the parent's id, the page's index in the

@@ -7,7 +7,7 @@ use std::ffi::{CStr, CString};
 use std::fmt;
 use std::os::raw::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -21,6 +21,9 @@ pub const STOP_LINGER: Duration = Duration::from_secs(1);
 /// The longest the publisher thread sleeps before retrying a batch a subscriber's full
 /// queue refused.
 const RETRY_MAX: Duration = Duration::from_millis(5);
+
+/// How often an idle publisher thread looks for new subscribers.
+const SUBSCRIPTION_POLL: Duration = Duration::from_millis(50);
 
 /// A batch handed to [`Publisher::send`] did not fit: the queue holds `bound` batches not
 /// yet sent. The caller drops it and its sequence number stays spent, so subscribers see a
@@ -43,6 +46,8 @@ pub struct Publisher {
     /// the moment a refused batch is counted).
     pending: Arc<AtomicUsize>,
     stopping: Arc<AtomicBool>,
+    /// A subscription reached the socket since `subscriber_joined` last said so.
+    joined: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
     endpoint: String,
 }
@@ -54,7 +59,7 @@ impl fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// Binds a PUB socket to `endpoint` as data-parallel rank `data_parallel_rank` binds it
+    /// Binds an XPUB socket (a PUB socket that also reads its subscriptions) to `endpoint` as data-parallel rank `data_parallel_rank` binds it
     /// ([`rank_endpoint`]) and starts the thread that sends each batch as `[topic, seq,
     /// payload]`. At most `bound` batches (at least 1) wait to be sent. A malformed
     /// endpoint or a failed bind (the port in use, an address not on this host) is
@@ -70,7 +75,10 @@ impl Publisher {
             ))
         };
         let ctx = zmq::Context::new();
-        let mut socket = ctx.socket(zmq::PUB).map_err(|e| zmq_err("cannot create the socket", e.to_string()))?;
+        let mut socket = ctx.socket(zmq::XPUB).map_err(|e| zmq_err("cannot create the socket", e.to_string()))?;
+        // Every subscription comes up, a second one to the same topic too: each new
+        // subscriber is told to the ledger, which then re-stores everything for it.
+        socket.set_xpub_verbose(true).map_err(|e| zmq_err("ZMQ_XPUB_VERBOSE", e.to_string()))?;
         // A subscriber's queue holds as many batches as ours; past that the socket refuses
         // the batch (no drop) and the thread retries, so every loss happens at our queue,
         // where the caller sees it, rather than silently inside libzmq.
@@ -88,13 +96,15 @@ impl Publisher {
         let (queue, batches) = sync_channel(bound);
         let stopping = Arc::new(AtomicBool::new(false));
         let pending = Arc::new(AtomicUsize::new(0));
-        let shared = Shared { pending: Arc::clone(&pending), stopping: Arc::clone(&stopping) };
+        let joined = Arc::new(AtomicBool::new(false));
+        let shared =
+            Shared { pending: Arc::clone(&pending), stopping: Arc::clone(&stopping), joined: Arc::clone(&joined) };
         let topic = topic.as_bytes().to_vec();
         let thread = thread::Builder::new()
             .name("skv-events-pub".into())
             .spawn(move || run(socket, ctx, topic, batches, shared))
             .map_err(|e| Error::OutOfMemory(format!("publisher on {target:?}: cannot start its thread: {e}")))?;
-        Ok(Publisher { queue: Some(queue), bound, pending, stopping, thread: Some(thread), endpoint: bound_to })
+        Ok(Publisher { queue: Some(queue), bound, pending, stopping, joined, thread: Some(thread), endpoint: bound_to })
     }
 
     /// The endpoint the socket is bound to, as libzmq reports it: the port a wildcard
@@ -125,6 +135,13 @@ impl Publisher {
     /// encoding a batch that would be dropped.
     pub fn has_room(&self) -> bool {
         self.pending.load(Ordering::Acquire) < self.bound
+    }
+
+    /// Whether a subscriber joined since the last call: its subscription reached the socket,
+    /// so a batch sent from now on reaches it, but nothing sent before did. The ledger answers
+    /// with its recovery (everything held, stored again).
+    pub fn subscriber_joined(&self) -> bool {
+        self.joined.swap(false, Ordering::AcqRel)
     }
 
     /// Sends what is queued, then closes the socket and joins the thread, spending at most
@@ -249,21 +266,29 @@ fn last_error() -> String {
 struct Shared {
     pending: Arc<AtomicUsize>,
     stopping: Arc<AtomicBool>,
+    joined: Arc<AtomicBool>,
 }
 
 /// The publisher thread: sends each queued batch, retrying while a subscriber's queue is
-/// full; once stopping, gives the rest at most [`STOP_LINGER`].
+/// full; once stopping, gives the rest at most [`STOP_LINGER`]. Between batches, and at least
+/// every [`SUBSCRIPTION_POLL`], notes new subscribers.
 fn run(socket: zmq::Socket, ctx: zmq::Context, topic: Vec<u8>, batches: Receiver<(u64, Vec<u8>)>, shared: Shared) {
-    let Shared { pending, stopping } = shared;
+    let Shared { pending, stopping, joined } = shared;
     let mut deadline: Option<Instant> = None;
-    'batches: while let Ok((seq, payload)) = batches.recv() {
+    'batches: loop {
+        note_subscribers(&socket, &joined);
+        let (seq, payload) = match batches.recv_timeout(SUBSCRIPTION_POLL) {
+            Ok(batch) => batch,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => break,
+        };
         pending.fetch_sub(1, Ordering::AcqRel);
         let seq = seq.to_be_bytes();
         let mut wait = Duration::from_micros(50);
         loop {
             let frames: [&[u8]; 3] = [&topic, &seq, &payload];
             match socket.send_multipart(frames, zmq::DONTWAIT) {
-                // Any error but a full subscriber queue (none is expected of a bound PUB
+                // Any error but a full subscriber queue (none is expected of a bound XPUB
                 // socket) loses this one batch, as a drop at the queue would.
                 Ok(()) => break,
                 Err(zmq::Error::EAGAIN | zmq::Error::EINTR) => {}
@@ -285,4 +310,14 @@ fn run(socket: zmq::Socket, ctx: zmq::Context, topic: Vec<u8>, batches: Receiver
     let _ = socket.set_linger(i32::try_from(left.as_millis()).unwrap_or(i32::MAX));
     drop(socket);
     drop(ctx);
+}
+
+/// Reads the subscription messages that reached the socket (`\x01` and the topic for a
+/// subscription, `\x00` for its end); a subscription sets `joined`.
+fn note_subscribers(socket: &zmq::Socket, joined: &AtomicBool) {
+    while let Ok(m) = socket.recv_bytes(zmq::DONTWAIT) {
+        if m.first() == Some(&1) {
+            joined.store(true, Ordering::Release);
+        }
+    }
 }
