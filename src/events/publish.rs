@@ -59,11 +59,12 @@ impl fmt::Debug for Publisher {
 }
 
 impl Publisher {
-    /// Binds an XPUB socket (a PUB socket that also reads its subscriptions) to `endpoint` as data-parallel rank `data_parallel_rank` binds it
-    /// ([`rank_endpoint`]) and starts the thread that sends each batch as `[topic, seq,
-    /// payload]`. At most `bound` batches (at least 1) wait to be sent. A malformed
-    /// endpoint or a failed bind (the port in use, an address not on this host) is
-    /// `InvalidArg` naming the endpoint; nothing is left running.
+    /// Binds an XPUB socket (a PUB socket that also reads its subscriptions) to `endpoint`
+    /// as data-parallel rank `data_parallel_rank` binds it ([`rank_endpoint`]) and starts the
+    /// thread that sends each batch as `[topic, seq, payload]`. At most `bound` batches (at
+    /// least 1) wait to be sent. A malformed endpoint or a failed bind (the port in use, an
+    /// address not on this host) is `InvalidArg` naming the endpoint, a thread the system
+    /// cannot start `OutOfMemory`; nothing is left running.
     pub fn start(endpoint: &str, data_parallel_rank: u32, topic: &str, bound: usize) -> Result<Publisher> {
         if bound == 0 {
             return Err(Error::InvalidArg("publisher: a queue bound of 0 batches: at least 1".into()));
