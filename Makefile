@@ -29,10 +29,13 @@ test-rust: | deps
 
 # KV events (--features events) decoded and indexed by Dynamo's router, dynamo-kv-router (a
 # dev-dependency; its first build takes a few minutes): the format, then the session calls'
-# events through the C ABI (scenarios and the differential); the events bench's smoke run.
+# events through the C ABI (scenarios and the differential), then the simulator's instances
+# routed by them (skv-sim's `router` feature); the events bench's smoke run.
 test-events:
 	$(CARGO) test --features events --test events_dynamo
 	$(CARGO) test --features events --test events_session
+	$(CARGO) test --features events --bench hot_path
+	$(CARGO) test -p skv-sim --features router --test multi
 	$(CARGO) test --features events --bench events
 
 # The ZMQ publisher (--features zmq) against a real subscriber. zmq-sys builds libzmq from
@@ -74,6 +77,7 @@ lint:
 	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features events -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features zmq -- -D warnings
+	$(CARGO) clippy -p skv-sim --all-targets --features router -- -D warnings
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --features skv/events
 	python3 scripts/check_modules.py src
 

@@ -26,6 +26,16 @@
 //! of hybrid median / full median: the machine's speed moves between runs (up to 2x here),
 //! hardly within a pair. A filter selecting a hybrid op also runs its full-attention op.
 //!
+//! The events ops (`decode_step_events`, `finish_events`) run on a third bed whose handle has
+//! KV events on (docs/events.md), every session's 4,096 tokens handed over at setup (so the
+//! ledger holds all their pages), paired as the hybrid ops are with their events-off op on the
+//! plain bed: `decode step` (`skv_alloc_extend_batch` then `skv_commit_batch`, one token a
+//! request) and `finish, 8 new pages` (a finish keeping 8 committed pages past the slot; with
+//! events on, `skv_events_tokens` of their 128 tokens and then the finish, which store them).
+//! The rounds drain the batches between them, untimed. They need the bench built with
+//! `--features events` (`cargo bench --features events --bench hot_path`); without it, or
+//! above 10,000 sessions, they are left out, and said so.
+//!
 //! Every call goes through the library's function table (`skv_get_api`), as an engine that
 //! loads libskv with `dlopen` calls it. By default the table is this crate's own, linked into
 //! the bench; `SKV_BENCH_LIB=target/release/libskv.so` (built by `cargo build --release`)
@@ -54,7 +64,9 @@ use std::time::Instant;
 mod common;
 
 use common::clock_overhead_ns;
-use skv::{skv_cache, skv_cache_config, skv_check_report, skv_match, skv_req, skv_stats, skv_status};
+use skv::{
+    skv_cache, skv_cache_config, skv_check_report, skv_events_config, skv_match, skv_req, skv_stats, skv_status,
+};
 use via_table::*;
 
 /// The exports the bench calls, each through the table (see the top of this file).
@@ -62,7 +74,10 @@ mod via_table {
     use std::ffi::{c_char, CStr, CString};
     use std::sync::OnceLock;
 
-    use skv::{skv_api, skv_cache, skv_cache_config, skv_check_report, skv_match, skv_req, skv_stats, skv_status};
+    use skv::{
+        skv_api, skv_cache, skv_cache_config, skv_check_report, skv_events_config, skv_match, skv_req, skv_stats,
+        skv_status,
+    };
 
     static TABLE: OnceLock<&'static skv_api> = OnceLock::new();
 
@@ -122,6 +137,11 @@ mod via_table {
         skv_alloc_extend_batch => alloc_extend_batch(
             c: *mut skv_cache, reqs: *mut skv_req, n: usize, n_tokens: *const u32, out_loc: *mut i32, out_cap: usize);
         skv_commit_batch => commit_batch(c: *mut skv_cache, reqs: *mut skv_req, n: usize, n_tokens: *const u32);
+        skv_events_enable => events_enable(c: *mut skv_cache, cfg: *const skv_events_config);
+        skv_events_tokens => events_tokens(
+            c: *mut skv_cache, session_id: u64, branch_id: u64, req: *const skv_req, first_pos: u32,
+            tokens: *const i32, n: usize);
+        skv_events_drain => events_drain(c: *mut skv_cache, buf: *mut u8, cap: usize, len: *mut usize, seq: *mut u64);
     }
 
     /// `skv_cache_free` (it returns nothing).
@@ -176,7 +196,19 @@ enum Op {
     /// The engine's own reads and writes of a commit batch's reqs, no libskv call: the floor
     /// under a batch call at this shape.
     ReqsOnly(usize),
+    /// A decode step: `skv_alloc_extend_batch` then `skv_commit_batch`, one token a request.
+    DecodeStep(usize),
+    /// `DecodeStep` on a handle with KV events on (its sessions' tokens handed over).
+    DecodeStepEvents(usize),
+    /// A finish whose turn committed `STORED` pages past the slot (no overshoot).
+    FinishStore,
+    /// `FinishStore` with events on: the output's tokens handed over, then the finish; the
+    /// pair stores the `STORED` pages.
+    FinishStoreEvents,
 }
+
+/// The pages a `FinishStore` turn adds.
+const STORED: u32 = 8;
 
 impl Op {
     fn all(batches: bool) -> Vec<Op> {
@@ -191,7 +223,9 @@ impl Op {
             Op::ReleaseHybrid,
             Op::Stats,
         ];
+        v.extend([Op::FinishStore, Op::FinishStoreEvents]);
         if batches {
+            v.extend([Op::DecodeStep(256), Op::DecodeStepEvents(256)]);
             for b in [64, 256] {
                 v.extend([
                     Op::ExtendBatch(b),
@@ -220,6 +254,10 @@ impl Op {
             Op::MatchHybrid => "match_hybrid, hit freeing a 4-page tail".into(),
             Op::FinishHybrid => "finish_hybrid, trimming a 4-page overshoot".into(),
             Op::ReleaseHybrid => "release_hybrid, 4096-token session".into(),
+            Op::DecodeStep(b) => format!("decode step {b} (extend+commit), per req"),
+            Op::DecodeStepEvents(b) => format!("decode_step_events {b}, per req"),
+            Op::FinishStore => format!("finish, {STORED} new pages"),
+            Op::FinishStoreEvents => format!("finish_events, storing {STORED} pages"),
         }
     }
 
@@ -236,6 +274,9 @@ impl Op {
             Op::MatchHybrid | Op::FinishHybrid | Op::ReleaseHybrid | Op::StepBatchHybrid(_) => {
                 format!("{HYBRID_LIMIT}x full")
             }
+            Op::DecodeStep(_) | Op::FinishStore => "-".into(),
+            Op::DecodeStepEvents(_) => format!("{EVENTS_STEP_LIMIT}x off"),
+            Op::FinishStoreEvents => "off+/page".into(),
         }
     }
 
@@ -246,7 +287,18 @@ impl Op {
             Op::FinishHybrid => Some(Op::FinishTrim),
             Op::ReleaseHybrid => Some(Op::Release),
             Op::StepBatchHybrid(b) => Some(Op::StepBatch(b)),
+            Op::DecodeStepEvents(b) => Some(Op::DecodeStep(b)),
+            Op::FinishStoreEvents => Some(Op::FinishStore),
             _ => None,
+        }
+    }
+
+    /// The bed an op runs on.
+    fn kind(self) -> Kind {
+        match self {
+            Op::MatchHybrid | Op::FinishHybrid | Op::ReleaseHybrid | Op::StepBatchHybrid(_) => Kind::Hybrid,
+            Op::DecodeStepEvents(_) | Op::FinishStoreEvents => Kind::Events,
+            _ => Kind::Full,
         }
     }
 
@@ -264,7 +316,13 @@ impl Op {
 
     fn batch(self) -> usize {
         match self {
-            Op::ExtendBatch(b) | Op::StepBatch(b) | Op::StepBatchHybrid(b) | Op::CommitBatch(b) | Op::ReqsOnly(b) => b,
+            Op::ExtendBatch(b)
+            | Op::StepBatch(b)
+            | Op::StepBatchHybrid(b)
+            | Op::CommitBatch(b)
+            | Op::ReqsOnly(b)
+            | Op::DecodeStep(b)
+            | Op::DecodeStepEvents(b) => b,
             _ => 1,
         }
     }
@@ -272,6 +330,19 @@ impl Op {
 
 /// The bound on a hybrid op's median, as a multiple of its full-attention op's.
 const HYBRID_LIMIT: f64 = 1.5;
+/// The bound on a decode step with events on, as a multiple of the step with them off.
+const EVENTS_STEP_LIMIT: f64 = 1.3;
+/// Events beds hand every session's tokens over (about 90 bytes a held page): above this many
+/// sessions their ops are left out.
+const EVENTS_MAX_SESSIONS: usize = 10_000;
+
+/// Which handle a bed is: plain, with an SWA pool, or with KV events on.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Full,
+    Hybrid,
+    Events,
+}
 
 /// N idle sessions of `TOKENS` tokens, and one req per session for the running turns.
 struct Bed {
@@ -285,11 +356,22 @@ struct Bed {
     out_loc: Vec<i32>,
     /// The order sessions take their rows in (`SKV_BENCH_ROWS`): `0..n`, or a fixed shuffle.
     order: Vec<usize>,
+    /// KV events are on: every session's tokens were handed over, and rounds drain the batches.
+    events: bool,
+    /// The token ids sessions hold (the same for all: each session has its own salt).
+    tokens: Vec<i32>,
+    drained: Vec<u8>,
 }
 
 impl Bed {
-    fn new(n: usize, hybrid: bool) -> Bed {
-        let pages = n as u64 * u64::from(TOKENS / PS + TAIL / PS + 1) + 1024;
+    /// A bed of `kind`; `None` for events where the library was built without them.
+    fn of(n: usize, kind: Kind) -> Option<Bed> {
+        Bed::build(n, kind == Kind::Hybrid, kind == Kind::Events)
+    }
+
+    fn build(n: usize, hybrid: bool, events: bool) -> Option<Bed> {
+        // A running session's tail: the 4-page one, or a `FinishStore` turn's pages.
+        let pages = n as u64 * u64::from(TOKENS / PS + (TAIL / PS).max(STORED) + 1) + 1024;
         // An idle session holds `WINDOW / PS` SWA pages, a running one a tail's more; the 1,024
         // spare pages also cover a session's first turn, which maps all `TOKENS / PS` before its
         // window step gives most back.
@@ -306,16 +388,79 @@ impl Bed {
         let mut c = std::ptr::null_mut();
         // SAFETY: cfg and c are locals.
         check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
+        if events {
+            let ev = skv_events_config {
+                struct_size: std::mem::size_of::<skv_events_config>() as u32,
+                data_parallel_rank: 0,
+                flags: 0,
+                // Room for a round's batches (a store and a removal a session): the rounds drain
+                // between them, as an engine drains after its steps, and nothing overflows.
+                max_batches: (2 * n + 64) as u32,
+                endpoint: std::ptr::null(),
+                topic: std::ptr::null(),
+            };
+            // SAFETY: the live handle just made; ev is a local.
+            match unsafe { skv_events_enable(c, &ev) } {
+                skv_status::SKV_ERR_UNSUPPORTED => {
+                    // SAFETY: the handle just made, freed once.
+                    unsafe { skv_cache_free(c) };
+                    return None;
+                }
+                st => check(st, "skv_events_enable"),
+            }
+        }
         let order = row_order(n);
-        let mut bed =
-            Bed { c, n, hybrid, reqs: vec![skv_req::default(); n], ones: vec![1; 256], out_loc: vec![0; 256], order };
+        let tokens = (0..TOKENS + STORED * PS).map(|i| (i * 7919 % 150_000) as i32).collect();
+        let mut bed = Bed {
+            c,
+            n,
+            hybrid,
+            reqs: vec![skv_req::default(); n],
+            ones: vec![1; 256],
+            out_loc: vec![0; 256],
+            order,
+            events,
+            tokens,
+            drained: vec![0; 1 << 16],
+        };
         let t = Instant::now();
         for i in 0..n {
             bed.hold(bed.order[i]);
         }
+        bed.drain();
         let window = if hybrid { format!(", SWA window {WINDOW}") } else { String::new() };
-        eprintln!("setup: {n} sessions of {TOKENS} tokens{window} in {:.2} s", t.elapsed().as_secs_f64());
-        bed
+        let events = if events { ", KV events on" } else { "" };
+        eprintln!("setup: {n} sessions of {TOKENS} tokens{window}{events} in {:.2} s", t.elapsed().as_secs_f64());
+        Some(bed)
+    }
+
+    /// Hands session `id`'s tokens of positions `[from, to)` over (an events bed only).
+    fn hand(&mut self, id: usize, from: u32, to: u32) {
+        if self.events {
+            let toks = &self.tokens[from as usize..to as usize];
+            // SAFETY: the bed's live handle, one of its reqs, toks.len() tokens.
+            let st =
+                unsafe { skv_events_tokens(self.c, id as u64, 0, &self.reqs[id], from, toks.as_ptr(), toks.len()) };
+            check(st, "skv_events_tokens");
+        }
+    }
+
+    /// Drains every pending batch (an events bed only; untimed, between rounds).
+    fn drain(&mut self) {
+        while self.events {
+            let (mut len, mut seq) = (0usize, 0u64);
+            // SAFETY: the bed's live handle; drained holds its length in bytes.
+            let st =
+                unsafe { skv_events_drain(self.c, self.drained.as_mut_ptr(), self.drained.len(), &mut len, &mut seq) };
+            if st == skv_status::SKV_ERR_BUFFER {
+                self.drained.resize(len, 0);
+                continue;
+            }
+            check(st, "skv_events_drain");
+            if len == 0 {
+                return;
+            }
+        }
     }
 
     /// A first turn of `TOKENS` prompt tokens, finished: session `id` holds its row idle. On
@@ -324,7 +469,7 @@ impl Bed {
     fn hold(&mut self, id: usize) {
         let c = self.c;
         let mut req = skv_req::default();
-        // SAFETY: c is the bed's live handle; req is a local.
+        // SAFETY: c is the bed's live handle; req is a local (then the bed's).
         unsafe {
             check(skv_alloc_row(c, &mut req), "skv_alloc_row");
             check(skv_alloc_extend(c, &mut req, TOKENS, std::ptr::null_mut()), "skv_alloc_extend");
@@ -335,7 +480,9 @@ impl Bed {
                 assert_eq!((freed, req.swa_evicted_seqlen), (TOKENS - WINDOW, TOKENS - WINDOW));
             }
             req.origin_input_len = TOKENS;
-            check(skv_cache_finished_req(c, id as u64, 0, &mut req, 0), "skv_cache_finished_req");
+            self.reqs[id] = req;
+            self.hand(id, 0, TOKENS);
+            check(skv_cache_finished_req(c, id as u64, 0, &mut self.reqs[id], 0), "skv_cache_finished_req");
         }
     }
 
@@ -372,8 +519,28 @@ impl Bed {
     }
 
     fn prepare(&mut self, op: Op, id: usize) {
-        debug_assert_eq!(op.full().is_some(), self.hybrid, "{op:?} on the wrong bed");
+        debug_assert_eq!((op.kind() == Kind::Hybrid, op.kind() == Kind::Events), (self.hybrid, self.events), "{op:?}");
         match op {
+            Op::FinishStore | Op::FinishStoreEvents => {
+                self.restore(id);
+                self.extend(id, STORED * PS);
+                let req = &mut self.reqs[id];
+                // SAFETY: the bed's live handle and one of its reqs.
+                check(unsafe { skv_commit(self.c, req, STORED * PS) }, "skv_commit");
+                req.origin_input_len = TOKENS;
+                req.output_len = STORED * PS;
+                req.finished_len = (STORED * PS) as i32;
+            }
+            Op::DecodeStep(_) | Op::DecodeStepEvents(_) => {
+                self.restore(id);
+                let into_page = id as u32 % PS;
+                if into_page > 0 {
+                    self.extend(id, into_page);
+                    let req = &mut self.reqs[id];
+                    // SAFETY: the bed's live handle and one of its reqs.
+                    check(unsafe { skv_commit(self.c, req, into_page) }, "skv_commit");
+                }
+            }
             Op::MatchTailFree | Op::MatchHybrid => {
                 self.restore(id);
                 self.extend(id, TAIL);
@@ -416,6 +583,13 @@ impl Bed {
             | Op::CommitBatch(_)
             | Op::ReqsOnly(_) => self.finish_back(id),
             Op::FinishTrim | Op::FinishHybrid => assert_eq!(self.reqs[id].req_pool_idx, -1),
+            Op::DecodeStep(_) | Op::DecodeStepEvents(_) => self.finish_back(id),
+            Op::FinishStore | Op::FinishStoreEvents => {
+                // Back to TOKENS: the turn's pages go (their removals drained after the round).
+                assert_eq!(self.reqs[id].req_pool_idx, -1);
+                self.restore(id);
+                self.finish_back(id);
+            }
             Op::Release | Op::ReleaseHybrid => self.hold(id),
             Op::Stats => {}
         }
@@ -446,6 +620,22 @@ impl Bed {
                 }
                 Op::ExtendBatch(_) | Op::StepBatch(_) | Op::StepBatchHybrid(_) | Op::CommitBatch(_) => {
                     batch_call(self, op, lo, hi)
+                }
+                Op::DecodeStep(_) | Op::DecodeStepEvents(_) => {
+                    let st = batch_call(self, Op::ExtendBatch(0), lo, hi);
+                    match st {
+                        skv_status::SKV_OK => batch_call(self, Op::CommitBatch(0), lo, hi),
+                        _ => st,
+                    }
+                }
+                Op::FinishStore => skv_cache_finished_req(c, lo as u64, 0, &mut self.reqs[lo], 0),
+                Op::FinishStoreEvents => {
+                    let toks = &self.tokens[TOKENS as usize..(TOKENS + STORED * PS) as usize];
+                    let st = skv_events_tokens(c, lo as u64, 0, &self.reqs[lo], TOKENS, toks.as_ptr(), toks.len());
+                    match st {
+                        skv_status::SKV_OK => skv_cache_finished_req(c, lo as u64, 0, &mut self.reqs[lo], 0),
+                        _ => st,
+                    }
                 }
                 Op::ReqsOnly(_) => {
                     for r in &mut self.reqs[lo..hi] {
@@ -501,7 +691,11 @@ impl Bed {
         // In the rows' order: a release round's sessions take rows again as the setup's did.
         for i in 0..self.n {
             self.put_back(op, self.order[i]);
+            if i % 512 == 511 {
+                self.drain();
+            }
         }
+        self.drain();
     }
 
     /// Every page of both pools is back where the setup left it, and the audit (which checks
@@ -639,23 +833,36 @@ fn main() {
             "call", "sessions", "median", "p50", "p99", "target", "vs C", "vs full", "core"
         );
     }
+    let mut skipped = Vec::new();
     for &n in &sizes {
-        // Built on first use, so a filter leaving one bed's ops out costs nothing.
-        let (mut full, mut hybrid): (Option<Bed>, Option<Bed>) = (None, None);
+        // Built on first use, so a filter leaving one bed's ops out costs nothing: full, hybrid,
+        // events (`None` inside when the library has no events).
+        let mut beds: [Option<Option<Bed>>; 3] = [None, None, None];
         for &op in &ops {
             if !selected(op) {
+                continue;
+            }
+            if op.kind() == Kind::Events && n > EVENTS_MAX_SESSIONS {
+                skipped.push(format!("{} at {n} sessions (over {EVENTS_MAX_SESSIONS})", op.name()));
                 continue;
             }
             let rounds = if bench { (calls / n).max(4) } else { 2 };
             let (mut each, mut groups) = (Vec::new(), Vec::new());
             // The core's throughput around each grouped round (`core_adds_per_ns`).
             let mut rates = Vec::new();
-            // A hybrid op's timed rounds alternate with its full-attention op's, each pair's
-            // medians giving one ratio: the box's speed moves between runs, hardly within a pair.
-            let mut pair_ratios = Vec::new();
+            // A hybrid or events op's timed rounds alternate with its base op's (events off, full
+            // attention), each pair's medians giving one ratio and one difference: the box's
+            // speed moves between runs, hardly within a pair.
+            let (mut pair_ratios, mut pair_diffs) = (Vec::new(), Vec::new());
+            if beds[op.kind() as usize].get_or_insert_with(|| Bed::of(n, op.kind())).is_none() {
+                skipped.push(format!("{}: this library was built without the `events` feature", op.name()));
+                continue;
+            }
+            let mut bed_of = |kind: Kind| -> Bed {
+                beds[kind as usize].get_or_insert_with(|| Bed::of(n, kind)).take().expect("a bed")
+            };
             if let Some(f) = op.full() {
-                let fb = full.get_or_insert_with(|| Bed::new(n, false));
-                let hb = hybrid.get_or_insert_with(|| Bed::new(n, true));
+                let (mut fb, mut hb) = (bed_of(Kind::Full), bed_of(op.kind()));
                 hb.round(op, None, Some(&mut Vec::new()), overhead); // warm-up
                 for r in 0..rounds {
                     if r % 2 == 0 {
@@ -666,12 +873,16 @@ fn main() {
                         let before = core_adds_per_ns();
                         hb.round(op, None, Some(&mut hg), overhead);
                         rates.push((before + core_adds_per_ns()) / 2.0);
-                        pair_ratios.push(percentile(&mut hg, 0.5) / percentile(&mut fg, 0.5));
+                        let (h, f) = (percentile(&mut hg, 0.5), percentile(&mut fg, 0.5));
+                        pair_ratios.push(h / f);
+                        pair_diffs.push(h - f);
                         groups.extend(hg);
                     }
                 }
+                beds[Kind::Full as usize] = Some(Some(fb));
+                beds[op.kind() as usize] = Some(Some(hb));
             } else {
-                let bed = full.get_or_insert_with(|| Bed::new(n, false));
+                let mut bed = bed_of(Kind::Full);
                 bed.round(op, None, Some(&mut Vec::new()), overhead); // warm-up
                 for r in 0..rounds {
                     if r % 2 == 0 {
@@ -682,6 +893,7 @@ fn main() {
                         rates.push((before + core_adds_per_ns()) / 2.0);
                     }
                 }
+                beds[Kind::Full as usize] = Some(Some(bed));
             }
             if !bench {
                 continue;
@@ -709,9 +921,16 @@ fn main() {
                 vs_full,
                 core
             );
+            if op == Op::FinishStoreEvents {
+                let d = percentile(&mut pair_diffs, 0.5);
+                println!("  events on - off: {d:.1} ns a finish, {:.1} ns per stored page", d / f64::from(STORED));
+            }
         }
-        for bed in [&full, &hybrid].into_iter().flatten() {
+        for bed in beds.iter().flatten().flatten() {
             bed.audit();
         }
+    }
+    for s in skipped {
+        eprintln!("left out: {s}");
     }
 }

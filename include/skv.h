@@ -1544,14 +1544,9 @@ enum skv_status skv_device_sync(struct skv_cache *c,
 const struct skv_api *skv_get_api(uint32_t abi_version);
 
 /**
- * Turns events on for this handle (docs/events.md): before its first session call (a slot,
- * a finished turn or an owned row in use: SKV_ERR_STATE), once (twice: SKV_ERR_STATE). The
- * first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
- * or a topic or endpoint that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint starts
- * the built-in publisher (docs/events.md, "Publisher"), stopped by skv_cache_free: a
- * malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it, a thread the system
- * cannot start SKV_ERR_OUT_OF_MEMORY; a libskv built without the `zmq` feature refuses any
- * endpoint with SKV_ERR_UNSUPPORTED.
+ * Turns KV events on for this handle, once, before its first session call; the first batch
+ * (sequence number 0) is AllBlocksCleared (docs/events.md#turning-events-on). An endpoint
+ * starts the built-in publisher, stopped by skv_cache_free (docs/events.md#publisher).
  *
  * The caller must pass c as NULL or a live handle, cfg as NULL or valid.
  *
@@ -1561,12 +1556,9 @@ const struct skv_api *skv_get_api(uint32_t abi_version);
 enum skv_status skv_events_enable(struct skv_cache *c, const struct skv_events_config *cfg);
 
 /**
- * A session's salt and the parent of its first published page (docs/events.md, "Salts",
- * "Parents"); optional, and before the session has a holder (a branch that was handed tokens:
- * later SKV_ERR_STATE). salt NULL: "skv-session:<session_id>"; "" or not UTF-8:
- * SKV_ERR_INVALID_ARG. first_parent NULL: the chain is a root of the router's tree; else the
- * event hash of the engine's last protected block. skv_release_session forgets both.
- * Events not enabled on the handle: SKV_ERR_STATE.
+ * A session's salt (NULL: "skv-session:<session_id>") and the parent of its first published
+ * page (NULL: none), before the session's first skv_events_tokens (docs/events.md#salts,
+ * docs/events.md#parents).
  *
  * The caller must pass c as NULL or a live handle, salt as NULL or NUL-terminated,
  * first_parent as NULL or valid.
@@ -1579,17 +1571,10 @@ enum skv_status skv_events_session(struct skv_cache *c,
                                    const uint64_t *first_parent);
 
 /**
- * Hands libskv the token ids of positions [first_pos, first_pos + n) of the sequence the
- * req's row holds, for session (session_id, branch_id): once per prefill chunk (after its
- * commit) and once before skv_cache_finished_req with the turn's output tokens, never per
- * decode step. Stores the committed full pages (kv_committed_len) whose tokens are all
- * known, from the session's first published page on (docs/events.md, "What each call
- * emits"). The req is checked as the session calls check it; it must hold a row
- * (SKV_ERR_INVALID_ARG), that is not another session's slot nor, when (session_id,
- * branch_id) has a slot, anything but that slot's row while it is in flight
- * (SKV_ERR_STATE). first_pos + n past max_context_len, a negative token, first_pos past the
- * tokens known (a hole), or a token differing from one handed before for a position still
- * held: SKV_ERR_INVALID_ARG, nothing changed. Events not enabled: SKV_ERR_STATE.
+ * Hands over the token ids of positions [first_pos, first_pos + n) of the sequence the req's
+ * row holds for (session_id, branch_id): once per prefill chunk, after its commit, and once
+ * before skv_cache_finished_req with the output; never per decode step. Stores the committed
+ * full pages whose tokens are all known (docs/events.md#what-each-call-emits).
  *
  * The caller must pass c as NULL or a live handle, req as NULL or valid, tokens as NULL or n
  * values.
@@ -1606,12 +1591,9 @@ enum skv_status skv_events_tokens(struct skv_cache *c,
                                   size_t n);
 
 /**
- * Copies the oldest closed batch of events (msgpack, `[ts, [events], data_parallel_rank]`)
- * into buf and consumes it: *len its size, *seq its sequence number (one more than the last
- * batch's, or more after a dropped batch: docs/events.md, "Overflow"). None pending: *len = 0
- * and SKV_OK (*seq not written). cap smaller than the batch: SKV_ERR_BUFFER, *len = the size
- * needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled, or
- * published on an endpoint (they go out there): SKV_ERR_STATE.
+ * Copies the oldest closed batch of events into buf and consumes it: *len its size, *seq its
+ * sequence number; *len = 0 when none is pending. cap too small: SKV_ERR_BUFFER, *len the
+ * size needed, nothing consumed (docs/events.md#the-drain-path).
  *
  * The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
  * and seq as NULL or valid.

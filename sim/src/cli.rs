@@ -93,6 +93,49 @@ pub struct Args {
     /// Print only the timing line (no progress bar, no table)
     #[arg(long)]
     pub bench: bool,
+    /// Serving instances, each its own libskv handle with pool, batch and shared prompt
+    /// split evenly (--pool-tokens / N, --batch / N), behind a router (needs the `router`
+    /// build feature; docs/simulator.md)
+    #[arg(long, default_value_t = 1)]
+    pub instances: u32,
+    /// Routing policies, each run in turn on the same workload: kv (Dynamo's radix tree fed by
+    /// libskv's KV events, scored by Dynamo's cost), session (sticky by session id), random.
+    /// Given alone or with --instances, the run is the multi-instance one
+    #[arg(long, value_delimiter = ',', value_enum)]
+    pub router: Vec<Policy>,
+    /// Remove instance K halfway through the turns: its turns go elsewhere, its slots are
+    /// released, and nothing is routed to it afterwards
+    #[arg(long)]
+    pub drain: Option<u32>,
+    /// The kv router's credit per cached block against a block of load: Dynamo's
+    /// `overlap_score_credit` (its default 1)
+    #[arg(long, default_value_t = 1.0)]
+    pub overlap_credit: f64,
+    /// Simulated duration of one engine step (a verify round of every running request), in
+    /// milliseconds; the clock of "events per simulated second"
+    #[arg(long, default_value_t = 20.0)]
+    pub step_ms: f64,
+}
+
+/// How a turn picks its instance (`--router`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// NVIDIA Dynamo's KV router: overlap from its radix tree, fed only by libskv's events
+    Kv,
+    /// Sticky by session id: a session's first turn by load, every later turn where it went
+    Session,
+    /// Uniformly at random among the live instances
+    Random,
+}
+
+impl Policy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Kv => "kv",
+            Policy::Session => "session",
+            Policy::Random => "random",
+        }
+    }
 }
 
 /// The options after validation, with what follows from them.
@@ -107,6 +150,14 @@ pub struct Config {
     /// Longest row a session branch can need: its prompt history at the last turn plus a
     /// generation that overshoots by a full draft, plus the slots allocated ahead.
     pub max_context_len: u32,
+    /// The multi-instance run (`--instances` or `--router` given): instances, token ids,
+    /// events and a router.
+    pub multi: bool,
+    /// Pages (padding included) and batch of one instance; the whole pool and batch when
+    /// not `multi`.
+    pub instance_pages: u64,
+    pub instance_batch: u32,
+    pub instance_swa_pages: u64,
 }
 
 impl Config {
@@ -154,11 +205,40 @@ impl Config {
             return Err(format!("--concurrency {}: {num_rows} rows exceed int32 row numbers", a.concurrency));
         }
         let total_pages = a.pool_tokens / ps;
-        let need = max_ctx / ps + a.shared_prefix_pages as u64 + 1;
-        if total_pages < need {
+        let multi = a.instances != 1 || !a.router.is_empty();
+        if multi && !cfg!(feature = "router") {
+            return Err("--instances/--router: this skv-sim was built without the `router` feature (cargo run --release --features router --bin skv-sim)".into());
+        }
+        if a.instances == 0 {
+            return Err("--instances 0: must be at least 1".into());
+        }
+        if a.batch < a.instances {
             return Err(format!(
-                "--pool-tokens {}: too small for one session ({} tokens, {} shared-prefix pages and the padding page need {} pages of {})",
-                a.pool_tokens, max_ctx, a.shared_prefix_pages, need, ps));
+                "--batch {}: fewer than --instances {} (each instance runs --batch / N)",
+                a.batch, a.instances
+            ));
+        }
+        match a.drain {
+            Some(k) if k >= a.instances || a.instances < 2 => {
+                return Err(format!(
+                    "--drain {k}: needs an instance below --instances {} and another to take over",
+                    a.instances
+                ))
+            }
+            _ => {}
+        }
+        if !(a.step_ms > 0.0 && a.step_ms.is_finite()) {
+            return Err(format!("--step-ms {}: must be a positive number", a.step_ms));
+        }
+        if !(a.overlap_credit >= 0.0 && a.overlap_credit.is_finite()) {
+            return Err(format!("--overlap-credit {}: must be a finite number, 0 or more", a.overlap_credit));
+        }
+        let instance_pages = total_pages / a.instances as u64;
+        let need = max_ctx / ps + a.shared_prefix_pages as u64 + 1;
+        if instance_pages < need {
+            return Err(format!(
+                "--pool-tokens {}: too small for one session on each of {} instance(s) ({} tokens, {} shared-prefix pages and the padding page need {} pages of {})",
+                a.pool_tokens, a.instances, max_ctx, a.shared_prefix_pages, need, ps));
         }
         if total_pages * ps > 1 << 31 {
             return Err(format!("--pool-tokens {}: exceeds 2^31 (token indices are int32)", a.pool_tokens));
@@ -181,9 +261,9 @@ impl Config {
                 // session's prompt needs as many SWA pages as full ones.
                 let t = t.unwrap_or(a.pool_tokens);
                 let pages = t / ps;
-                if pages < need {
+                if pages / (a.instances as u64) < need {
                     return Err(format!(
-                        "--swa-pool-tokens {t}: too small for one session ({max_ctx} tokens, {} shared-prefix pages and the padding page need {need} SWA pages of {ps})",
+                        "--swa-pool-tokens {t}: too small for one session on each instance ({max_ctx} tokens, {} shared-prefix pages and the padding page need {need} SWA pages of {ps})",
                         a.shared_prefix_pages));
                 }
                 if pages * ps > 1 << 31 {
@@ -198,6 +278,10 @@ impl Config {
             swa_total_pages,
             num_rows: num_rows as u32,
             max_context_len: max_ctx as u32,
+            multi,
+            instance_pages,
+            instance_batch: a.batch / a.instances,
+            instance_swa_pages: swa_total_pages / a.instances as u64,
             args: a,
         })
     }

@@ -329,3 +329,48 @@ impl Cache {
         }
     }
 }
+
+/// The KV events of a handle, drain path (`--router`; docs/events.md).
+#[cfg(feature = "router")]
+impl Cache {
+    /// Turns events on, drain only, libskv the only publisher of session KV (its chains start
+    /// at page 0: the shared prompt's pages are published with each session's salt).
+    pub fn events_enable(&mut self, rank: u32) -> skv_status {
+        let cfg = skv::skv_events_config {
+            struct_size: size_of::<skv::skv_events_config>() as u32,
+            data_parallel_rank: rank,
+            flags: skv::SKV_EVENTS_FROM_PAGE_ZERO,
+            max_batches: 0,
+            endpoint: std::ptr::null(),
+            topic: std::ptr::null(),
+        };
+        // SAFETY: a live handle; cfg is a reference, its strings NULL.
+        unsafe { skv::skv_events_enable(self.ptr, &cfg) }
+    }
+
+    /// Token ids of positions `[first_pos, first_pos + tokens.len())` of the row's sequence.
+    pub fn events_tokens(&mut self, sid: u64, bid: u64, req: &skv_req, first_pos: u32, tokens: &[i32]) -> skv_status {
+        // SAFETY: a live handle; req a reference, tokens a slice of tokens.len() values.
+        unsafe { skv::skv_events_tokens(self.ptr, sid, bid, req, first_pos, tokens.as_ptr(), tokens.len()) }
+    }
+
+    /// The oldest closed batch into `buf` (grown when too small): Ok(Some(seq)) with `buf`
+    /// holding the payload, Ok(None) when none is pending.
+    pub fn events_drain(&mut self, buf: &mut Vec<u8>) -> Result<Option<u64>, skv_status> {
+        loop {
+            let (mut len, mut seq) = (0usize, 0u64);
+            buf.resize(buf.capacity().max(1 << 16), 0);
+            // SAFETY: a live handle; buf has buf.len() writable bytes, len and seq references.
+            let s = unsafe { skv::skv_events_drain(self.ptr, buf.as_mut_ptr(), buf.len(), &mut len, &mut seq) };
+            match s {
+                SKV_OK if len == 0 => return Ok(None),
+                SKV_OK => {
+                    buf.truncate(len);
+                    return Ok(Some(seq));
+                }
+                skv_status::SKV_ERR_BUFFER if len > buf.len() => buf.reserve(len - buf.len()),
+                s => return Err(s),
+            }
+        }
+    }
+}

@@ -4,12 +4,16 @@
 // As in the library: every unsafe block says why it is sound.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::undocumented_unsafe_blocks)]
+// The multi-instance run's state and figures are read only by the `router` feature's code.
+#![cfg_attr(not(feature = "router"), allow(dead_code))]
 
 mod cli;
 mod engine;
 mod ffi;
 mod replay;
 mod report;
+#[cfg(feature = "router")]
+mod router;
 mod workload;
 
 use std::io::IsTerminal;
@@ -19,7 +23,7 @@ use clap::error::ErrorKind;
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use cli::{Args, Config};
+use cli::{Args, Config, Policy};
 use engine::Engine;
 
 /// Bad options: one line on stderr, status 2.
@@ -46,35 +50,48 @@ fn main() -> ExitCode {
         Err(msg) => return usage_error(&msg),
     };
     let a = &cfg.args;
+    // A multi-instance run serves the same workload once per policy (all three by default).
+    let policies: Vec<Option<Policy>> = match (cfg.multi, a.router.is_empty()) {
+        (false, _) => vec![None],
+        (true, true) => vec![Some(Policy::Kv), Some(Policy::Session), Some(Policy::Random)],
+        (true, false) => a.router.iter().map(|&p| Some(p)).collect(),
+    };
     let bar = if a.json || a.bench || !std::io::stderr().is_terminal() {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(a.sessions * a.turns as u64).with_style(
+        ProgressBar::new(a.sessions * a.turns as u64 * policies.len() as u64).with_style(
             ProgressStyle::with_template("{elapsed_precise} [{wide_bar}] {human_pos}/{human_len} turns, eta {eta}")
                 .expect("valid template"),
         )
     };
-    let mut engine = match Engine::new(&cfg, bar.clone()) {
-        Ok(e) => e,
-        Err(msg) => return usage_error(&msg),
-    };
-    let result = engine.run();
-    bar.finish_and_clear();
-    let fault = result.err();
-    let lat = report::latencies(engine.latency_samples());
-    let m = &engine.m;
-    if a.json {
-        println!("{}", report::json(&cfg, m, &lat, fault.as_deref()));
-    } else if a.bench {
-        println!("{}", report::bench_line(m, &lat));
-    } else {
-        print!("{}", report::table(&cfg, m, &lat, fault.as_deref()));
+    let mut runs = Vec::new();
+    for p in policies {
+        let mut engine = match Engine::new(&cfg, p, bar.clone()) {
+            Ok(e) => e,
+            Err(msg) => return usage_error(&msg),
+        };
+        let fault = engine.run().err();
+        let lat = report::latencies(engine.latency_samples());
+        runs.push(report::Run { m: std::mem::take(&mut engine.m), lat, fault });
     }
-    match fault {
-        None => ExitCode::SUCCESS,
-        Some(f) => {
-            eprintln!("skv-sim: FAIL: {f}");
-            ExitCode::from(1)
+    bar.finish_and_clear();
+    for r in &runs {
+        if a.json {
+            println!("{}", report::json(&cfg, &r.m, &r.lat, r.fault.as_deref()));
+        } else if a.bench {
+            println!("{}", report::bench_line(&r.m, &r.lat));
+        } else if !cfg.multi {
+            print!("{}", report::table(&cfg, &r.m, &r.lat, r.fault.as_deref()));
         }
     }
+    #[cfg(feature = "router")]
+    if cfg.multi && !a.json && !a.bench {
+        print!("{}", report::fleet_table(&cfg, &runs));
+    }
+    let mut code = ExitCode::SUCCESS;
+    for f in runs.iter().filter_map(|r| r.fault.as_deref()) {
+        eprintln!("skv-sim: FAIL: {f}");
+        code = ExitCode::from(1);
+    }
+    code
 }

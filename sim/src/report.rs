@@ -6,6 +6,102 @@ use crate::cli::Config;
 use crate::engine::Metrics;
 use crate::ffi::OPS;
 
+/// One run's results: its metrics, latencies and fault.
+pub struct Run {
+    pub m: Metrics,
+    pub lat: Vec<Latency>,
+    pub fault: Option<String>,
+}
+
+/// Turns whose match reused the session's KV, of all turns started.
+pub fn hit_rate(m: &Metrics) -> f64 {
+    m.hits as f64 / (m.hits + m.misses).max(1) as f64
+}
+
+/// Prompt tokens not recomputed, of all prompt tokens.
+pub fn reuse_rate(m: &Metrics) -> f64 {
+    1.0 - m.prefilled as f64 / m.prompt_tokens.max(1) as f64
+}
+
+/// The run's simulated duration: its steps, `--step-ms` each.
+#[cfg(feature = "router")]
+pub fn sim_secs(cfg: &Config, m: &Metrics) -> f64 {
+    m.router.steps as f64 * cfg.args.step_ms / 1000.0
+}
+
+/// Events the router received per simulated second.
+#[cfg(feature = "router")]
+pub fn events_per_sim_sec(cfg: &Config, m: &Metrics) -> f64 {
+    m.router.events as f64 / sim_secs(cfg, m).max(1e-9)
+}
+
+/// The multi-instance summary: one row per routing policy, then each run's checks.
+#[cfg(feature = "router")]
+pub fn fleet_table(cfg: &Config, runs: &[Run]) -> String {
+    let a = &cfg.args;
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "skv-sim: {} sessions x {} turns, {} open, {} instance(s) of {} pages and batch {} each, page {}, draft {}, accept {}, seed {}",
+        a.sessions, a.turns, a.concurrency, a.instances, cfg.instance_pages, cfg.instance_batch, a.page_size, a.draft_len,
+        a.accept_rate, a.seed
+    );
+    let _ = writeln!(
+        t,
+        "  {:<9}{:>9}{:>9}{:>13}{:>11}{:>9}{:>14}{:>8}   router audit",
+        "router", "hit rate", "reused", "prefilled", "imbalance", "sim s", "events/sim s", "moved"
+    );
+    for r in runs {
+        let (m, rm) = (&r.m, &r.m.router);
+        let _ = writeln!(
+            t,
+            "  {:<9}{:>8.2}%{:>8.2}%{:>13}{:>11.3}{:>9.1}{:>14.0}{:>8}   {} of {} differ ({} audits)",
+            rm.policy,
+            100.0 * hit_rate(m),
+            100.0 * reuse_rate(m),
+            m.prefilled,
+            rm.imbalance(),
+            sim_secs(cfg, m),
+            events_per_sim_sec(cfg, m),
+            m.moved_slots,
+            rm.mismatches,
+            rm.compared,
+            rm.audits
+        );
+    }
+    if let Some(k) = a.drain {
+        for r in runs {
+            let rm = &r.m.router;
+            let _ = writeln!(
+                t,
+                "  {:<9}drained instance {k} at turn {}: {} turns routed again, {} idle slots released",
+                rm.policy, rm.drained_at_turn, rm.drain_rerouted, rm.drain_released_slots
+            );
+        }
+    }
+    for r in runs {
+        let m = &r.m;
+        let verdict = match &r.fault {
+            None => "OK".to_string(),
+            Some(f) => format!("FAIL: {f}"),
+        };
+        let _ = writeln!(
+            t,
+            "  {:<9}{} turns, {} events in {} batches ({} bytes), {} checks, {} violations; leaked pages {}, rows {}: {verdict}",
+            m.router.policy,
+            m.turns,
+            m.router.events,
+            m.router.batches,
+            m.router.event_bytes,
+            m.audits,
+            m.violations,
+            m.leaked_pages,
+            m.leaked_rows
+        );
+    }
+    t
+}
+
 pub struct Latency {
     pub name: &'static str,
     pub calls: usize,
@@ -236,6 +332,39 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
         fields.push((format!("{}_calls", l.name), l.calls.to_string()));
         fields.push((format!("{}_p50_ns", l.name), l.p50.to_string()));
         fields.push((format!("{}_p99_ns", l.name), l.p99.to_string()));
+    }
+    #[cfg(feature = "router")]
+    if cfg.multi {
+        let rm = &m.router;
+        fields.push(("router".into(), format!("\"{}\"", rm.policy)));
+        for (k, v) in [
+            ("instances", rm.instances as u64),
+            ("instance_pages", cfg.instance_pages),
+            ("instance_batch", cfg.instance_batch as u64),
+            ("prompt_tokens", m.prompt_tokens),
+            ("prefill_tokens_recomputed", m.prefilled),
+            ("moved_slots", m.moved_slots),
+            ("routed", rm.routed),
+            ("steps", rm.steps),
+            ("events", rm.events),
+            ("event_batches", rm.batches),
+            ("event_bytes", rm.event_bytes),
+            ("router_audits", rm.audits),
+            ("router_compared", rm.compared),
+            ("router_mismatches", rm.mismatches),
+            ("drained_at_turn", rm.drained_at_turn),
+            ("drain_rerouted", rm.drain_rerouted),
+            ("drain_released_slots", rm.drain_released_slots),
+        ] {
+            fields.push((k.into(), v.to_string()));
+        }
+        fields.push(("drained".into(), rm.drained.map_or("null".into(), |k| k.to_string())));
+        fields.push(("hit_rate".into(), format!("{:.6}", hit_rate(m))));
+        fields.push(("reuse_rate".into(), format!("{:.6}", reuse_rate(m))));
+        fields.push(("imbalance".into(), format!("{:.6}", rm.imbalance())));
+        fields.push(("sim_seconds".into(), format!("{:.3}", sim_secs(cfg, m))));
+        fields.push(("overlap_credit".into(), format!("{}", cfg.args.overlap_credit)));
+        fields.push(("events_per_sim_sec".into(), format!("{:.3}", events_per_sim_sec(cfg, m))));
     }
     fields.push(("ok".into(), fault.is_none().to_string()));
     let escaped: String = fault

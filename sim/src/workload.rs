@@ -50,6 +50,7 @@ impl Rng {
 }
 
 /// What one turn will do, decided when it is admitted.
+#[derive(Clone, Copy)]
 pub struct TurnPlan {
     /// New user tokens appended to the session's history.
     pub user_tokens: u32,

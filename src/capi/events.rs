@@ -45,14 +45,9 @@ fn without_events() -> Error {
     Error::Unsupported("this libskv was built without the `events` feature".into())
 }
 
-/// Turns events on for this handle (docs/events.md): before its first session call (a slot,
-/// a finished turn or an owned row in use: SKV_ERR_STATE), once (twice: SKV_ERR_STATE). The
-/// first batch, sequence number 0, is AllBlocksCleared. Unknown flags, a rank over INT32_MAX
-/// or a topic or endpoint that is not UTF-8: SKV_ERR_INVALID_ARG. A non-NULL endpoint starts
-/// the built-in publisher (docs/events.md, "Publisher"), stopped by skv_cache_free: a
-/// malformed endpoint or a failed bind is SKV_ERR_INVALID_ARG naming it, a thread the system
-/// cannot start SKV_ERR_OUT_OF_MEMORY; a libskv built without the `zmq` feature refuses any
-/// endpoint with SKV_ERR_UNSUPPORTED.
+/// Turns KV events on for this handle, once, before its first session call; the first batch
+/// (sequence number 0) is AllBlocksCleared (docs/events.md#turning-events-on). An endpoint
+/// starts the built-in publisher, stopped by skv_cache_free (docs/events.md#publisher).
 ///
 /// The caller must pass c as NULL or a live handle, cfg as NULL or valid.
 ///
@@ -161,12 +156,9 @@ unsafe fn c_text<'a>(p: *const c_char, name: &str) -> Result<Option<&'a str>> {
     s.to_str().map(Some).map_err(|_| Error::InvalidArg(format!("{name} is not UTF-8")))
 }
 
-/// A session's salt and the parent of its first published page (docs/events.md, "Salts",
-/// "Parents"); optional, and before the session has a holder (a branch that was handed tokens:
-/// later SKV_ERR_STATE). salt NULL: "skv-session:<session_id>"; "" or not UTF-8:
-/// SKV_ERR_INVALID_ARG. first_parent NULL: the chain is a root of the router's tree; else the
-/// event hash of the engine's last protected block. skv_release_session forgets both.
-/// Events not enabled on the handle: SKV_ERR_STATE.
+/// A session's salt (NULL: "skv-session:<session_id>") and the parent of its first published
+/// page (NULL: none), before the session's first skv_events_tokens (docs/events.md#salts,
+/// docs/events.md#parents).
 ///
 /// The caller must pass c as NULL or a live handle, salt as NULL or NUL-terminated,
 /// first_parent as NULL or valid.
@@ -214,17 +206,10 @@ unsafe fn set_session(handle: &skv_cache, session_id: u64, salt: *const c_char, 
     ledger.set_session(session_id, salt, parent)
 }
 
-/// Hands libskv the token ids of positions [first_pos, first_pos + n) of the sequence the
-/// req's row holds, for session (session_id, branch_id): once per prefill chunk (after its
-/// commit) and once before skv_cache_finished_req with the turn's output tokens, never per
-/// decode step. Stores the committed full pages (kv_committed_len) whose tokens are all
-/// known, from the session's first published page on (docs/events.md, "What each call
-/// emits"). The req is checked as the session calls check it; it must hold a row
-/// (SKV_ERR_INVALID_ARG), that is not another session's slot nor, when (session_id,
-/// branch_id) has a slot, anything but that slot's row while it is in flight
-/// (SKV_ERR_STATE). first_pos + n past max_context_len, a negative token, first_pos past the
-/// tokens known (a hole), or a token differing from one handed before for a position still
-/// held: SKV_ERR_INVALID_ARG, nothing changed. Events not enabled: SKV_ERR_STATE.
+/// Hands over the token ids of positions [first_pos, first_pos + n) of the sequence the req's
+/// row holds for (session_id, branch_id): once per prefill chunk, after its commit, and once
+/// before skv_cache_finished_req with the output; never per decode step. Stores the committed
+/// full pages whose tokens are all known (docs/events.md#what-each-call-emits).
 ///
 /// The caller must pass c as NULL or a live handle, req as NULL or valid, tokens as NULL or n
 /// values.
@@ -281,12 +266,9 @@ fn hand_tokens(
     super::events_emit::events_tokens(cache, &mut ledger, key, r, first_pos, tokens)
 }
 
-/// Copies the oldest closed batch of events (msgpack, `[ts, [events], data_parallel_rank]`)
-/// into buf and consumes it: *len its size, *seq its sequence number (one more than the last
-/// batch's, or more after a dropped batch: docs/events.md, "Overflow"). None pending: *len = 0
-/// and SKV_OK (*seq not written). cap smaller than the batch: SKV_ERR_BUFFER, *len = the size
-/// needed, nothing consumed. (buf NULL, cap 0) asks for the size. Events not enabled, or
-/// published on an endpoint (they go out there): SKV_ERR_STATE.
+/// Copies the oldest closed batch of events into buf and consumes it: *len its size, *seq its
+/// sequence number; *len = 0 when none is pending. cap too small: SKV_ERR_BUFFER, *len the
+/// size needed, nothing consumed (docs/events.md#the-drain-path).
 ///
 /// The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
 /// and seq as NULL or valid.

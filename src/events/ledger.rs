@@ -5,17 +5,19 @@
 //! chained to the one before ([`SessionKey::block_id`]); two branches of a session that
 //! share a page share its id. A block is stored when its count goes 0 -> 1 and removed when
 //! it goes 1 -> 0, so the router (which keeps no count) never loses a block a holder still
-//! stands on. Every operation costs O(pages it stores or removes) hash-map operations; only
-//! an overflow's recovery walks every holder.
+//! stands on. Every operation costs O(pages it stores or removes); only an overflow's recovery
+//! walks every holder. Only a session's own branches can share a block (ids are salted per
+//! session), so counts are kept per session, and only while it has two holders or more.
 //!
-//! The ledger keeps each held page's token ids (4 bytes a token), its id (8 bytes) and its
-//! count entry (a hash-map slot of 16 bytes): an overflow's recovery stores every chain again
-//! from them. docs/events.md has the rules this implements.
+//! The ledger keeps each held page's token ids (4 bytes a token) and its id (8 bytes) (and, in
+//! a session with several branches, a count entry of 16 bytes per distinct block): an
+//! overflow's recovery stores every chain again from them. docs/events.md has the rules this implements.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use foldhash::fast::RandomState;
+use smallvec::SmallVec;
 
 use super::encode::{now_ts, BatchEncoder};
 use super::key::SessionKey;
@@ -42,6 +44,12 @@ struct SessionMeta {
     first_parent: Option<u64>,
     /// Live holders (branches with a chain or known tokens).
     holders: u32,
+    /// Their branch ids.
+    branches: SmallVec<[u64; 2]>,
+    /// Holders of each published block, kept while the session has two holders or more. Only
+    /// a session's own branches can share a block (ids are salted per session), and a lone
+    /// holder's blocks each have one: the common case touches no count at all.
+    counts: Option<HashMap<u64, u32, RandomState>>,
 }
 
 /// One session branch: the row it lives in, its first published page, the token ids it
@@ -66,7 +74,8 @@ pub struct RowState {
     pub allocated: u32,
 }
 
-/// Where closed batches go: the drain queue, or the built-in publisher (feature `zmq`).
+/// Where closed batches go: the drain queue, or the built-in ZMQ publisher (feature `zmq`),
+/// its bounded queue full being the same `Full` (the batch dropped, the recovery due).
 struct Queue {
     batches: VecDeque<(u64, Vec<u8>)>,
     max: usize,
@@ -118,8 +127,8 @@ pub struct Ledger {
     sessions: HashMap<u64, SessionMeta, RandomState>,
     holders: HashMap<HolderKey, Holder, RandomState>,
     by_row: HashMap<u32, HolderKey, RandomState>,
-    /// Holders of each published block.
-    blocks: HashMap<u64, u32, RandomState>,
+    /// Distinct blocks published and held.
+    blocks: usize,
     queue: Queue,
     next_seq: u64,
     /// A batch was dropped: the next batch closed is the recovery (`AllBlocksCleared`, then
@@ -145,7 +154,7 @@ impl Ledger {
             sessions: HashMap::default(),
             holders: HashMap::default(),
             by_row: HashMap::default(),
-            blocks: HashMap::default(),
+            blocks: 0,
             queue: Queue {
                 batches: VecDeque::new(),
                 max: cfg.max_batches,
@@ -178,7 +187,8 @@ impl Ledger {
             Some(s) => SessionKey::with_salt(session, s)?,
             None => SessionKey::new(session),
         };
-        self.sessions.insert(session, SessionMeta { key, first_parent, holders: 0 });
+        let branches = SmallVec::new();
+        self.sessions.insert(session, SessionMeta { key, first_parent, holders: 0, branches, counts: None });
         Ok(())
     }
 
@@ -240,9 +250,7 @@ impl Ledger {
         let keep = from as usize + differs.unwrap_or(overlap);
         // Checked: now change.
         if !self.holders.contains_key(&key) {
-            self.meta_mut(session).holders += 1;
-            self.holders.insert(key, Holder { row: rs.row, first_page, tokens: Vec::new(), ids: Vec::new() });
-            self.by_row.insert(rs.row, key);
+            self.add_holder(key, Holder { row: rs.row, first_page, tokens: Vec::new(), ids: Vec::new() });
         }
         let h = self.holders.get_mut(&key).expect("inserted above");
         h.tokens.truncate(keep);
@@ -281,6 +289,30 @@ impl Ledger {
         self.by_row.remove(&h.row);
         if let Some(m) = self.sessions.get_mut(&key.0) {
             m.holders -= 1;
+            m.branches.retain(|b| *b != key.1);
+            if m.holders < 2 {
+                m.counts = None;
+            }
+        }
+    }
+
+    /// A new holder; a session's second one starts the counts of its blocks.
+    fn add_holder(&mut self, key: HolderKey, h: Holder) {
+        self.by_row.insert(h.row, key);
+        self.holders.insert(key, h);
+        self.meta_mut(key.0);
+        let Ledger { sessions, holders, .. } = self;
+        let m = sessions.get_mut(&key.0).expect("made above");
+        m.holders += 1;
+        m.branches.push(key.1);
+        if m.holders == 2 {
+            let mut counts: HashMap<u64, u32, RandomState> = HashMap::default();
+            for &b in &m.branches {
+                for &id in &holders[&(key.0, b)].ids {
+                    *counts.entry(id).or_insert(0) += 1;
+                }
+            }
+            m.counts = Some(counts);
         }
     }
 
@@ -307,7 +339,7 @@ impl Ledger {
 
     /// Distinct blocks published and held now.
     pub fn blocks(&self) -> usize {
-        self.blocks.len()
+        self.blocks
     }
 
     /// Batches dropped because the queue was full, since creation.
@@ -325,6 +357,8 @@ impl Ledger {
             key: SessionKey::new(session),
             first_parent: None,
             holders: 0,
+            branches: SmallVec::new(),
+            counts: None,
         })
     }
 
@@ -334,18 +368,26 @@ impl Ledger {
         let ps = self.cfg.page_size as u64;
         let Ledger { holders, sessions, blocks, enc, scratch, removed, overflowed, .. } = self;
         let h = holders.get_mut(&key).expect("the callers checked");
+        let meta = sessions.get_mut(&key.0).expect("a holder's session has its meta");
         let base = h.first_page as u64 * ps;
         let keep_pages = ((held as u64 / ps).saturating_sub(h.first_page as u64) as usize).min(h.ids.len());
         removed.clear();
         for id in h.ids.drain(keep_pages..) {
-            if let Entry::Occupied(mut c) = blocks.entry(id) {
-                *c.get_mut() -= 1;
-                if *c.get() == 0 {
-                    c.remove();
-                    removed.push(id);
-                }
+            let last = match &mut meta.counts {
+                None => true,
+                Some(counts) => match counts.entry(id) {
+                    Entry::Occupied(mut c) => {
+                        *c.get_mut() -= 1;
+                        (*c.get() == 0).then(|| c.remove()).is_some()
+                    }
+                    Entry::Vacant(_) => false,
+                },
+            };
+            if last {
+                removed.push(id);
             }
         }
+        *blocks -= removed.len();
         // Leaves first: each block named is then a leaf of the worker's chain in the router.
         removed.reverse();
         if !removed.is_empty() && enc.block_removed(removed).is_err() {
@@ -359,7 +401,6 @@ impl Ledger {
         if want <= h.ids.len() {
             return;
         }
-        let meta = sessions.get(&key.0).expect("a holder's session has its meta");
         let psz = ps as usize;
         let from = h.ids.len();
         // Runs of pages new to the router, each stored chained to the page before it.
@@ -370,10 +411,16 @@ impl Ledger {
             let fresh = k < want && {
                 let id = meta.key.block_id(parent, h.first_page + k as u32, &h.tokens[k * psz..(k + 1) * psz], scratch);
                 h.ids.push(id);
-                let c = blocks.entry(id).or_insert(0);
-                *c += 1;
-                *c == 1
+                match &mut meta.counts {
+                    None => true,
+                    Some(counts) => {
+                        let c = counts.entry(id).or_insert(0);
+                        *c += 1;
+                        *c == 1
+                    }
+                }
             };
+            *blocks += fresh as usize;
             match (run, fresh) {
                 (None, true) => run = Some(k),
                 (Some(a), false) => {

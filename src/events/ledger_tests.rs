@@ -74,7 +74,7 @@ fn committed_known_full_pages_are_stored_once_per_block() {
 fn protected_pages_are_never_published() {
     let mut l = ledger(8, false);
     l.tokens((1, 0), rs(0, 8, 16, 16), 0, &toks(1, 16)).unwrap();
-    assert_eq!(l.chain((1, 0)), Some((2, &l.chain((1, 0)).unwrap().1[..])));
+    assert_eq!(l.chain((1, 0)).unwrap().0, 2);
     assert_eq!(l.chain((1, 0)).unwrap().1.len(), 2);
     // From page zero, the protected pages are the session's too.
     let mut z = ledger(8, true);
@@ -195,4 +195,25 @@ fn the_recovery_stores_a_shared_block_once() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_session_counts_its_blocks_only_while_it_has_two_holders() {
+    let mut l = ledger(64, false);
+    drain_kinds(&mut l);
+    let t = toks(3, 16);
+    l.tokens((1, 0), rs(0, 0, 16, 16), 0, &t).unwrap();
+    // A second branch over the same pages: nothing new is stored, and the pages stay while
+    // either holds them.
+    l.tokens((1, 1), rs(1, 0, 8, 8), 0, &t[..8]).unwrap();
+    assert_eq!(drain_kinds(&mut l), ["BlockStored"]);
+    l.remove((1, 0));
+    assert_eq!((l.blocks(), drain_kinds(&mut l)), (2, vec!["BlockRemoved"]));
+    // Back to one holder, then a third branch: the counts start again from the chains held.
+    l.tokens((1, 2), rs(2, 0, 16, 16), 0, &t).unwrap();
+    assert_eq!((l.blocks(), drain_kinds(&mut l)), (4, vec!["BlockStored"]));
+    l.remove((1, 1));
+    assert_eq!((l.blocks(), drain_kinds(&mut l)), (4, vec![]));
+    l.remove((1, 2));
+    assert_eq!((l.blocks(), drain_kinds(&mut l)), (0, vec!["BlockRemoved"]));
 }

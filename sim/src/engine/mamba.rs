@@ -37,7 +37,7 @@ impl Engine<'_> {
     /// A request without a slot to restore: a fresh pool slot and its first track entry.
     pub(super) fn mamba_first_turn(&mut self, req: &mut skv_req) -> Track {
         if self.cfg.args.mamba {
-            let h = &self.cache.hooks.handles;
+            let h = &self.inst[self.cur].cache.hooks.handles;
             req.aux_state = h.alloc();
             req.aux_track[0] = h.alloc();
         }
@@ -49,7 +49,7 @@ impl Engine<'_> {
         if !self.cfg.args.mamba {
             return Ok(());
         }
-        let h = &self.cache.hooks.handles;
+        let h = &self.inst[self.cur].cache.hooks.handles;
         if let Some(old) = t.track.stale.take() {
             if !h.engine_free(t.req.aux_track[old]) {
                 return Err(format!("track entry {} was not live when the engine freed it", t.req.aux_track[old]));
@@ -69,7 +69,7 @@ impl Engine<'_> {
     /// What `free_aux` received during `what` must be `want`, in order; -1 or a handle not
     /// live is a fault whatever was expected.
     pub(super) fn expect_handed_back(&self, what: &str, want: impl IntoIterator<Item = i64>) -> Result<(), Fault> {
-        let h = &self.cache.hooks.handles;
+        let h = &self.inst[self.cur].cache.hooks.handles;
         let got = h.take_handed_back();
         let want: Vec<i64> = want.into_iter().collect();
         if got != want || !h.bad.borrow().is_empty() {
@@ -80,17 +80,19 @@ impl Engine<'_> {
 
     /// After every session closed: every handle came back once, by libskv or by the engine.
     pub(super) fn mamba_close_out(&mut self) -> Result<(), Fault> {
-        let h = &self.cache.hooks.handles;
-        self.m.mamba_allocated = h.allocated.get();
-        self.m.mamba_freed_by_libskv = h.freed_by_libskv.get();
-        self.m.mamba_freed_by_engine = h.freed_by_engine.get();
-        self.m.mamba_leaked = h.live() as u64;
-        if self.m.mamba_leaked > 0 || !h.bad.borrow().is_empty() {
+        let mut bad = Vec::new();
+        for inst in &self.inst {
+            let h = &inst.cache.hooks.handles;
+            self.m.mamba_allocated += h.allocated.get();
+            self.m.mamba_freed_by_libskv += h.freed_by_libskv.get();
+            self.m.mamba_freed_by_engine += h.freed_by_engine.get();
+            self.m.mamba_leaked += h.live() as u64;
+            bad.extend(h.bad.borrow().iter().copied());
+        }
+        if self.m.mamba_leaked > 0 || !bad.is_empty() {
             return Err(format!(
-                "recurrent-state handles: {} allocated, {} leaked, bad free_aux calls {:?}",
-                self.m.mamba_allocated,
-                self.m.mamba_leaked,
-                h.bad.borrow()
+                "recurrent-state handles: {} allocated, {} leaked, bad free_aux calls {bad:?}",
+                self.m.mamba_allocated, self.m.mamba_leaked,
             ));
         }
         Ok(())

@@ -44,8 +44,10 @@ impl Engine<'_> {
             // Named only on a fault: a step is a hot call.
             let id = self.open[i].id;
             let what = || format!("skv_swa_evict(session {id}, pre_len {pre_len}, window {window})");
-            let freed =
-                self.cache.swa_evict(&mut t.req, pre_len, window, interval).map_err(|s| unexpected(&what(), s))?;
+            let freed = self.inst[self.cur]
+                .cache
+                .swa_evict(&mut t.req, pre_len, window, interval)
+                .map_err(|s| unexpected(&what(), s))?;
             let (want_cursor, want_freed) = want.map_or((before, 0), |(from, to)| (to, to - from));
             if t.req.swa_evicted_seqlen != want_cursor || freed != want_freed {
                 return Err(format!(
@@ -70,6 +72,6 @@ impl Engine<'_> {
     }
 
     fn swa_free_pages(&self) -> Result<u64, Fault> {
-        self.cache.stats().map(|s| s.swa_free_pages).map_err(|s| unexpected("skv_cache_stats", s))
+        self.inst[self.cur].cache.stats().map(|s| s.swa_free_pages).map_err(|s| unexpected("skv_cache_stats", s))
     }
 }
