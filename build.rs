@@ -133,6 +133,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/capi");
     // The C records are defined in core (cbindgen.toml renames them to their C names).
     println!("cargo:rerun-if-changed=src/core/records.rs");
+    println!("cargo:rerun-if-changed=src/core/req.rs");
     println!("cargo:rerun-if-changed=cbindgen.toml");
 }
 

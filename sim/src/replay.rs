@@ -24,23 +24,12 @@ use std::process::ExitCode;
 use std::ptr::{null, null_mut};
 
 use serde_json::Value;
+use skv::core::{FieldValue, ReqField};
 use skv::*;
 
-/// The fields of `skv_req` a trace spells out, in its order.
-const REQ_FIELDS: [&str; 12] = [
-    "req_pool_idx",
-    "row_generation",
-    "kv_committed_len",
-    "kv_allocated_len",
-    "cache_protected_len",
-    "swa_evicted_seqlen",
-    "origin_input_len",
-    "output_len",
-    "finished_len",
-    "lock_node",
-    "lock_receipt",
-    "aux_state",
-];
+/// The `skv_req` fields traces from before ABI 4 lack: such a trace reads each as its
+/// `skv_req::default()` value, the value every req had then.
+const NEWER_REQ_FIELDS: [&str; 2] = ["swa_evict_floor", "aux_track"];
 
 /// The most values one buffer of the replay holds (64 MiB of `i32`). A call that succeeded
 /// wrote at most 65,536 values the trace kept whole, so only a failed call's buffer (its
@@ -66,26 +55,28 @@ pub fn from_args() -> Option<ExitCode> {
             println!("skv-sim replay: {summary}");
             ExitCode::SUCCESS
         }
-        Err(Fault::Differs(msg)) => {
+        Err(Stop::Differs(msg)) => {
             println!("skv-sim replay: FAIL: {msg}");
             ExitCode::from(1)
         }
-        Err(Fault::Cannot(msg)) => {
+        Err(Stop::Cannot(msg)) => {
             eprintln!("skv-sim replay: cannot replay: {msg}");
             ExitCode::from(2)
         }
     })
 }
 
-enum Fault {
+/// Why a replay stopped before the trace's end: a difference (exit 1) or a trace it cannot
+/// replay (exit 2). Not the simulator's `engine::Fault`, a libskv misbehaviour a run found.
+enum Stop {
     /// The replay disagrees with the recording (or the audit found a violation).
     Differs(String),
     /// The trace cannot be replayed at all.
     Cannot(String),
 }
 
-fn cannot(line: usize, msg: impl std::fmt::Display) -> Fault {
-    Fault::Cannot(format!("line {line}: {msg}"))
+fn cannot(line: usize, msg: impl std::fmt::Display) -> Stop {
+    Stop::Cannot(format!("line {line}: {msg}"))
 }
 
 unsafe extern "C" fn hook_lock(_: *mut c_void, _: u64, _: u64) -> c_int {
@@ -108,8 +99,8 @@ impl Drop for Handles {
     }
 }
 
-fn replay_file(path: &str) -> Result<String, Fault> {
-    let file = File::open(path).map_err(|e| Fault::Cannot(format!("{path}: {e}")))?;
+fn replay_file(path: &str) -> Result<String, Stop> {
+    let file = File::open(path).map_err(|e| Stop::Cannot(format!("{path}: {e}")))?;
     let mut reader = BufReader::new(file);
     let mut raw = Vec::new();
     let mut handles = Handles(HashMap::new());
@@ -150,7 +141,7 @@ fn replay_file(path: &str) -> Result<String, Fault> {
 }
 
 /// A fresh handle of the config a `trace_start` line records.
-fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
+fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Stop> {
     if v["mode"] != "owned" {
         return Err(cannot(
             line,
@@ -192,14 +183,14 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Fault> {
     Ok(c)
 }
 
-fn audit(c: *mut skv_cache, line: usize, f: &str) -> Result<(), Fault> {
+fn audit(c: *mut skv_cache, line: usize, f: &str) -> Result<(), Stop> {
     // SAFETY: a live handle and a valid out-pointer.
     unsafe {
         let mut rep = std::mem::zeroed::<skv_check_report>();
         let st = skv_cache_check(c, &mut rep);
         if st != skv_status::SKV_OK || rep.violations != 0 {
             let first = CStr::from_ptr(rep.first_violation.as_ptr()).to_string_lossy().into_owned();
-            return Err(Fault::Differs(format!(
+            return Err(Stop::Differs(format!(
                 "line {line}: after {f}: audit {} with {} violations: {first}",
                 st.name(),
                 rep.violations
@@ -220,12 +211,11 @@ fn int(v: &Value) -> Option<i128> {
     v.as_i64().map(i128::from).or_else(|| v.as_u64().map(i128::from))
 }
 
-/// A req's `aux_track` pair; a trace older than the field records none (both empty).
-fn track(v: &Value) -> Option<[i64; 2]> {
+/// A req field's recorded value: a number, or a pair of numbers (`aux_track`).
+fn field_value(v: &Value) -> Option<FieldValue> {
     match v {
-        Value::Null => Some([-1, -1]),
-        Value::Array(a) if a.len() == 2 => Some([a[0].as_i64()?, a[1].as_i64()?]),
-        _ => None,
+        Value::Array(a) if a.len() == 2 => Some(FieldValue::Pair([a[0].as_i64()?, a[1].as_i64()?])),
+        v => int(v).map(FieldValue::One),
     }
 }
 
@@ -234,18 +224,18 @@ impl Call<'_> {
         self.v["fn"].as_str().unwrap_or("?")
     }
 
-    fn num(&self, k: &str) -> Result<i128, Fault> {
+    fn num(&self, k: &str) -> Result<i128, Stop> {
         int(&self.v[k]).ok_or_else(|| self.cannot(format!("no number \"{k}\"")))
     }
 
     /// An argument as the type the call takes; a number that type cannot hold was not written
     /// by libskv.
-    fn arg<T: TryFrom<i128>>(&self, k: &str) -> Result<T, Fault> {
+    fn arg<T: TryFrom<i128>>(&self, k: &str) -> Result<T, Stop> {
         let n = self.num(k)?;
         T::try_from(n).map_err(|_| self.cannot(format!("{k} {n} out of range")))
     }
 
-    fn cannot(&self, what: impl std::fmt::Display) -> Fault {
+    fn cannot(&self, what: impl std::fmt::Display) -> Stop {
         cannot(self.line, format!("{}: {what}", self.f()))
     }
 
@@ -263,49 +253,36 @@ impl Call<'_> {
         self.null_arg().as_deref() == Some(name)
     }
 
-    fn req(&self, k: &str) -> Result<Option<skv_req>, Fault> {
+    fn req(&self, k: &str) -> Result<Option<skv_req>, Stop> {
         self.req_value(k, &self.v[k])
     }
 
-    fn req_value(&self, k: &str, r: &Value) -> Result<Option<skv_req>, Fault> {
+    fn req_value(&self, k: &str, r: &Value) -> Result<Option<skv_req>, Stop> {
         if r.is_null() {
             return Ok(None);
         }
-        let mut q = std::mem::MaybeUninit::<skv_req>::zeroed();
-        // SAFETY: skv_req_init writes every field.
-        let mut q = unsafe {
-            skv_req_init(q.as_mut_ptr());
-            q.assume_init()
-        };
-        q.req_pool_idx = self.req_field(k, r, "req_pool_idx")?;
-        q.row_generation = self.req_field(k, r, "row_generation")?;
-        q.kv_committed_len = self.req_field(k, r, "kv_committed_len")?;
-        q.kv_allocated_len = self.req_field(k, r, "kv_allocated_len")?;
-        q.cache_protected_len = self.req_field(k, r, "cache_protected_len")?;
-        q.swa_evicted_seqlen = self.req_field(k, r, "swa_evicted_seqlen")?;
-        q.origin_input_len = self.req_field(k, r, "origin_input_len")?;
-        q.output_len = self.req_field(k, r, "output_len")?;
-        q.finished_len = self.req_field(k, r, "finished_len")?;
-        q.lock_node = self.req_field(k, r, "lock_node")?;
-        q.lock_receipt = self.req_field(k, r, "lock_receipt")?;
-        q.aux_state = self.req_field(k, r, "aux_state")?;
-        q.aux_track = track(&r["aux_track"]).ok_or_else(|| self.cannot(format!("{k}.aux_track: not two numbers")))?;
-        // Traces from before the field read as 0, the value every req had then.
-        q.swa_evict_floor = match r.get("swa_evict_floor") {
-            None => 0,
-            Some(_) => self.req_field(k, r, "swa_evict_floor")?,
-        };
+        let mut q = skv_req::default();
+        for f in &skv_req::FIELDS {
+            let Some(v) = self.recorded_field(k, r, f)? else { continue };
+            if !(f.set)(&mut q, v) {
+                return Err(self.cannot(format!("{k}.{} {v} out of range", f.name)));
+            }
+        }
         Ok(Some(q))
     }
 
-    /// A req's field as its C type.
-    fn req_field<T: TryFrom<i128>>(&self, k: &str, r: &Value, name: &str) -> Result<T, Fault> {
-        let n = int(&r[name]).ok_or_else(|| self.cannot(format!("{k}.{name} missing")))?;
-        T::try_from(n).map_err(|_| self.cannot(format!("{k}.{name} {n} out of range")))
+    /// A req's field as recorded; `None` for a field newer than the trace (`NEWER_REQ_FIELDS`).
+    fn recorded_field(&self, k: &str, r: &Value, f: &ReqField) -> Result<Option<FieldValue>, Stop> {
+        let name = f.name;
+        match r.get(name) {
+            None if NEWER_REQ_FIELDS.contains(&name) => Ok(None),
+            None => Err(self.cannot(format!("{k}.{name} missing"))),
+            Some(v) => field_value(v).map(Some).ok_or_else(|| self.cannot(format!("{k}.{name} = {v}: not a value"))),
+        }
     }
 
     /// An input array as the values the call takes (`None` for a recorded NULL).
-    fn list<T: TryFrom<i128>>(&self, k: &str) -> Result<Option<Vec<T>>, Fault> {
+    fn list<T: TryFrom<i128>>(&self, k: &str) -> Result<Option<Vec<T>>, Stop> {
         self.whole(k)?;
         let a = match &self.v[k] {
             Value::Null => return Ok(None),
@@ -326,7 +303,7 @@ impl Call<'_> {
 
     /// Refuses an array the trace cut (`"<k>_cut_at"`), which the replay needs whole: as the
     /// call's input, or to compare the call's output with.
-    fn whole(&self, k: &str) -> Result<(), Fault> {
+    fn whole(&self, k: &str) -> Result<(), Stop> {
         let Some(kept) = self.v.get(format!("{k}_cut_at")) else { return Ok(()) };
         let len = self.v.get(format!("{k}_full_len")).map_or("more".into(), Value::to_string);
         Err(self.cannot(format!("{k} was cut in the trace: {kept} of {len} values kept")))
@@ -334,7 +311,7 @@ impl Call<'_> {
 
     /// A recorded output array `k`, if any, must hold the `n` values the call writes to be
     /// compared with them.
-    fn stored(&self, k: &str, n: usize) -> Result<(), Fault> {
+    fn stored(&self, k: &str, n: usize) -> Result<(), Stop> {
         self.whole(k)?;
         match self.v.get(k) {
             None => Ok(()),
@@ -348,7 +325,7 @@ impl Call<'_> {
 
     /// `n` zeroed values for the call to write, or "cannot replay" when the replay cannot hold
     /// them.
-    fn zeroed<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Vec<T>, Fault> {
+    fn zeroed<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Vec<T>, Stop> {
         if n > MAX_VALUES {
             return Err(self.cannot(format!("{k} of {n} values: more than the replay holds ({MAX_VALUES})")));
         }
@@ -360,19 +337,19 @@ impl Call<'_> {
 
     /// The buffer of `n` values an output argument `k` is replayed with: none (NULL) where the
     /// recording names `k` NULL.
-    fn out<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Option<Vec<T>>, Fault> {
+    fn out<T: Copy + Default>(&self, k: &str, n: usize) -> Result<Option<Vec<T>>, Stop> {
         if self.is_null(k) {
             return Ok(None);
         }
         self.zeroed(k, n).map(Some)
     }
 
-    fn differs(&self, what: String) -> Fault {
-        Fault::Differs(format!("line {}: {}: {what}", self.line, self.f()))
+    fn differs(&self, what: String) -> Stop {
+        Stop::Differs(format!("line {}: {}: {what}", self.line, self.f()))
     }
 
     /// The status first, then (for a call that completed) every output the trace recorded.
-    fn check_status(&self, st: skv_status) -> Result<bool, Fault> {
+    fn check_status(&self, st: skv_status) -> Result<bool, Stop> {
         let want = self.v["status"].as_str().unwrap_or("?");
         let got = st.name();
         if got != want {
@@ -382,49 +359,29 @@ impl Call<'_> {
         Ok(matches!(st, skv_status::SKV_OK | skv_status::SKV_ERR_CALLBACK))
     }
 
-    fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Fault> {
+    fn check_req(&self, k: &str, got: Option<&skv_req>) -> Result<(), Stop> {
         let (Some(want), Some(got)) = (self.v.get(k), got) else { return Ok(()) };
-        let got_track = got.aux_track;
-        let got_floor = got.swa_evict_floor;
-        let got = [
-            got.req_pool_idx as i128,
-            got.row_generation as i128,
-            got.kv_committed_len as i128,
-            got.kv_allocated_len as i128,
-            got.cache_protected_len as i128,
-            got.swa_evicted_seqlen as i128,
-            got.origin_input_len as i128,
-            got.output_len as i128,
-            got.finished_len as i128,
-            got.lock_node as i128,
-            got.lock_receipt as i128,
-            got.aux_state as i128,
-        ];
-        for (name, g) in REQ_FIELDS.iter().zip(got) {
-            if int(&want[name]) != Some(g) {
-                return Err(self.differs(format!("{k}.{name} = {g}, recorded {}", want[name])));
+        for f in &skv_req::FIELDS {
+            let g = (f.get)(got);
+            let w = match self.recorded_field(k, want, f) {
+                Ok(w) => w.unwrap_or((f.get)(&skv_req::default())),
+                Err(_) => return Err(self.differs(format!("{k}.{} = {g}, recorded {}", f.name, want[f.name]))),
+            };
+            if g != w {
+                return Err(self.differs(format!("{k}.{} = {g}, recorded {}", f.name, want[f.name])));
             }
         }
-        if track(&want["aux_track"]) != Some(got_track) {
-            return Err(self.differs(format!("{k}.aux_track = {got_track:?}, recorded {}", want["aux_track"])));
-        }
-        let floor = got_floor as i128;
-        match int(&want["swa_evict_floor"]) {
-            Some(w) if w != floor => {
-                Err(self.differs(format!("{k}.swa_evict_floor = {floor}, recorded {}", want["swa_evict_floor"])))
-            }
-            _ => Ok(()),
-        }
+        Ok(())
     }
 
-    fn check_num(&self, k: &str, got: i128) -> Result<(), Fault> {
+    fn check_num(&self, k: &str, got: i128) -> Result<(), Stop> {
         match self.v.get(k) {
             Some(w) if int(w) != Some(got) => Err(self.differs(format!("{k} = {got}, recorded {w}"))),
             _ => Ok(()),
         }
     }
 
-    fn check_list<T: Copy + Into<i128>>(&self, k: &str, got: &[T]) -> Result<(), Fault> {
+    fn check_list<T: Copy + Into<i128>>(&self, k: &str, got: &[T]) -> Result<(), Stop> {
         let Some(want) = self.v.get(k) else { return Ok(()) };
         let Some(want) = want.as_array() else { return Err(self.cannot(format!("{k} = {want}: not an array"))) };
         if want.len() != got.len() {
@@ -439,7 +396,7 @@ impl Call<'_> {
     }
 
     /// Replays a call that takes a req: NULL when recorded so, compared after.
-    fn with_req(&self, call: impl FnOnce(*mut skv_req) -> skv_status) -> Result<(bool, Option<skv_req>), Fault> {
+    fn with_req(&self, call: impl FnOnce(*mut skv_req) -> skv_status) -> Result<(bool, Option<skv_req>), Stop> {
         let mut r = self.req("req")?;
         let before = r;
         let p = r.as_mut().map_or(null_mut(), |r| r as *mut skv_req);
@@ -452,7 +409,7 @@ impl Call<'_> {
         Ok((done, r))
     }
 
-    fn run(&self) -> Result<(), Fault> {
+    fn run(&self) -> Result<(), Stop> {
         let c = self.c;
         // SAFETY: every call below gets a live handle, buffers of at least the length passed
         // with them, and NULL where the recording names a NULL argument.
@@ -650,7 +607,7 @@ impl Call<'_> {
     }
 
     /// skv_idle_sessions: its status (the ids are not compared).
-    fn idle_sessions(&self) -> Result<(), Fault> {
+    fn idle_sessions(&self) -> Result<(), Stop> {
         let cap: usize = self.arg("cap")?;
         let (mut sids, mut bids) = (self.out::<u64>("session_ids", cap)?, self.out::<u64>("branch_ids", cap)?);
         let mut count = 0usize;
@@ -663,7 +620,7 @@ impl Call<'_> {
 
     /// skv_build_flashinfer and its SWA twin: kv_indices gets the `cap` values the call was
     /// given, whose first `needed` the trace records.
-    fn flashinfer(&self, f: &str) -> Result<(), Fault> {
+    fn flashinfer(&self, f: &str) -> Result<(), Stop> {
         let build = if f == "skv_build_flashinfer" { skv_build_flashinfer } else { skv_build_flashinfer_swa };
         let rows = self.list::<i32>("rows")?;
         let (p, n) = input(&rows);
@@ -693,7 +650,7 @@ impl Call<'_> {
 
     /// A batch call records its arrays only when it succeeds (the inputs are the outputs less
     /// n_tokens); a failed one changed nothing, so replay passes over it.
-    fn batch(&self, f: &str) -> Result<(), Fault> {
+    fn batch(&self, f: &str) -> Result<(), Stop> {
         if self.v["status"].as_str() != Some("SKV_OK") {
             return Ok(());
         }

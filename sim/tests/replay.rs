@@ -449,3 +449,79 @@ fn outputs_not_compared_and_null_outputs_replay() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(text(&out).contains("10 calls"), "{}", text(&out));
 }
+
+/// A small trace of one request's life (a row, an extend, a commit, a release), every req
+/// line written by libskv.
+fn one_req_trace(name: &str) -> (PathBuf, String) {
+    use skv::*;
+    let ok = |st: skv_status| assert_eq!(st, skv_status::SKV_OK);
+    // SAFETY: valid pointers throughout; the handle is freed last.
+    let path = unsafe {
+        let (c, path) = traced_cache(name, 0);
+        let mut r = skv_req::default();
+        ok(skv_alloc_row(c, &mut r));
+        ok(skv_alloc_extend(c, &mut r, 10, std::ptr::null_mut()));
+        ok(skv_commit(c, &mut r, 10));
+        ok(skv_free_req(c, &mut r));
+        skv_cache_free(c);
+        path
+    };
+    let trace = std::fs::read_to_string(&path).unwrap();
+    (path, trace)
+}
+
+/// `text` without each `,"<name>":<value>` (a number, or a bracketed pair).
+fn without_field(text: &str, name: &str) -> String {
+    let key = format!(",\"{name}\":");
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(&key) {
+        out.push_str(&rest[..at]);
+        let value = &rest[at + key.len()..];
+        let end = if value.starts_with('[') { value.find(']').unwrap() + 1 } else { value.find([',', '}']).unwrap() };
+        rest = &value[end..];
+    }
+    out + rest
+}
+
+/// A trace from before ABI 4 records neither `swa_evict_floor` nor `aux_track`: the replay
+/// reads them as a fresh req's (0, both -1) and compares the req_out it records with that.
+#[test]
+fn a_trace_without_the_abi_4_req_fields_replays() {
+    let (path, trace) = one_req_trace("before_abi_4.jsonl");
+    assert!(trace.contains("\"swa_evict_floor\":0,") && trace.contains("\"aux_track\":[-1,-1]}"), "{trace}");
+    let old = without_field(&without_field(&trace, "swa_evict_floor"), "aux_track");
+    assert!(!old.contains("aux_track") && !old.contains("swa_evict_floor"), "{old}");
+    std::fs::write(&path, &old).unwrap();
+    let out = replay(&path);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("4 calls"), "{}", text(&out));
+}
+
+/// Each req field is compared by name: an edited `aux_track` (the pair) or `lock_receipt` in
+/// a recorded req_out is a difference at its line; a req field missing from an input req that
+/// every trace records cannot replay.
+#[test]
+fn an_edited_req_field_is_reported_by_name() {
+    let (path, trace) = one_req_trace("edited_req.jsonl");
+    let lines: Vec<&str> = trace.lines().collect();
+    let at = lines.iter().position(|l| l.contains("\"fn\":\"skv_commit\"")).unwrap();
+    let edit = |from: &str, to: &str| -> Vec<String> {
+        let mut v: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        let (head, out) = v[at].split_once("\"req_out\":").unwrap();
+        v[at] = format!("{head}\"req_out\":{}", out.replacen(from, to, 1));
+        v
+    };
+    for (from, to, want) in [
+        ("\"aux_track\":[-1,-1]", "\"aux_track\":[7,-1]", "req_out.aux_track = [-1,-1], recorded [7,-1]"),
+        ("\"lock_receipt\":0", "\"lock_receipt\":9", "req_out.lock_receipt = 0, recorded 9"),
+    ] {
+        std::fs::write(&path, edit(from, to).join("\n") + "\n").unwrap();
+        let out = replay(&path);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let want = format!("line {}: skv_commit: {want}", at + 1);
+        assert!(text(&out).contains(&want), "expected {want:?} in {}", text(&out));
+    }
+    let cut: Vec<String> = lines.iter().map(|l| without_field(l, "row_generation")).collect();
+    assert_cannot("edited_req_missing.jsonl", &cut, 2, "skv_alloc_row: req.row_generation missing");
+}

@@ -6,6 +6,7 @@ use std::ptr;
 
 #[allow(unused_imports)] // the generated table names whatever the exports take
 use super::*;
+use crate::core::Req;
 
 include!(concat!(env!("OUT_DIR"), "/api_table.rs"));
 

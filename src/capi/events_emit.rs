@@ -89,7 +89,7 @@ pub(crate) unsafe fn match_prefix(
         let had = cache.slots().find(key.0, key.1).is_some();
         let m = cache.match_prefix(key.0, key.1, r, key_len, pre_aborted)?;
         match (m.hit, had && cache.slots().find(key.0, key.1).is_none()) {
-            (1, _) => l.held(key, r.allocated, r.committed),
+            (1, _) => l.held(key, r.kv_allocated_len, r.kv_committed_len),
             (_, true) => l.remove(key),
             _ => {}
         }
@@ -231,7 +231,7 @@ pub(crate) unsafe fn shorten(
     #[cfg(feature = "events")]
     if let Some(row) = r.row() {
         // SAFETY: the caller's contract, passed on.
-        unsafe { emit(c, |l| l.shortened(row, r.allocated)) };
+        unsafe { emit(c, |l| l.shortened(row, r.kv_allocated_len)) };
     }
     let _ = c;
     Ok(())
@@ -265,7 +265,7 @@ pub(crate) fn events_tokens(
     tokens: &[i32],
 ) -> Result<()> {
     let (session, branch) = key;
-    let r = Req::from(req);
+    let r = *req;
     cache.check_req(&r)?;
     let Some(row) = r.row() else {
         return Err(Error::InvalidArg("req_pool_idx -1: the req holds no row".into()));
@@ -294,7 +294,7 @@ pub(crate) fn events_tokens(
         _ => {}
     }
     let toks: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-    let rs = RowState { row, protected: r.protected, committed: r.committed, allocated: r.allocated };
+    let rs = RowState { row, protected: r.cache_protected_len, committed: r.kv_committed_len, allocated: r.kv_allocated_len };
     let out = l.tokens(key, rs, first_pos, &toks);
     l.close();
     out

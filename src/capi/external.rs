@@ -325,23 +325,23 @@ impl Pool for ExternalPool {
     /// (as sglang asserts): a slot keeping a cursor inside a page could never be released.
     fn check_cursor(&self, req: &Req) -> Result<()> {
         let dead_lo = req.swa_dead_lo(self.ps);
-        if req.swa <= dead_lo || self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS {
+        if req.swa_evicted_seqlen <= dead_lo || self.ops.struct_size < POOL_OPS_SIZE_SEGMENTS {
             return Ok(());
         }
         if self.ops.free_kv_segment.is_some() {
-            if req.swa.is_multiple_of(self.ps) {
+            if req.swa_evicted_seqlen.is_multiple_of(self.ps) {
                 return Ok(());
             }
             return Err(Error::InvalidArg(format!(
                 "swa_evicted_seqlen {} is not a multiple of page_size {}: past swa_dead_lo {dead_lo} the \
                  row's frees split at the cursor, which must be a page boundary",
-                req.swa, self.ps
+                req.swa_evicted_seqlen, self.ps
             )));
         }
         Err(Error::InvalidArg(format!(
             "swa_evicted_seqlen {} > swa_dead_lo {dead_lo}: the window freed positions [{dead_lo}, {}), but \
              ops->free_kv_segment is NULL, so libskv could never free this row's full side alone",
-            req.swa, req.swa
+            req.swa_evicted_seqlen, req.swa_evicted_seqlen
         )))
     }
 

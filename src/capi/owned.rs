@@ -1,10 +1,8 @@
 //! Owned-pool operations: libskv's own allocator and rows. Each is SKV_ERR_UNSUPPORTED on
 //! an external-mode handle.
 
-use super::req::{as_core_reqs, on_req, req_export};
-use super::{
-    aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_req, skv_status, slice, slice_mut, traced, Span,
-};
+use super::req::{on_req, req_export};
+use super::{aligned, disjoint, lock, nonnull, out_mut, skv_cache, skv_status, slice, slice_mut, traced, Span};
 use crate::core::{Cache, Error, Req, Result};
 
 /// Assigns a free row to a req that holds none; the row maps nothing yet, so the req's KV
@@ -15,7 +13,7 @@ use crate::core::{Cache, Error, Req, Result};
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
-pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
+pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut Req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_alloc_row, |name| unsafe { req_export(c, name, req, &[], |c, r| c.alloc_row(r)) })
 }
@@ -31,7 +29,7 @@ pub unsafe extern "C" fn skv_alloc_row(c: *mut skv_cache, req: *mut skv_req) -> 
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend(
     c: *mut skv_cache,
-    req: *mut skv_req,
+    req: *mut Req,
     n_tokens: u32,
     out_loc: *mut i32,
 ) -> skv_status {
@@ -67,7 +65,7 @@ pub unsafe extern "C" fn skv_alloc_extend(
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
-pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_tokens: u32) -> skv_status {
+pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut Req, n_tokens: u32) -> skv_status {
     export!(
         skv_commit,
         c,
@@ -89,7 +87,7 @@ pub unsafe extern "C" fn skv_commit(c: *mut skv_cache, req: *mut skv_req, n_toke
 /// `c` must be NULL or a live handle, `reqs` NULL or n valid reqs.
 unsafe fn on_reqs(
     c: *mut skv_cache,
-    reqs: *mut skv_req,
+    reqs: *mut Req,
     n: usize,
     op: impl FnOnce(&mut Cache, &mut [Req]) -> Result<()>,
 ) -> Result<()> {
@@ -98,7 +96,7 @@ unsafe fn on_reqs(
     cache.require_owned()?;
     // SAFETY: NULL or n reqs, by this function's contract.
     let reqs = unsafe { slice_mut(reqs, n, "reqs") }?;
-    op(&mut cache, as_core_reqs(reqs))
+    op(&mut cache, reqs)
 }
 
 /// `on_req` for an operation that changes `*req` only once nothing can fail any more (an
@@ -109,14 +107,14 @@ unsafe fn on_reqs(
 #[inline(always)]
 unsafe fn on_req_in_place(
     c: *mut skv_cache,
-    req: *mut skv_req,
+    req: *mut Req,
     op: impl FnOnce(&mut Cache, &mut Req) -> Result<()>,
 ) -> Result<()> {
     // SAFETY: NULL or valid, by this function's contract.
     let req = unsafe { out_mut(req, "req") }?;
     // SAFETY: NULL or a live handle, by this function's contract.
     let mut cache = unsafe { lock(c) }?;
-    op(&mut cache, as_core_reqs(std::slice::from_mut(req)).first_mut().expect("one req"))?;
+    op(&mut cache, req)?;
     cache.take_deferred()
 }
 
@@ -133,7 +131,7 @@ unsafe fn on_req_in_place(
 #[no_mangle]
 pub unsafe extern "C" fn skv_alloc_extend_batch(
     c: *mut skv_cache,
-    reqs: *mut skv_req,
+    reqs: *mut Req,
     n: usize,
     n_tokens: *const u32,
     out_loc: *mut i32,
@@ -190,7 +188,7 @@ pub unsafe extern "C" fn skv_alloc_extend_batch(
 #[no_mangle]
 pub unsafe extern "C" fn skv_commit_batch(
     c: *mut skv_cache,
-    reqs: *mut skv_req,
+    reqs: *mut Req,
     n: usize,
     n_tokens: *const u32,
 ) -> skv_status {
@@ -222,7 +220,7 @@ pub unsafe extern "C" fn skv_commit_batch(
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
-pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut skv_req) -> skv_status {
+pub unsafe extern "C" fn skv_free_req(c: *mut skv_cache, req: *mut Req) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_free_req, |name| unsafe {
         req_export(c, name, req, &[], |cache, r| super::events_emit::free_req(c, cache, r))
@@ -327,7 +325,7 @@ pub unsafe extern "C" fn skv_page_refs(
 #[no_mangle]
 pub unsafe extern "C" fn skv_map_prefix(
     c: *mut skv_cache,
-    req: *mut skv_req,
+    req: *mut Req,
     indices: *const i32,
     n_tokens: u32,
 ) -> skv_status {
@@ -358,11 +356,7 @@ pub unsafe extern "C" fn skv_map_prefix(
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
-pub unsafe extern "C" fn skv_publish_prefix(
-    c: *mut skv_cache,
-    req: *mut skv_req,
-    new_protected_len: u32,
-) -> skv_status {
+pub unsafe extern "C" fn skv_publish_prefix(c: *mut skv_cache, req: *mut Req, new_protected_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_publish_prefix, |name| unsafe {
         req_export(c, name, req, &[("new_protected_len", new_protected_len)], |c, r| {

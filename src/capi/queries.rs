@@ -1,7 +1,9 @@
 //! Scheduler queries: what a session holds, the idle sessions in least-recently-used order,
 //! and (owned mode) what admitting a request would take. They change nothing.
 
+use super::trace::Line;
 use super::{lock, out_mut, skv_cache, skv_status, slice_mut, traced};
+use crate::core::{Cache, Result};
 
 /// The Rust names of the C records (one definition each, in `core`).
 pub use crate::core::{Admission as skv_admission, Usage as skv_usage};
@@ -49,26 +51,53 @@ unsafe fn usage(
     branch_id: Option<u64>,
     out: *mut crate::core::Usage,
 ) -> skv_status {
+    let args = |t: &mut Line| {
+        t.num("session_id", session_id);
+        if let Some(b) = branch_id {
+            t.num("branch_id", b);
+        }
+    };
+    // SAFETY: c and out are NULL or valid (the contract above).
+    unsafe {
+        answer(
+            c,
+            function,
+            args,
+            out,
+            |c| Ok(c.usage(session_id, branch_id)),
+            |t, u| {
+                t.num("slots", u.slots).num("allocated_tokens", u.allocated_tokens).num("pages", u.pages);
+            },
+        )
+    }
+}
+
+/// An export whose one output is a record the cache answers with: `*out`, written under the
+/// handle's lock once `query` succeeded (the usage queries, the stats, the audit).
+///
+/// # Safety
+/// `c` and `out` must be NULL or valid.
+pub(crate) unsafe fn answer<T>(
+    c: *const skv_cache,
+    function: &'static str,
+    args: impl FnOnce(&mut Line),
+    out: *mut T,
+    query: impl FnOnce(&Cache) -> Result<T>,
+    results: impl FnOnce(&mut Line, &T),
+) -> skv_status {
     traced(
         c,
         function,
-        |t| {
-            t.num("session_id", session_id);
-            if let Some(b) = branch_id {
-                t.num("branch_id", b);
-            }
-        },
+        args,
         // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
         || unsafe {
             let out = out_mut(out, "out")?;
-            *out = lock(c)?.usage(session_id, branch_id);
+            // Written under the lock: the answer then needs no registers across the unlock.
+            *out = query(&*lock(c)?)?;
             Ok(())
         },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            let u = unsafe { &*out };
-            t.num("slots", u.slots).num("allocated_tokens", u.allocated_tokens).num("pages", u.pages);
-        },
+        // SAFETY: written by the call that just succeeded.
+        |t| results(t, unsafe { &*out }),
     )
 }
 

@@ -1,7 +1,7 @@
 //! The session operations (both modes).
 
 use super::req::{on_req, req_export};
-use super::{aligned, arg, disjoint, events_emit, lock, out_mut, skv_cache, skv_req, skv_status, slice, Span};
+use super::{aligned, arg, disjoint, events_emit, lock, out_mut, skv_cache, skv_status, slice, Span};
 use crate::core::{Error, Req, Window};
 
 /// The Rust names of the C records (one definition each, in `core`).
@@ -22,7 +22,7 @@ pub unsafe extern "C" fn skv_match_prefix(
     c: *mut skv_cache,
     session_id: u64,
     branch_id: u64,
-    req: *mut skv_req,
+    req: *mut Req,
     key_len: u32,
     pre_aborted: u32,
     out: *mut crate::core::Match,
@@ -66,7 +66,7 @@ pub unsafe extern "C" fn skv_cache_finished_req(
     c: *mut skv_cache,
     session_id: u64,
     branch_id: u64,
-    req: *mut skv_req,
+    req: *mut Req,
     aborted: u32,
 ) -> skv_status {
     export!(
@@ -105,7 +105,7 @@ pub unsafe extern "C" fn skv_hand_back(
     c: *mut skv_cache,
     session_id: u64,
     branch_id: u64,
-    req: *mut skv_req,
+    req: *mut Req,
 ) -> skv_status {
     export!(
         skv_hand_back,
@@ -134,7 +134,7 @@ pub unsafe extern "C" fn skv_checkpoint(
     c: *const skv_cache,
     session_id: u64,
     branch_id: u64,
-    req: *const skv_req,
+    req: *const Req,
     handled: *mut u32,
 ) -> skv_status {
     export!(
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn skv_checkpoint(
         // lock refuse NULL.
         || unsafe {
             disjoint(&[Span::of(req, 1, "req"), Span::of(handled, 1, "handled")])?;
-            let r = Req::from(arg(req, "req")?);
+            let r = *arg(req, "req")?;
             let handled = out_mut(handled, "handled")?;
             let found = lock(c)?.checkpoint(session_id, branch_id, &r)?;
             *handled = found as u32;
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
-pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req, finished_len: u32) -> skv_status {
+pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut Req, finished_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_trim_overshoot, |name| unsafe {
         req_export(c, name, req, &[("finished_len", finished_len)], |cache, r| {
@@ -273,7 +273,7 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut skv_req
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
-pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut skv_req, prefix_len: u32) -> skv_status {
+pub unsafe extern "C" fn skv_free_tail(c: *mut skv_cache, req: *mut Req, prefix_len: u32) -> skv_status {
     // SAFETY: the caller's contract, passed on.
     export!(skv_free_tail, |name| unsafe {
         req_export(c, name, req, &[("prefix_len", prefix_len)], |cache, r| {
@@ -335,7 +335,7 @@ pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 #[no_mangle]
 pub unsafe extern "C" fn skv_swa_evict(
     c: *mut skv_cache,
-    req: *mut skv_req,
+    req: *mut Req,
     pre_len: u32,
     window: u32,
     eviction_interval: u32,

@@ -1,6 +1,8 @@
 //! The pool's occupancy and counters (both modes) and the audit of owned mode's pool.
 
-use super::{lock, out_mut, skv_cache, skv_status};
+use super::queries::answer;
+use super::{skv_cache, skv_status};
+use crate::core::Cache;
 
 /// The Rust names of the C records (one definition each, in `core`).
 pub use crate::core::{Report as skv_check_report, Stats as skv_stats};
@@ -13,24 +15,20 @@ pub use crate::core::{Report as skv_check_report, Stats as skv_stats};
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut crate::core::Stats) -> skv_status {
-    export!(
-        skv_cache_stats,
-        c,
-        |_| {},
-        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
-        || unsafe {
-            let out = out_mut(out, "out")?;
-            // Written under the lock: the counters then need no registers across the unlock.
-            *out = lock(c)?.stats()?;
-            Ok(())
-        },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            let s = unsafe { &*out };
-            t.num("free_pages", s.free_pages).num("free_rows", s.free_rows).num("sessions", s.sessions);
-            t.num("swa_free_pages", s.swa_free_pages);
-        },
-    )
+    // SAFETY: c and out are NULL or valid (the contract above), as `answer` needs.
+    export!(skv_cache_stats, |name| unsafe {
+        answer(
+            c,
+            name,
+            |_| {},
+            out,
+            Cache::stats,
+            |t, s| {
+                t.num("free_pages", s.free_pages).num("free_rows", s.free_rows).num("sessions", s.sessions);
+                t.num("swa_free_pages", s.swa_free_pages);
+            },
+        )
+    })
 }
 
 /// Audits the owned pool, linear in pages plus the rows' page entries, and writes the report to
@@ -43,19 +41,17 @@ pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut crate::c
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_check(c: *const skv_cache, out: *mut crate::core::Report) -> skv_status {
-    export!(
-        skv_cache_check,
-        c,
-        |_| {},
-        // SAFETY: c and out are NULL or valid (the contract above); out_mut and lock refuse NULL.
-        || unsafe {
-            let out = out_mut(out, "out")?;
-            *out = lock(c)?.check()?;
-            Ok(())
-        },
-        |t| {
-            // SAFETY: written by the call that just succeeded.
-            t.num("violations", unsafe { (*out).violations });
-        },
-    )
+    // SAFETY: c and out are NULL or valid (the contract above), as `answer` needs.
+    export!(skv_cache_check, |name| unsafe {
+        answer(
+            c,
+            name,
+            |_| {},
+            out,
+            Cache::check,
+            |t, r| {
+                t.num("violations", r.violations);
+            },
+        )
+    })
 }

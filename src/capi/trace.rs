@@ -145,28 +145,11 @@ impl Line {
                 let _ = write!(self.0, ",\"{name}\":null");
             }
             Some(r) => {
-                let _ = write!(
-                    self.0,
-                    ",\"{name}\":{{\"req_pool_idx\":{},\"row_generation\":{},\"kv_committed_len\":{},\"kv_allocated_len\":{},\
-                     \"cache_protected_len\":{},\"swa_evicted_seqlen\":{},\"origin_input_len\":{},\
-                     \"output_len\":{},\"finished_len\":{},\"lock_node\":{},\"lock_receipt\":{},\"aux_state\":{},\"aux_track\":[{},{}],\
-                     \"swa_evict_floor\":{}}}",
-                    r.req_pool_idx,
-                    r.row_generation,
-                    r.kv_committed_len,
-                    r.kv_allocated_len,
-                    r.cache_protected_len,
-                    r.swa_evicted_seqlen,
-                    r.origin_input_len,
-                    r.output_len,
-                    r.finished_len,
-                    r.lock_node,
-                    r.lock_receipt,
-                    r.aux_state,
-                    r.aux_track[0],
-                    r.aux_track[1],
-                    r.swa_evict_floor
-                );
+                let _ = write!(self.0, ",\"{name}\":");
+                for (i, f) in skv_req::FIELDS.iter().enumerate() {
+                    let _ = write!(self.0, "{}\"{}\":{}", if i == 0 { "{" } else { "," }, f.name, (f.get)(r));
+                }
+                self.0.push('}');
             }
         }
         self

@@ -71,7 +71,7 @@ impl Cache {
         let pool = self.pool.owned_mut().expect("owned checked");
         if pool.dirty.is_some() {
             for (req, &n) in reqs.iter().zip(n_tokens) {
-                pool.mapped(req.row as u32, req.allocated - n, req.allocated);
+                pool.mapped(req.req_pool_idx as u32, req.kv_allocated_len - n, req.kv_allocated_len);
             }
         }
         Ok(())
@@ -95,7 +95,7 @@ impl Cache {
         // Marked first: an earlier request on the same row has extended it already, and its
         // checks would then name the length rather than the row named twice.
         let pool = self.pool.owned().expect("owned checked");
-        mark_row(&pool.rows, req.row, stamp, i)?;
+        mark_row(&pool.rows, req.req_pool_idx, stamp, i)?;
         let (row, new_len) = self.check_extend(cfg, pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]")))?;
         let ps = cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
@@ -120,10 +120,10 @@ impl Cache {
         }
         let r = pool.row_mut(row);
         if let Some(slots) = slots {
-            write_slots(&r.pages, ps, req.allocated, slots);
+            write_slots(&r.pages, ps, req.kv_allocated_len, slots);
         }
         r.len = new_len;
-        req.allocated = new_len;
+        req.kv_allocated_len = new_len;
         Ok(())
     }
 
@@ -134,10 +134,10 @@ impl Cache {
         let ps = self.cfg.page_size;
         let pool = self.pool.owned_mut().expect("owned checked");
         for (req, &n) in reqs.iter_mut().zip(n_tokens).rev() {
-            let (row, old) = (req.row as u32, req.allocated - n);
+            let (row, old) = (req.req_pool_idx as u32, req.kv_allocated_len - n);
             pool.ungrow(row, pages_for(old, ps) as usize);
             pool.row_mut(row).len = old;
-            req.allocated = old;
+            req.kv_allocated_len = old;
         }
     }
 
@@ -158,25 +158,25 @@ impl Cache {
             prefetch.load(pool, reqs, n_tokens, i);
             let (req, n) = (&mut reqs[i], n_tokens[i]);
             // The rule, with the row's record looked up once: `fast_row` and the mark.
-            let row = req.row as u32 as usize;
+            let row = req.req_pool_idx as u32 as usize;
             if let Some(RowRecord { meta: m, in_use: Some(r) }) = rows.get(row) {
-                let committed = req.committed as u64 + n as u64;
+                let committed = req.kv_committed_len as u64 + n as u64;
                 if m.batch.get().0 != stamp
-                    && committed <= req.allocated as u64
+                    && committed <= req.kv_allocated_len as u64
                     && fast_matches(&cfg, req, r, m, has_swa_pool)
                 {
                     m.batch.set((stamp, i as u32));
-                    req.committed = committed as u32;
+                    req.kv_committed_len = committed as u32;
                     continue;
                 }
             }
-            let checked = mark_row(rows, req.row, stamp, i)
+            let checked = mark_row(rows, req.req_pool_idx, stamp, i)
                 .and_then(|_| self.check_commit(&cfg, pool, req, n).map_err(|e| e.at(format_args!("reqs[{i}]"))));
             match checked {
-                Ok((_, committed)) => req.committed = committed,
+                Ok((_, committed)) => req.kv_committed_len = committed,
                 Err(e) => {
                     for (req, &n) in reqs[..i].iter_mut().zip(n_tokens) {
-                        req.committed -= n;
+                        req.kv_committed_len -= n;
                     }
                     return Err(e);
                 }
@@ -254,13 +254,13 @@ mod tests {
         c.alloc_extend(&mut reqs[0], 3, None).unwrap();
         let mut out = [0i32; 5];
         c.alloc_extend_batch(&mut reqs, &[2, 3], Some(&mut out)).unwrap();
-        assert_eq!((reqs[0].allocated, reqs[1].allocated), (5, 3));
+        assert_eq!((reqs[0].kv_allocated_len, reqs[1].kv_allocated_len), (5, 3));
         let mut want = [0i32; 5];
-        c.row_indices(reqs[0].row as u32, 3, 5, false, &mut want[..2]).unwrap();
-        c.row_indices(reqs[1].row as u32, 0, 3, false, &mut want[2..]).unwrap();
+        c.row_indices(reqs[0].req_pool_idx as u32, 3, 5, false, &mut want[..2]).unwrap();
+        c.row_indices(reqs[1].req_pool_idx as u32, 0, 3, false, &mut want[2..]).unwrap();
         assert_eq!(out, want);
         c.commit_batch(&mut reqs, &[5, 1]).unwrap();
-        assert_eq!((reqs[0].committed, reqs[1].committed), (5, 1));
+        assert_eq!((reqs[0].kv_committed_len, reqs[1].kv_committed_len), (5, 1));
     }
 
     #[test]
@@ -314,10 +314,11 @@ mod tests {
         for (x, y) in ra.iter().zip(rb.iter()) {
             assert_eq!(x, y);
             for view in [false, true].into_iter().filter(|&v| !v || swa) {
-                let (mut sa, mut sb) = (vec![0i32; x.allocated as usize], vec![0i32; y.allocated as usize]);
-                a.row_indices(x.row as u32, 0, x.allocated, view, &mut sa).unwrap();
-                b.row_indices(y.row as u32, 0, y.allocated, view, &mut sb).unwrap();
-                assert_eq!(sa, sb, "row {} (SWA view: {view})", x.row);
+                let (mut sa, mut sb) =
+                    (vec![0i32; x.kv_allocated_len as usize], vec![0i32; y.kv_allocated_len as usize]);
+                a.row_indices(x.req_pool_idx as u32, 0, x.kv_allocated_len, view, &mut sa).unwrap();
+                b.row_indices(y.req_pool_idx as u32, 0, y.kv_allocated_len, view, &mut sb).unwrap();
+                assert_eq!(sa, sb, "row {} (SWA view: {view})", x.req_pool_idx);
             }
         }
         assert_eq!(a.check().unwrap().violations, 0);
@@ -330,14 +331,14 @@ mod tests {
             // reqs[0] and reqs[1] take three pages (three SWA pages), then reqs[2] is refused.
             let (mut a, mut b) = (twin(16, swa), twin(16, swa));
             let (mut ra, mut rb) = (rows(&mut a, 3), rows(&mut b, 3));
-            ra[2].allocated = 1;
+            ra[2].kv_allocated_len = 1;
             let before = ra.clone();
             let mut out = [-7i32; 11];
             let e = a.alloc_extend_batch(&mut ra, &[5, 4, 1], Some(&mut out)).unwrap_err();
             assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[2]: kv_allocated_len 1")), "{e}");
             assert_eq!(ra, before);
             assert_eq!(out, [-7; 11], "out_loc is put back");
-            ra[2].allocated = 0;
+            ra[2].kv_allocated_len = 0;
             same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[3, 6, 5]);
         }
     }
@@ -352,22 +353,22 @@ mod tests {
             // Two pages, then one: each list keeps room for the page the next token takes.
             c.alloc_extend_batch(reqs, &[8, 8, 8], None).unwrap();
             for r in reqs.iter_mut() {
-                r.committed = 8;
+                r.kv_committed_len = 8;
                 c.free_tail(r, 4).unwrap();
             }
             let pool = c.owned_pool().unwrap();
             for r in reqs.iter() {
-                let row = r.row as usize;
+                let row = r.req_pool_idx as usize;
                 let pages = &pool.rows[row].in_use.as_ref().unwrap().pages;
                 let ids = &pool.swa.as_ref().unwrap().rows[row].ids;
                 assert!(pages.len() < pages.capacity() && ids.len() < ids.capacity(), "room for the fast path's take");
             }
         }
         let before = ra.clone();
-        ra[2].allocated = 5;
+        ra[2].kv_allocated_len = 5;
         let e = a.alloc_extend_batch(&mut ra, &[1, 1, 1], None).unwrap_err();
         assert!(matches!(&e, Error::InvalidArg(m) if m.starts_with("reqs[2]: kv_allocated_len 5")), "{e}");
-        ra[2].allocated = 4;
+        ra[2].kv_allocated_len = 4;
         assert_eq!(ra, before);
         assert_eq!(a.stats().unwrap(), b.stats().unwrap());
         same_from_here(&mut a, &mut ra, &mut b, &mut rb, &[1, 1, 1]);
@@ -401,7 +402,7 @@ mod tests {
             matches!(&e, Error::InvalidArg(m) if m == "reqs[1]: row 0 is also reqs[0]'s: one request per row in a batch"),
             "{e}"
         );
-        assert_eq!(reqs[0].allocated, 0);
+        assert_eq!(reqs[0].kv_allocated_len, 0);
         assert_eq!(c.stats().unwrap().free_pages, 15);
     }
 }

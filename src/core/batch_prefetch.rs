@@ -46,12 +46,12 @@ impl BatchPrefetch {
         }
         if self.records {
             if let Some(far) = reqs.get(i + self.records_at) {
-                pool.preload_record(far.row as u32);
+                pool.preload_record(far.req_pool_idx as u32);
             }
         }
         if self.lists {
             if let (Some(near), Some(&n)) = (reqs.get(i + PREFETCH_DISTANCE), n_tokens.get(i + PREFETCH_DISTANCE)) {
-                pool.preload_tail(near.row as u32, n);
+                pool.preload_tail(near.req_pool_idx as u32, n);
             }
         }
     }
@@ -63,7 +63,7 @@ impl BatchPrefetch {
 /// loads ahead, or not, in vain.
 fn rows_in_order(reqs: &[Req]) -> bool {
     match (reqs.first(), reqs.last()) {
-        (Some(a), Some(b)) => (b.row as i64 - a.row as i64).unsigned_abs() == reqs.len() as u64 - 1,
+        (Some(a), Some(b)) => (b.req_pool_idx as i64 - a.req_pool_idx as i64).unsigned_abs() == reqs.len() as u64 - 1,
         _ => true,
     }
 }
@@ -101,15 +101,16 @@ mod tests {
         c.alloc_extend_batch(&mut reqs, &ones, Some(&mut out)).unwrap();
         for (r, &slot) in reqs.iter().zip(&out) {
             let mut want = [0i32];
-            c.row_indices(r.row as u32, 0, 1, false, &mut want).unwrap();
-            assert_eq!((r.allocated, slot), (1, want[0]));
+            c.row_indices(r.req_pool_idx as u32, 0, 1, false, &mut want).unwrap();
+            assert_eq!((r.kv_allocated_len, slot), (1, want[0]));
         }
         assert_eq!(c.check().unwrap().violations, 0);
     }
 
     #[test]
     fn rows_in_order_are_judged_from_the_batch_ends() {
-        let reqs = |rows: &[i32]| rows.iter().map(|&row| Req { row, ..Req::default() }).collect::<Vec<_>>();
+        let reqs =
+            |rows: &[i32]| rows.iter().map(|&row| Req { req_pool_idx: row, ..Req::default() }).collect::<Vec<_>>();
         assert!(rows_in_order(&reqs(&[3, 4, 5, 6])));
         assert!(rows_in_order(&reqs(&[6, 5, 4, 3])), "handed out again in reverse after a release");
         assert!(!rows_in_order(&reqs(&[3, 9, 1, 5])));
@@ -141,12 +142,13 @@ mod tests {
             let mut at = 0;
             for (r, &k) in reqs.iter().zip(&lens) {
                 let mut want = vec![0i32; k as usize];
-                c.row_indices(r.row as u32, r.allocated - k, r.allocated, false, &mut want).unwrap();
-                assert_eq!(out[at..at + k as usize], want[..], "row {} in round {round}", r.row);
+                c.row_indices(r.req_pool_idx as u32, r.kv_allocated_len - k, r.kv_allocated_len, false, &mut want)
+                    .unwrap();
+                assert_eq!(out[at..at + k as usize], want[..], "row {} in round {round}", r.req_pool_idx);
                 at += k as usize;
             }
             c.commit_batch(&mut reqs, &lens).unwrap();
-            assert!(reqs.iter().all(|r| r.committed == r.allocated));
+            assert!(reqs.iter().all(|r| r.kv_committed_len == r.kv_allocated_len));
         }
         assert_eq!(c.check().unwrap().violations, 0);
     }

@@ -180,12 +180,12 @@ impl Cache {
                 p.row(row)?;
             }
             let now = self.generation(row);
-            if req.generation != 0 && req.generation != now {
+            if req.row_generation != 0 && req.row_generation != now {
                 bail!(
                     State,
                     "req_pool_idx {row} is a stale copy: its row_generation is {} but row {row} is now at \
                      generation {now} (the row was released and handed out again since)",
-                    req.generation
+                    req.row_generation
                 );
             }
         }
@@ -202,8 +202,8 @@ impl Cache {
                     State,
                     "req_pool_idx {} is a stale copy: row {} belongs to the idle slot of session {} branch {} \
                      and the req disagrees with it ({m})",
-                    req.row,
-                    req.row,
+                    req.req_pool_idx,
+                    req.req_pool_idx,
                     s.session,
                     s.branch
                 ),

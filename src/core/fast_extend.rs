@@ -21,11 +21,11 @@ pub(super) fn fast_extend<const SWA: bool>(
     slots: Option<&mut [i32]>,
     mark: Option<(u32, u32)>,
 ) -> Option<usize> {
-    let row = req.row as u32 as usize;
+    let row = req.req_pool_idx as u32 as usize;
     let Some(RowRecord { meta: m, in_use: Some(r) }) = pool.rows.get_mut(row) else {
         return None;
     };
-    let new_len = req.allocated as u64 + n as u64;
+    let new_len = req.kv_allocated_len as u64 + n as u64;
     // Wraps for a req behind its row; the checks below then refuse it.
     let need = (pages_for(new_len.min(u32::MAX as u64) as u32, cfg.page_size) as usize).wrapping_sub(r.pages.len());
     let fine = mark.is_none_or(|(stamp, _)| m.batch.get().0 != stamp)
@@ -65,12 +65,12 @@ pub(super) fn fast_extend<const SWA: bool>(
         // so one token needing a page starts it.)
         (Some([one]), Some(page)) => *one = (page * ps) as i32,
         // One token on the last page (the other steps').
-        (Some([one]), None) => *one = (last * ps + div_rem(req.allocated, ps).1) as i32,
-        (Some(slots), _) => write_step_slots(slots, ps, req.allocated, last, taken),
+        (Some([one]), None) => *one = (last * ps + div_rem(req.kv_allocated_len, ps).1) as i32,
+        (Some(slots), _) => write_step_slots(slots, ps, req.kv_allocated_len, last, taken),
         (None, _) => {}
     }
     r.len = new_len as u32;
-    req.allocated = new_len as u32;
+    req.kv_allocated_len = new_len as u32;
     Some(need)
 }
 
@@ -123,26 +123,26 @@ mod tests {
         // The last `k` slots of `r`'s row, as its list names them.
         let slots_of = |c: &Cache, r: &Req, k: u32| {
             let mut want = vec![0i32; k as usize];
-            c.row_indices(r.row as u32, r.allocated - k, r.allocated, false, &mut want).unwrap();
+            c.row_indices(r.req_pool_idx as u32, r.kv_allocated_len - k, r.kv_allocated_len, false, &mut want).unwrap();
             want
         };
         for keep in [9u32, 4, 0, 7] {
             for step in 0..10 {
                 let mut one = [-1i32];
                 c.alloc_extend(&mut reqs[0], 1, Some(&mut one)).unwrap();
-                assert_eq!(one[..], slots_of(&c, &reqs[0], 1), "single call at {}", reqs[0].allocated);
+                assert_eq!(one[..], slots_of(&c, &reqs[0], 1), "single call at {}", reqs[0].kv_allocated_len);
                 // Several tokens a request (a speculative step's), on the last page and past it.
                 let lens = if step % 3 == 0 { [3, 2] } else { [1, 1] };
                 let mut out = [-1i32; 5];
                 let out = &mut out[..(lens[0] + lens[1]) as usize];
                 c.alloc_extend_batch(&mut reqs, &lens, Some(out)).unwrap();
                 let want = [slots_of(&c, &reqs[0], lens[0]), slots_of(&c, &reqs[1], lens[1])].concat();
-                assert_eq!(out[..], want[..], "batch of {lens:?} at {}", reqs[0].allocated);
+                assert_eq!(out[..], want[..], "batch of {lens:?} at {}", reqs[0].kv_allocated_len);
             }
             for r in reqs.iter_mut() {
-                r.committed = r.allocated;
+                r.kv_committed_len = r.kv_allocated_len;
                 c.free_tail(r, keep).unwrap();
-                assert_eq!(r.allocated, keep);
+                assert_eq!(r.kv_allocated_len, keep);
             }
             assert_eq!(c.check().unwrap().violations, 0);
         }
@@ -162,7 +162,7 @@ mod tests {
         for keep in [5u32, 2, 9] {
             for _ in 0..12 {
                 // The requests that start a page, in order, take the SWA stack's top pages.
-                let starting: Vec<usize> = (0..2).filter(|&i| reqs[i].allocated.is_multiple_of(4)).collect();
+                let starting: Vec<usize> = (0..2).filter(|&i| reqs[i].kv_allocated_len.is_multiple_of(4)).collect();
                 let want_swa = swa_top(&c, starting.len());
                 let before = c.stats().unwrap().swa_free_pages;
                 let mut out = [-1i32; 2];
@@ -170,18 +170,20 @@ mod tests {
                 assert_eq!(c.stats().unwrap().swa_free_pages, before - starting.len() as u64);
                 for (k, &i) in starting.iter().enumerate() {
                     let (r, mut got) = (reqs[i], [0i32; 1]);
-                    c.row_indices(r.row as u32, r.allocated - 1, r.allocated, true, &mut got).unwrap();
-                    assert_eq!(got[0] as u32, want_swa[k] * 4, "reqs[{i}] at {}", r.allocated);
+                    c.row_indices(r.req_pool_idx as u32, r.kv_allocated_len - 1, r.kv_allocated_len, true, &mut got)
+                        .unwrap();
+                    assert_eq!(got[0] as u32, want_swa[k] * 4, "reqs[{i}] at {}", r.kv_allocated_len);
                 }
                 for (i, r) in reqs.iter().enumerate() {
                     let mut full = [0i32; 1];
-                    c.row_indices(r.row as u32, r.allocated - 1, r.allocated, false, &mut full).unwrap();
+                    c.row_indices(r.req_pool_idx as u32, r.kv_allocated_len - 1, r.kv_allocated_len, false, &mut full)
+                        .unwrap();
                     assert_eq!(out[i], full[0]);
                 }
                 assert_eq!(c.check().unwrap().violations, 0);
             }
             for r in reqs.iter_mut() {
-                r.committed = r.allocated;
+                r.kv_committed_len = r.kv_allocated_len;
                 c.free_tail(r, keep).unwrap();
             }
         }

@@ -42,7 +42,7 @@ pub use owned::{EngineHooks, OwnedPool};
 pub use page::{ceil_align, floor_align, pages_for};
 pub use pool::{split, Effect, Pool, Pools, Segment};
 pub use records::{Admission, Held, Match, Report, Stats, Usage};
-pub use req::{swa_dead, swa_dead_lo, Config, Req};
+pub use req::{swa_dead, swa_dead_lo, Config, FieldValue, Req, ReqField};
 pub use slots::Slot;
 pub use swa::Window;
 

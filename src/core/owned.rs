@@ -484,11 +484,16 @@ impl Pool for OwnedPool {
     fn check_req(&self, req: &Req) -> Result<()> {
         let Some(row) = req.row() else { return Ok(()) };
         let r = self.row(row)?;
-        if req.allocated != r.len {
-            bail!(InvalidArg, "kv_allocated_len {} != {} tokens mapped by row {row}", req.allocated, r.len);
+        if req.kv_allocated_len != r.len {
+            bail!(InvalidArg, "kv_allocated_len {} != {} tokens mapped by row {row}", req.kv_allocated_len, r.len);
         }
-        if req.protected != r.protected {
-            bail!(InvalidArg, "cache_protected_len {} != {} recorded for row {row}", req.protected, r.protected);
+        if req.cache_protected_len != r.protected {
+            bail!(
+                InvalidArg,
+                "cache_protected_len {} != {} recorded for row {row}",
+                req.cache_protected_len,
+                r.protected
+            );
         }
         if let Some(s) = self.swa.as_ref() {
             let sr = &s.rows[row as usize];
@@ -496,12 +501,12 @@ impl Pool for OwnedPool {
             // start that load now, behind the checks, rather than after them.
             prefetch(sr.ids.as_ptr().wrapping_add(r.pages.len().saturating_sub(1)));
             let cursor = r.swa_cursor;
-            if req.swa != cursor {
+            if req.swa_evicted_seqlen != cursor {
                 bail!(
                     InvalidArg,
                     "swa_evicted_seqlen {} != {cursor} recorded for row {row} (with an SWA pool only \
                      skv_swa_evict moves the window)",
-                    req.swa
+                    req.swa_evicted_seqlen
                 );
             }
         }

@@ -54,16 +54,15 @@ impl Cache {
     pub fn alloc_row(&mut self, req: &mut Req) -> Result<()> {
         self.owned_pool()?;
         req.validate(&self.cfg)?;
-        if req.row >= 0 {
-            bail!(InvalidArg, "req already holds row {}", req.row);
+        if req.req_pool_idx >= 0 {
+            bail!(InvalidArg, "req already holds row {}", req.req_pool_idx);
         }
         let pool = self.owned_pool_mut()?;
         let Some(row) = pool.take_row() else {
             bail!(OutOfMemory, "no free row (num_rows {})", pool.total_rows());
         };
         let generation = self.bump_generation(row);
-        *req =
-            Req { row: row as i32, generation, committed: 0, allocated: 0, protected: 0, swa: 0, swa_floor: 0, ..*req };
+        req.set_row(row as i32, generation);
         Ok(())
     }
 
@@ -75,14 +74,15 @@ impl Cache {
         let row = req.require_row()?;
         self.guard_session_row(row)?;
         self.effects.clear();
-        if req.protected < req.allocated {
-            let (dead_lo, dead_hi) = swa_dead(req.protected, req.swa_floor, req.swa, self.cfg.page_size);
-            let (keep, start, end) = (req.protected, req.protected, req.allocated);
+        if req.cache_protected_len < req.kv_allocated_len {
+            let (dead_lo, dead_hi) =
+                swa_dead(req.cache_protected_len, req.swa_evict_floor, req.swa_evicted_seqlen, self.cfg.page_size);
+            let (keep, start, end) = (req.cache_protected_len, req.cache_protected_len, req.kv_allocated_len);
             self.effects.push(Effect::FreeKv { row, keep, start, end, dead_lo, dead_hi });
         }
         self.effects.push(Effect::FreeRow { row });
         self.run_effects(|_| {})?;
-        *req = Req { row: -1, generation: 0, committed: 0, allocated: 0, protected: 0, swa: 0, swa_floor: 0, ..*req };
+        req.set_row(-1, 0);
         Ok(())
     }
 
@@ -90,7 +90,7 @@ impl Cache {
     /// `out`, writes the new positions' token slots there (`out.len() == n`).
     #[inline]
     pub fn alloc_extend(&mut self, req: &mut Req, n: u32, mut out: Option<&mut [i32]>) -> Result<()> {
-        let (cfg, old) = (self.cfg, req.allocated);
+        let (cfg, old) = (self.cfg, req.kv_allocated_len);
         if let Backend::Owned(pool) = &mut self.pool {
             let slots = out.as_deref_mut();
             let fast = match pool.swa.is_some() {
@@ -98,7 +98,7 @@ impl Cache {
                 false => fast_extend::<false>(&cfg, pool, req, n, slots, None),
             };
             if fast.is_some() {
-                pool.mapped(req.row as u32, old, req.allocated);
+                pool.mapped(req.req_pool_idx as u32, old, req.kv_allocated_len);
                 return Ok(());
             }
         }
@@ -112,10 +112,10 @@ impl Cache {
         let r = pool.row_mut(row);
         r.len = new_len;
         if let Some(out) = out {
-            write_slots(&r.pages, ps, req.allocated, out);
+            write_slots(&r.pages, ps, req.kv_allocated_len, out);
         }
-        pool.mapped(row, req.allocated, new_len);
-        req.allocated = new_len;
+        pool.mapped(row, req.kv_allocated_len, new_len);
+        req.kv_allocated_len = new_len;
         Ok(())
     }
 
@@ -123,7 +123,7 @@ impl Cache {
     #[inline]
     pub fn commit(&mut self, req: &mut Req, n: u32) -> Result<()> {
         let (_, committed) = self.check_commit(&self.cfg, self.owned_pool()?, req, n)?;
-        req.committed = committed;
+        req.kv_committed_len = committed;
         Ok(())
     }
 
@@ -204,8 +204,8 @@ impl Cache {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let n = indices.len();
-        if req.allocated != 0 {
-            bail!(InvalidArg, "map_prefix needs a fresh row: kv_allocated_len {}", req.allocated);
+        if req.kv_allocated_len != 0 {
+            bail!(InvalidArg, "map_prefix needs a fresh row: kv_allocated_len {}", req.kv_allocated_len);
         }
         if !n.is_multiple_of(ps as usize) || n > max as usize {
             bail!(InvalidArg, "n_tokens {n} must be a multiple of page_size {ps} and <= max_context_len {max}");
@@ -235,7 +235,7 @@ impl Cache {
         *pool.row_mut(row) =
             super::owned::Row { pages: super::page_list::PageList::new(pages), len: n, protected: n, swa_cursor };
         pool.mapped(row, 0, n);
-        (req.allocated, req.committed, req.protected) = (n, n, n);
+        (req.kv_allocated_len, req.kv_committed_len, req.cache_protected_len) = (n, n, n);
         Ok(())
     }
 
@@ -245,15 +245,15 @@ impl Cache {
         self.owned_pool()?;
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
-        if !new_protected.is_multiple_of(ps) || new_protected > req.committed {
+        if !new_protected.is_multiple_of(ps) || new_protected > req.kv_committed_len {
             bail!(
                 InvalidArg,
                 "new_protected_len {new_protected} must be a multiple of page_size {ps} and <= kv_committed_len {}",
-                req.committed
+                req.kv_committed_len
             );
         }
         self.check_record(req)?;
-        keep_protected("new_protected_len", new_protected, req.protected, "a prefix never shrinks")?;
+        keep_protected("new_protected_len", new_protected, req.cache_protected_len, "a prefix never shrinks")?;
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
         let r = pool.row_mut(row);
@@ -269,7 +269,7 @@ impl Cache {
                 s.held[p as usize] = id;
             }
         }
-        req.protected = new_protected;
+        req.cache_protected_len = new_protected;
         Ok(())
     }
 

@@ -63,53 +63,193 @@ impl Config {
     }
 }
 
-/// One request's KV bookkeeping. Mirrors `skv_req` field for field, and in its layout: the
-/// batch calls work on the caller's array of `skv_req` in place (the C boundary asserts that
-/// the two layouts agree).
+/// One request's KV bookkeeping: engine-owned plain data that libskv reads and writes.
+//
+// The one definition of C's `skv_req` (cbindgen.toml renames it; `capi` also names it
+// `skv_req` for Rust callers): the batch calls work on the caller's array in place. Its fields
+// keep sglang's words (docs/concepts.md's request record), as the header does; the row records
+// and the slots use the short names (`row`, `committed`, `swa`, ...). `FIELDS` lists the fields
+// for the trace and the replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(C)]
 pub struct Req {
-    pub row: i32,
-    /// The generation of `row` when libskv handed it to this req; 0 = not stamped.
-    pub generation: u32,
-    pub committed: u32,
-    pub allocated: u32,
-    pub protected: u32,
-    /// The window cursor (sglang's `swa_evicted_seqlen`): the sliding window has passed the
-    /// positions below it. Called `swa` on a req and a slot, `swa_cursor` elsewhere.
-    pub swa: u32,
-    /// sglang's `swa_evict_floor`: `[0, this)` is never window-evicted (the prefill the
-    /// engine shields); it only raises `swa_dead_lo`, and no trim clamps it.
-    pub swa_floor: u32,
+    /// req_to_token row, -1 = none.
+    pub req_pool_idx: i32,
+    /// The generation of req_pool_idx when libskv handed the row to this req (skv_alloc_row,
+    /// a skv_match_prefix hit); 0 = not stamped. A req whose non-zero row_generation differs
+    /// from its row's current generation is a stale copy (the row was released and handed
+    /// out again since): SKV_ERR_STATE. Engines copy it with the req and never set it; a req
+    /// built by hand carries 0, which is not checked (in external mode rows the engine
+    /// allocates itself are never stamped).
+    pub row_generation: u32,
+    /// Tokens whose KV is final.
+    pub kv_committed_len: u32,
+    /// Tokens with KV slots assigned (>= committed).
+    pub kv_allocated_len: u32,
+    /// Prefix owned by the engine's prefix tree: never freed here. A multiple of page_size.
+    pub cache_protected_len: u32,
+    /// Sliding-window cursor: [0, this) already freed for SWA layers; 0 = none. Owned mode
+    /// with an SWA pool records it per row and only skv_swa_evict (and the frees that cut a
+    /// row below it) moves it: a req disagreeing with the record is SKV_ERR_INVALID_ARG.
+    pub swa_evicted_seqlen: u32,
+    /// Eviction floor of sliding-window layers (sglang's swa_evict_floor): [0, this) is
+    /// never window-evicted; 0 = none. The engine sets it (at a prefill, to the prefill's
+    /// end); a hit restores the slot's. It may lie past swa_evicted_seqlen and past
+    /// kv_allocated_len, and no trim clamps it; at most max_context_len. SWA slots below
+    /// swa_dead_lo = max(cache_protected_len, this), rounded up to a page when the floor is
+    /// the larger, are never freed by the window. It may rise only while the window has freed
+    /// nothing: on a running session's row, a floor lifting swa_dead_lo over positions the
+    /// window freed is SKV_ERR_INVALID_ARG (docs/hybrid.md).
+    pub swa_evict_floor: u32,
+    /// Prompt tokens of this turn (the full session history).
     pub origin_input_len: u32,
+    /// Tokens in output_ids, speculative overshoot included.
     pub output_len: u32,
+    /// Tokens the turn really produced; -1 = output_len.
     pub finished_len: i32,
+    /// Engine prefix-tree node locked by the session's first turn, 0 = none.
     pub lock_node: u64,
+    /// Opaque value handed back to dec_lock_ref.
     pub lock_receipt: u64,
-    /// The recurrent-state pool slot (sglang's `mamba_pool_idx`), -1 = none.
-    pub aux: i64,
-    /// The ping-pong track entries (sglang's `mamba_ping_pong_track_buffer`), each -1 when
-    /// empty; freed independently of `aux` and of each other.
-    pub track: [i64; 2],
+    /// Engine auxiliary state handed back to free_aux, -1 = none (sglang: the request's mamba
+    /// pool slot, mamba_pool_idx).
+    pub aux_state: i64,
+    /// Two more recurrent-state handles (sglang: the ping-pong track buffer,
+    /// mamba_ping_pong_track_buffer), each -1 when empty. Kept, restored and freed like
+    /// aux_state, each on its own: a release calls free_aux for `aux_state`, then
+    /// `aux_track[0]`, then `aux_track[1]`, skipping -1 (docs/recurrent-state.md).
+    pub aux_track: [i64; 2],
 }
+
+/// A req field's value as a trace spells it: one integer, or `aux_track`'s pair. Displayed
+/// as JSON (`17`, `[-1,-1]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldValue {
+    One(i128),
+    Pair([i64; 2]),
+}
+
+impl std::fmt::Display for FieldValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FieldValue::One(n) => write!(f, "{n}"),
+            FieldValue::Pair([a, b]) => write!(f, "[{a},{b}]"),
+        }
+    }
+}
+
+/// The C types of a req's fields, to and from `FieldValue`.
+trait FieldType: Copy {
+    fn value(self) -> FieldValue;
+    /// `None` when the value does not fit the type.
+    fn from_value(v: FieldValue) -> Option<Self>;
+}
+
+macro_rules! integer_fields {
+    ($($t:ty),*) => {$(
+        impl FieldType for $t {
+            fn value(self) -> FieldValue {
+                FieldValue::One(self.into())
+            }
+            fn from_value(v: FieldValue) -> Option<Self> {
+                match v {
+                    FieldValue::One(n) => n.try_into().ok(),
+                    FieldValue::Pair(_) => None,
+                }
+            }
+        }
+    )*};
+}
+integer_fields!(i32, u32, i64, u64);
+
+impl FieldType for [i64; 2] {
+    fn value(self) -> FieldValue {
+        FieldValue::Pair(self)
+    }
+    fn from_value(v: FieldValue) -> Option<Self> {
+        match v {
+            FieldValue::Pair(p) => Some(p),
+            FieldValue::One(_) => None,
+        }
+    }
+}
+
+/// One field of a req by its C name, read and written as a `FieldValue`.
+#[derive(Clone, Copy)]
+pub struct ReqField {
+    pub name: &'static str,
+    pub get: fn(&Req) -> FieldValue,
+    /// Writes the value; false (nothing written) when the field's type cannot hold it.
+    pub set: fn(&mut Req, FieldValue) -> bool,
+}
+
+/// `Req::FIELDS` from the field names, in the struct's order. The destructuring below fails to
+/// compile when a field is missing from the list, and the size check when the struct has
+/// padding (the exports write whole reqs, so no byte of one may be indeterminate).
+macro_rules! req_fields {
+    ($($field:ident),* $(,)?) => {
+        impl Req {
+            /// Every field, in the struct's (and the header's) order: the trace writes a req
+            /// with these, and the simulator's replay reads and compares one with them.
+            pub const FIELDS: [ReqField; [$(stringify!($field)),*].len()] = [$(ReqField {
+                name: stringify!($field),
+                get: |r| r.$field.value(),
+                set: |r, v| match FieldType::from_value(v) {
+                    Some(x) => {
+                        r.$field = x;
+                        true
+                    }
+                    None => false,
+                },
+            }),*];
+        }
+
+        const _: () = {
+            let _all_listed: fn(Req) = |r| {
+                let Req { $($field: _),* } = r;
+            };
+            const fn size_of_field<T>(_: fn(&Req) -> &T) -> usize {
+                std::mem::size_of::<T>()
+            }
+            assert!(std::mem::size_of::<Req>() == 0 $(+ size_of_field(|r| &r.$field))*, "skv_req has padding");
+        };
+    };
+}
+
+req_fields!(
+    req_pool_idx,
+    row_generation,
+    kv_committed_len,
+    kv_allocated_len,
+    cache_protected_len,
+    swa_evicted_seqlen,
+    swa_evict_floor,
+    origin_input_len,
+    output_len,
+    finished_len,
+    lock_node,
+    lock_receipt,
+    aux_state,
+    aux_track,
+);
 
 impl Default for Req {
     fn default() -> Self {
         Req {
-            row: -1,
-            generation: 0,
-            committed: 0,
-            allocated: 0,
-            protected: 0,
-            swa: 0,
+            req_pool_idx: -1,
+            row_generation: 0,
+            kv_committed_len: 0,
+            kv_allocated_len: 0,
+            cache_protected_len: 0,
+            swa_evicted_seqlen: 0,
+            swa_evict_floor: 0,
             origin_input_len: 0,
             output_len: 0,
             finished_len: -1,
             lock_node: 0,
             lock_receipt: 0,
-            aux: -1,
-            swa_floor: 0,
-            track: [-1; 2],
+            aux_state: -1,
+            aux_track: [-1; 2],
         }
     }
 }
@@ -147,7 +287,7 @@ impl Req {
     /// The recurrent-state handles in the order they are freed (`aux`, then the track
     /// entries by position); `-1` marks an empty one.
     pub fn aux_handles(&self) -> [i64; 3] {
-        [self.aux, self.track[0], self.track[1]]
+        [self.aux_state, self.aux_track[0], self.aux_track[1]]
     }
 
     /// Refuses a req naming one recurrent-state handle twice: a release would free it twice.
@@ -172,7 +312,7 @@ impl Req {
     /// The row this request holds, if any.
     #[inline]
     pub fn row(&self) -> Option<u32> {
-        u32::try_from(self.row).ok()
+        u32::try_from(self.req_pool_idx).ok()
     }
 
     /// The row, for operations that need one.
@@ -186,7 +326,7 @@ impl Req {
 
     /// `swa_dead_lo` of this req.
     pub fn swa_dead_lo(&self, ps: u32) -> u32 {
-        swa_dead_lo(self.protected, self.swa_floor, ps)
+        swa_dead_lo(self.cache_protected_len, self.swa_evict_floor, ps)
     }
 
     /// The finished length the engine reported (`-1` means all of `output_len`).
@@ -214,8 +354,8 @@ impl Req {
     /// `step_checks`').
     #[inline(always)]
     pub fn fast_valid(&self, cfg: &Config) -> bool {
-        ((self.row as u32).wrapping_add(1) <= cfg.num_rows)
-            && super::page::is_aligned(self.protected, cfg.page_size)
+        ((self.req_pool_idx as u32).wrapping_add(1) <= cfg.num_rows)
+            && super::page::is_aligned(self.cache_protected_len, cfg.page_size)
             && self.fast_valid_lengths(cfg)
     }
 
@@ -226,11 +366,11 @@ impl Req {
     #[inline(always)]
     pub fn fast_valid_lengths(&self, cfg: &Config) -> bool {
         let r = self;
-        (r.committed <= r.allocated)
-            && (r.protected <= r.committed)
-            && (r.allocated <= cfg.max_context_len)
-            && (r.swa_floor <= cfg.max_context_len)
-            && (r.swa <= r.allocated)
+        (r.kv_committed_len <= r.kv_allocated_len)
+            && (r.cache_protected_len <= r.kv_committed_len)
+            && (r.kv_allocated_len <= cfg.max_context_len)
+            && (r.swa_evict_floor <= cfg.max_context_len)
+            && (r.swa_evicted_seqlen <= r.kv_allocated_len)
             && ((r.finished_len as u32).wrapping_add(1) <= r.output_len.wrapping_add(1))
     }
 
@@ -239,39 +379,65 @@ impl Req {
     #[inline(never)]
     fn validate_slow(&self, cfg: &Config) -> Result<()> {
         let r = self;
-        if r.row < -1 || (r.row >= 0 && r.row as u32 >= cfg.num_rows) {
-            bail!(InvalidArg, "req_pool_idx {} out of range [-1, {})", r.row, cfg.num_rows);
+        if r.req_pool_idx < -1 || (r.req_pool_idx >= 0 && r.req_pool_idx as u32 >= cfg.num_rows) {
+            bail!(InvalidArg, "req_pool_idx {} out of range [-1, {})", r.req_pool_idx, cfg.num_rows);
         }
-        if r.committed > r.allocated {
-            bail!(InvalidArg, "kv_committed_len {} > kv_allocated_len {}", r.committed, r.allocated);
+        if r.kv_committed_len > r.kv_allocated_len {
+            bail!(InvalidArg, "kv_committed_len {} > kv_allocated_len {}", r.kv_committed_len, r.kv_allocated_len);
         }
-        if r.row >= 0 && r.protected > r.committed {
-            bail!(InvalidArg, "cache_protected_len {} > kv_committed_len {}", r.protected, r.committed);
+        if r.req_pool_idx >= 0 && r.cache_protected_len > r.kv_committed_len {
+            bail!(
+                InvalidArg,
+                "cache_protected_len {} > kv_committed_len {}",
+                r.cache_protected_len,
+                r.kv_committed_len
+            );
         }
-        if !super::page::is_aligned(r.protected, cfg.page_size) {
-            bail!(InvalidArg, "cache_protected_len {} is not a multiple of page_size {}", r.protected, cfg.page_size);
+        if !super::page::is_aligned(r.cache_protected_len, cfg.page_size) {
+            bail!(
+                InvalidArg,
+                "cache_protected_len {} is not a multiple of page_size {}",
+                r.cache_protected_len,
+                cfg.page_size
+            );
         }
-        if r.allocated > cfg.max_context_len {
-            bail!(InvalidArg, "kv_allocated_len {} > max_context_len {}", r.allocated, cfg.max_context_len);
+        if r.kv_allocated_len > cfg.max_context_len {
+            bail!(InvalidArg, "kv_allocated_len {} > max_context_len {}", r.kv_allocated_len, cfg.max_context_len);
         }
-        if r.swa_floor > cfg.max_context_len {
-            bail!(InvalidArg, "swa_evict_floor {} > max_context_len {}", r.swa_floor, cfg.max_context_len);
+        if r.swa_evict_floor > cfg.max_context_len {
+            bail!(InvalidArg, "swa_evict_floor {} > max_context_len {}", r.swa_evict_floor, cfg.max_context_len);
         }
         // A window step raises the cursor to swa_dead_lo first, which may lie past what is
         // allocated yet (a floor inside the last page rounds up); frees never reach past it.
         let dead_lo = r.swa_dead_lo(cfg.page_size);
-        if r.swa > r.allocated.max(dead_lo) {
+        if r.swa_evicted_seqlen > r.kv_allocated_len.max(dead_lo) {
             bail!(
                 InvalidArg,
                 "swa_evicted_seqlen {} > max(kv_allocated_len {}, swa_dead_lo {dead_lo})",
-                r.swa,
-                r.allocated
+                r.swa_evicted_seqlen,
+                r.kv_allocated_len
             );
         }
         if r.finished_len < -1 || (r.finished_len >= 0 && r.finished_len as u32 > r.output_len) {
             bail!(InvalidArg, "finished_len {} out of range [-1, {}] (output_len)", r.finished_len, r.output_len);
         }
         Ok(())
+    }
+
+    /// The req holding `row` (-1: none), stamped `generation`, with nothing of it mapped: its
+    /// lengths, window cursor and floor 0; the rest (turn lengths, lock, handles) stays.
+    pub fn set_row(&mut self, row: i32, generation: u32) {
+        let empty = Req { req_pool_idx: row, row_generation: generation, ..Req::default() };
+        *self = Req {
+            origin_input_len: self.origin_input_len,
+            output_len: self.output_len,
+            finished_len: self.finished_len,
+            lock_node: self.lock_node,
+            lock_receipt: self.lock_receipt,
+            aux_state: self.aux_state,
+            aux_track: self.aux_track,
+            ..empty
+        };
     }
 
     /// The req after a finish or release: it holds nothing; `origin_input_len`,
@@ -302,13 +468,13 @@ mod tests {
     }
 
     fn held(committed: u32, allocated: u32) -> Req {
-        Req { row: 0, committed, allocated, ..Req::default() }
+        Req { req_pool_idx: 0, kv_committed_len: committed, kv_allocated_len: allocated, ..Req::default() }
     }
 
     #[test]
     fn valid_reqs_pass() {
         assert!(Req::default().validate(&cfg()).is_ok());
-        assert!(Req { protected: 16, ..held(20, 40) }.validate(&cfg()).is_ok());
+        assert!(Req { cache_protected_len: 16, ..held(20, 40) }.validate(&cfg()).is_ok());
     }
 
     #[test]
@@ -326,12 +492,12 @@ mod tests {
                             for &finished_len in &finished {
                                 for output_len in [0, 1, 16, u32::MAX] {
                                     let r = Req {
-                                        row,
-                                        committed,
-                                        allocated,
-                                        protected,
-                                        swa,
-                                        swa_floor: protected / 2 + 7,
+                                        req_pool_idx: row,
+                                        kv_committed_len: committed,
+                                        kv_allocated_len: allocated,
+                                        cache_protected_len: protected,
+                                        swa_evicted_seqlen: swa,
+                                        swa_evict_floor: protected / 2 + 7,
                                         finished_len,
                                         output_len,
                                         ..Req::default()
@@ -352,13 +518,13 @@ mod tests {
     #[test]
     fn each_bad_field_is_refused() {
         let bad = [
-            Req { row: 8, ..Req::default() },
-            Req { row: -2, ..Req::default() },
+            Req { req_pool_idx: 8, ..Req::default() },
+            Req { req_pool_idx: -2, ..Req::default() },
             held(41, 40),
-            Req { protected: 32, ..held(20, 40) },
-            Req { protected: 8, ..held(20, 40) },
+            Req { cache_protected_len: 32, ..held(20, 40) },
+            Req { cache_protected_len: 8, ..held(20, 40) },
             held(20, 257),
-            Req { swa: 41, ..held(20, 40) },
+            Req { swa_evicted_seqlen: 41, ..held(20, 40) },
             Req { finished_len: 3, output_len: 2, ..held(0, 0) },
             Req { finished_len: -2, ..held(0, 0) },
         ];
@@ -369,7 +535,7 @@ mod tests {
 
     #[test]
     fn protected_past_committed_is_allowed_without_a_row() {
-        assert!(Req { protected: 16, ..Req::default() }.validate(&cfg()).is_ok());
+        assert!(Req { cache_protected_len: 16, ..Req::default() }.validate(&cfg()).is_ok());
     }
 
     #[test]
@@ -384,9 +550,48 @@ mod tests {
 
     #[test]
     fn a_cursor_raised_to_dead_lo_may_pass_allocated() {
-        let r = Req { swa_floor: 13, swa: 16, ..held(13, 13) };
+        let r = Req { swa_evict_floor: 13, swa_evicted_seqlen: 16, ..held(13, 13) };
         assert!(r.validate(&cfg()).is_ok(), "swa_dead_lo is 16: the floor 13 rounded up to a page");
-        assert!(Req { swa: 17, ..r }.validate(&cfg()).is_err());
+        assert!(Req { swa_evicted_seqlen: 17, ..r }.validate(&cfg()).is_err());
+    }
+
+    #[test]
+    fn each_field_reads_and_writes_through_the_table() {
+        let r = Req {
+            req_pool_idx: 3,
+            row_generation: 4,
+            kv_committed_len: 5,
+            kv_allocated_len: 6,
+            cache_protected_len: 7,
+            swa_evicted_seqlen: 8,
+            swa_evict_floor: 9,
+            origin_input_len: 10,
+            output_len: 11,
+            finished_len: 12,
+            lock_node: u64::MAX,
+            lock_receipt: 14,
+            aux_state: 15,
+            aux_track: [16, 17],
+        };
+        let mut copy = Req::default();
+        for f in &Req::FIELDS {
+            assert!((f.set)(&mut copy, (f.get)(&r)), "{}", f.name);
+            assert_eq!((f.get)(&copy), (f.get)(&r), "{}", f.name);
+        }
+        assert_eq!(copy, r, "every field is in the table");
+        let field = |name| Req::FIELDS.iter().find(|f| f.name == name).unwrap();
+        assert_eq!((field("lock_node").get)(&r).to_string(), "18446744073709551615");
+        assert_eq!((field("aux_track").get)(&r).to_string(), "[16,17]");
+        for (name, bad) in [
+            ("req_pool_idx", FieldValue::One(1 << 31)),
+            ("kv_committed_len", FieldValue::One(-1)),
+            ("lock_node", FieldValue::One(1 << 64)),
+            ("aux_track", FieldValue::One(0)),
+            ("aux_state", FieldValue::Pair([0, 0])),
+        ] {
+            assert!(!(field(name).set)(&mut copy, bad), "{name} takes {bad}");
+        }
+        assert_eq!(copy, r, "a refused value writes nothing");
     }
 
     #[test]

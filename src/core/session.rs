@@ -38,7 +38,7 @@ impl Cache {
         let target = self.trim_target(req, finished_len)?;
         self.check_record(req)?;
         self.check_floor(req)?;
-        let (end, dead) = (req.allocated, req_dead(req, self.cfg.page_size));
+        let (end, dead) = (req.kv_allocated_len, req_dead(req, self.cfg.page_size));
         self.shorten_row(row, target, end, dead, |c| c.apply_trim(req, target, finished_len))
     }
 
@@ -46,17 +46,17 @@ impl Cache {
     pub fn free_tail(&mut self, req: &mut Req, prefix_len: u32) -> Result<()> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
-        if prefix_len > req.allocated {
-            bail!(InvalidArg, "prefix_len {prefix_len} > kv_allocated_len {}", req.allocated);
+        if prefix_len > req.kv_allocated_len {
+            bail!(InvalidArg, "prefix_len {prefix_len} > kv_allocated_len {}", req.kv_allocated_len);
         }
         self.check_record(req)?;
         self.check_floor(req)?;
-        keep_protected("prefix_len", prefix_len, req.protected, "the tree's prefix is never freed")?;
+        keep_protected("prefix_len", prefix_len, req.cache_protected_len, "the tree's prefix is never freed")?;
         // Where frees split at the SWA cursor, a boundary inside the window-freed range floors to
         // a page, as a trim's: a cursor clamped inside a page there would refuse every later free
         // of the row, its release included.
         let ps = self.cfg.page_size;
-        let (end, dead) = (req.allocated, req_dead(req, ps));
+        let (end, dead) = (req.kv_allocated_len, req_dead(req, ps));
         let prefix_len = match self.pool.frees_swa().is_ok() && ps > 1 && dead.0 < prefix_len && prefix_len < dead.1 {
             true => floor_align(prefix_len, ps),
             false => prefix_len,
@@ -112,12 +112,13 @@ impl Cache {
         };
         let mut r = self.restore(row, &slot, req);
         self.effects.clear();
-        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.allocated, req_dead(&r, ps)));
+        self.effects.extend(free_aligned_effect(ps, row, prefix_len, r.kv_allocated_len, req_dead(&r, ps)));
         self.run_effects(|c| {
             c.apply_free_tail(&mut r, prefix_len);
             *req = r;
             let s = c.slots.of_row_mut(row).expect("slot found above");
-            (s.committed, s.allocated, s.swa, s.in_flight) = (r.committed, r.allocated, r.swa, true);
+            (s.committed, s.allocated, s.swa, s.in_flight) =
+                (r.kv_committed_len, r.kv_allocated_len, r.swa_evicted_seqlen, true);
             c.sync_idle(row);
         })?;
         Ok(Match { hit: 1, prefix_len })
@@ -148,22 +149,22 @@ impl Cache {
     /// stale copy: its lengths count for nothing.)
     fn restore(&self, row: u32, slot: &Slot, req: &Req) -> Req {
         let allocated = self.pool.mapped_len(row).unwrap_or(if slot.in_flight {
-            slot.allocated.max(req.allocated)
+            slot.allocated.max(req.kv_allocated_len)
         } else {
             slot.allocated
         });
         Req {
-            row: row as i32,
-            generation: slot.generation,
-            committed: slot.committed,
-            allocated,
-            protected: slot.protected,
-            swa: slot.swa,
-            swa_floor: slot.swa_floor,
+            req_pool_idx: row as i32,
+            row_generation: slot.generation,
+            kv_committed_len: slot.committed,
+            kv_allocated_len: allocated,
+            cache_protected_len: slot.protected,
+            swa_evicted_seqlen: slot.swa,
+            swa_evict_floor: slot.swa_floor,
             lock_node: slot.lock_node,
             lock_receipt: slot.lock_receipt,
-            aux: slot.aux,
-            track: slot.track,
+            aux_state: slot.aux,
+            aux_track: slot.track,
             ..*req
         }
     }
@@ -189,10 +190,10 @@ impl Cache {
                  (this one is a stale copy or already finished)"
             ),
             // Saving a shorter record would forget the tail the running slot records.
-            Some(s) if req.allocated < s.allocated => bail!(
+            Some(s) if req.kv_allocated_len < s.allocated => bail!(
                 State,
                 "kv_allocated_len {} < the {} tokens session {session} branch {branch} records",
-                req.allocated,
+                req.kv_allocated_len,
                 s.allocated
             ),
             _ => {}
@@ -200,21 +201,26 @@ impl Cache {
         // The slot keeps its first turn's protected prefix: the cursor it will record must be
         // one the pool can free around with that prefix, not only with the req's.
         if let (Some(s), Backend::Engine(p)) = (found.map(|(_, s)| s), &self.pool) {
-            p.check_cursor(&Req { protected: s.protected, ..*req })?;
+            p.check_cursor(&Req { cache_protected_len: s.protected, ..*req })?;
         }
-        self.check_slot_floor(row, trim_target, req.allocated)?;
+        self.check_slot_floor(row, trim_target, req.kv_allocated_len)?;
         let target = req.origin_input_len + finished_len;
-        let past_committed = past_committed(target, req.committed);
+        let past_committed = past_committed(target, req.kv_committed_len);
         self.effects.clear();
         let dead = req_dead(req, self.cfg.page_size);
-        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.allocated, dead));
+        self.effects.extend(free_aligned_effect(self.cfg.page_size, row, trim_target, req.kv_allocated_len, dead));
         self.run_effects(|c| {
             c.apply_trim(req, trim_target, finished_len);
             let saved = match c.slots.of_row_mut(row) {
                 Some(s) => {
-                    (s.committed, s.allocated, s.swa, s.aux, s.track) =
-                        (req.committed, req.allocated, req.swa, req.aux, req.track);
-                    s.swa_floor = req.swa_floor;
+                    (s.committed, s.allocated, s.swa, s.aux, s.track) = (
+                        req.kv_committed_len,
+                        req.kv_allocated_len,
+                        req.swa_evicted_seqlen,
+                        req.aux_state,
+                        req.aux_track,
+                    );
+                    s.swa_floor = req.swa_evict_floor;
                     s
                 }
                 None => {
@@ -285,7 +291,7 @@ impl Cache {
                     bail!(
                         State,
                         "aborted req holds row {} but session {session} branch {branch} holds row {row}",
-                        req.row
+                        req.req_pool_idx
                     );
                 }
                 self.check_floor(req)?;
@@ -294,11 +300,11 @@ impl Cache {
                 // own record is what it holds.
                 let doomed = match slot.in_flight {
                     true => Slot {
-                        allocated: slot.allocated.max(req.allocated),
-                        aux: req.aux,
-                        track: req.track,
-                        swa: req.swa,
-                        swa_floor: req.swa_floor,
+                        allocated: slot.allocated.max(req.kv_allocated_len),
+                        aux: req.aux_state,
+                        track: req.aux_track,
+                        swa: req.swa_evicted_seqlen,
+                        swa_floor: req.swa_evict_floor,
                         ..slot
                     },
                     false => slot,
@@ -405,23 +411,23 @@ impl Cache {
                 req.origin_input_len
             );
         };
-        if target < req.protected {
+        if target < req.cache_protected_len {
             bail!(
                 InvalidArg,
                 "origin_input_len + finished_len = {target} < cache_protected_len {}: a trim never reaches into the tree's prefix",
-                req.protected
+                req.cache_protected_len
             );
         }
         let ps = self.cfg.page_size;
         // The SWA cursor must stay page-aligned; the partial page is re-prefilled next turn.
-        Ok(if ps > 1 && req.swa > target { floor_align(target, ps) } else { target })
+        Ok(if ps > 1 && req.swa_evicted_seqlen > target { floor_align(target, ps) } else { target })
     }
 
     fn apply_trim(&mut self, req: &mut Req, target: u32, finished_len: u32) {
-        self.trimmed_tokens += req.allocated.saturating_sub(target) as u64;
-        req.allocated = req.allocated.min(target);
-        req.committed = req.committed.min(target);
-        req.swa = req.swa.min(target);
+        self.trimmed_tokens += req.kv_allocated_len.saturating_sub(target) as u64;
+        req.kv_allocated_len = req.kv_allocated_len.min(target);
+        req.kv_committed_len = req.kv_committed_len.min(target);
+        req.swa_evicted_seqlen = req.swa_evicted_seqlen.min(target);
         req.output_len = req.output_len.min(finished_len);
         // A trim below the engine's recorded finished length lowers it too: finished_len may
         // never exceed output_len, or every later call would refuse the req.
@@ -436,7 +442,7 @@ impl Cache {
     #[inline]
     pub(crate) fn sync_cursor(&mut self, req: &Req) {
         if let (Some(row), Some(p)) = (req.row(), self.pool.owned_mut()) {
-            p.set_cursor(row, req.swa);
+            p.set_cursor(row, req.swa_evicted_seqlen);
         }
     }
 
@@ -444,16 +450,16 @@ impl Cache {
     /// `free_aligned` (which sees no req) splits where the window left off.
     pub(crate) fn mirror_cursor(&mut self, row: u32, req: &Req) {
         if let Some(s) = self.slots.of_row_mut(row) {
-            (s.swa, s.swa_floor) = (req.swa, req.swa_floor);
+            (s.swa, s.swa_floor) = (req.swa_evicted_seqlen, req.swa_evict_floor);
         }
         self.sync_cursor(req);
     }
 
     fn apply_free_tail(&mut self, req: &mut Req, prefix_len: u32) {
-        self.tail_freed_tokens += (req.allocated - prefix_len) as u64;
-        req.allocated = prefix_len;
-        req.committed = req.committed.min(prefix_len);
-        req.swa = req.swa.min(prefix_len);
+        self.tail_freed_tokens += (req.kv_allocated_len - prefix_len) as u64;
+        req.kv_allocated_len = prefix_len;
+        req.kv_committed_len = req.kv_committed_len.min(prefix_len);
+        req.swa_evicted_seqlen = req.swa_evicted_seqlen.min(prefix_len);
         self.sync_cursor(req);
     }
 }
@@ -470,7 +476,7 @@ fn past_committed(target: u32, committed: u32) -> bool {
 
 /// The SWA-dead range of a req's row before a free.
 fn req_dead(r: &Req, ps: u32) -> (u32, u32) {
-    swa_dead(r.protected, r.swa_floor, r.swa, ps)
+    swa_dead(r.cache_protected_len, r.swa_evict_floor, r.swa_evicted_seqlen, ps)
 }
 
 fn slot_dead(s: &Slot, ps: u32) -> (u32, u32) {
@@ -490,15 +496,15 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         session,
         branch,
         generation,
-        committed: r.committed,
-        allocated: r.allocated,
-        protected: r.protected,
-        swa: r.swa,
-        swa_floor: r.swa_floor,
+        committed: r.kv_committed_len,
+        allocated: r.kv_allocated_len,
+        protected: r.cache_protected_len,
+        swa: r.swa_evicted_seqlen,
+        swa_floor: r.swa_evict_floor,
         lock_node: r.lock_node,
         lock_receipt: r.lock_receipt,
-        aux: r.aux,
-        track: r.track,
+        aux: r.aux_state,
+        track: r.aux_track,
         in_flight: false,
         finished_at: 0,
     }

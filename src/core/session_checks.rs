@@ -87,13 +87,13 @@ pub(super) fn check_claim(session: u64, branch: u64, row: u32, slot: &Slot, req:
 /// the request ran, and handing it back would forget KV it holds.
 pub(super) fn check_unrun(req: &Req, slot: &Slot, row: u32) -> Result<()> {
     let pairs = [
-        ("kv_allocated_len", req.allocated as i64, slot.allocated as i64),
-        ("kv_committed_len", req.committed as i64, slot.committed as i64),
-        ("cache_protected_len", req.protected as i64, slot.protected as i64),
-        ("swa_evicted_seqlen", req.swa as i64, slot.swa as i64),
-        ("aux_state", req.aux, slot.aux),
-        ("aux_track[0]", req.track[0], slot.track[0]),
-        ("aux_track[1]", req.track[1], slot.track[1]),
+        ("kv_allocated_len", req.kv_allocated_len as i64, slot.allocated as i64),
+        ("kv_committed_len", req.kv_committed_len as i64, slot.committed as i64),
+        ("cache_protected_len", req.cache_protected_len as i64, slot.protected as i64),
+        ("swa_evicted_seqlen", req.swa_evicted_seqlen as i64, slot.swa as i64),
+        ("aux_state", req.aux_state, slot.aux),
+        ("aux_track[0]", req.aux_track[0], slot.track[0]),
+        ("aux_track[1]", req.aux_track[1], slot.track[1]),
     ];
     for (name, got, restored) in pairs {
         if got != restored {

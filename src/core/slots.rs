@@ -28,7 +28,7 @@ pub struct Slot {
     pub lock_node: u64,
     pub lock_receipt: u64,
     pub aux: i64,
-    /// The ping-pong track entries, -1 when empty (see `Req::track`).
+    /// The ping-pong track entries, -1 when empty (see `Req::aux_track`).
     pub track: [i64; 2],
     /// Restored by a `match_prefix` hit and not yet finished: its KV is being read by a
     /// running request, so releasing it would free pages under that request.

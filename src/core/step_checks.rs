@@ -14,7 +14,7 @@ impl Cache {
     /// The checks `alloc_extend(req, n)` runs: the row, and the length it will map.
     #[inline(always)]
     pub(super) fn check_extend(&self, cfg: &Config, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
-        let new_len = req.allocated as u64 + n as u64;
+        let new_len = req.kv_allocated_len as u64 + n as u64;
         match fast_row(cfg, pool, req, new_len <= cfg.max_context_len as u64) {
             Some(row) => Ok((row, new_len as u32)),
             None => self.check_extend_slow(pool, req, n),
@@ -24,8 +24,8 @@ impl Cache {
     /// The checks `commit(req, n)` runs: the row, and the committed length after it.
     #[inline(always)]
     pub(super) fn check_commit(&self, cfg: &Config, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
-        let committed = req.committed as u64 + n as u64;
-        match fast_row(cfg, pool, req, committed <= req.allocated as u64) {
+        let committed = req.kv_committed_len as u64 + n as u64;
+        match fast_row(cfg, pool, req, committed <= req.kv_allocated_len as u64) {
             Some(row) => Ok((row, committed as u32)),
             None => self.check_commit_slow(pool, req, n),
         }
@@ -37,9 +37,9 @@ impl Cache {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
         let max = self.cfg.max_context_len;
-        let new_len = match req.allocated.checked_add(n) {
+        let new_len = match req.kv_allocated_len.checked_add(n) {
             Some(l) if l <= max => l,
-            _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.allocated),
+            _ => bail!(InvalidArg, "kv_allocated_len {} + n_tokens {n} > max_context_len {max}", req.kv_allocated_len),
         };
         self.check_record_in(Some(pool), req)?;
         self.guard_idle_session_row(row)?;
@@ -51,13 +51,13 @@ impl Cache {
     fn check_commit_slow(&self, pool: &OwnedPool, req: &Req, n: u32) -> Result<(u32, u32)> {
         req.validate(&self.cfg)?;
         let row = req.require_row()?;
-        let committed = match req.committed.checked_add(n) {
-            Some(c) if c <= req.allocated => c,
+        let committed = match req.kv_committed_len.checked_add(n) {
+            Some(c) if c <= req.kv_allocated_len => c,
             _ => bail!(
                 InvalidArg,
                 "kv_committed_len {} + n_tokens {n} > kv_allocated_len {}",
-                req.committed,
-                req.allocated
+                req.kv_committed_len,
+                req.kv_allocated_len
             ),
         };
         self.check_record_in(Some(pool), req)?;
@@ -73,7 +73,7 @@ impl Cache {
 /// keeps it in registers, where the cache's own would be read again after every mark.
 #[inline(always)]
 pub(super) fn fast_row(cfg: &Config, pool: &OwnedPool, req: &Req, fits: bool) -> Option<u32> {
-    let row = u32::try_from(req.row).ok()?;
+    let row = u32::try_from(req.req_pool_idx).ok()?;
     let RowRecord { meta, in_use: Some(r) } = pool.rows.get(row as usize)? else { return None };
     let has_swa_pool = pool.swa.is_some();
     (fits && fast_matches(cfg, req, r, meta, has_swa_pool)).then_some(row)
@@ -87,9 +87,9 @@ pub(super) fn fast_row(cfg: &Config, pool: &OwnedPool, req: &Req, fits: bool) ->
 #[inline(always)]
 pub(super) fn fast_matches(cfg: &Config, req: &Req, r: &Row, meta: &RowMeta, has_swa_pool: bool) -> bool {
     req.fast_valid_lengths(cfg)
-        && (req.generation == 0 || req.generation == meta.generation)
-        && req.allocated == r.len
-        && req.protected == r.protected
-        && (!has_swa_pool || r.swa_cursor == req.swa)
+        && (req.row_generation == 0 || req.row_generation == meta.generation)
+        && req.kv_allocated_len == r.len
+        && req.cache_protected_len == r.protected
+        && (!has_swa_pool || r.swa_cursor == req.swa_evicted_seqlen)
         && !meta.idle_slot
 }

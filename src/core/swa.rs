@@ -27,10 +27,10 @@ pub struct Window {
 /// `None` leaves the req as it is.
 fn window_step(req: &Req, pre_len: u32, w: &Window, ps: u32) -> Option<(u32, u32)> {
     let (pre, size) = (pre_len as i64, w.size as i64);
-    if pre - size < req.swa as i64 + w.eviction_interval as i64 {
+    if pre - size < req.swa_evicted_seqlen as i64 + w.eviction_interval as i64 {
         return None;
     }
-    let evicted = req.swa.max(req.swa_dead_lo(ps));
+    let evicted = req.swa_evicted_seqlen.max(req.swa_dead_lo(ps));
     let mut threshold = if w.prefix_sharing {
         // A key ending at floor_align(pre_len) keeps a full window of live SWA, and the last
         // leaf is never all tombstone.
@@ -68,13 +68,13 @@ impl Cache {
         let Some(s) = self.slots.of_row(row).filter(|s| s.in_flight) else { return Ok(()) };
         let ps = self.cfg.page_size;
         let (lo, hi) = swa_dead(s.protected, s.swa_floor, s.swa, ps);
-        let lifted = swa_dead_lo(s.protected, req.swa_floor, ps);
+        let lifted = swa_dead_lo(s.protected, req.swa_evict_floor, ps);
         if hi > lo && lifted > lo {
             bail!(
                 InvalidArg,
                 "swa_evict_floor {} lifts swa_dead_lo from {lo} to {lifted}, over positions [{lo}, {}) whose \
                  SWA slots the window already freed: a floor rises only before the window moves",
-                req.swa_floor,
+                req.swa_evict_floor,
                 hi.min(lifted)
             );
         }
@@ -89,8 +89,8 @@ impl Cache {
         if w.size == 0 {
             bail!(InvalidArg, "window 0: a sliding window is at least 1 token");
         }
-        if pre_len > req.allocated {
-            bail!(InvalidArg, "pre_len {pre_len} > kv_allocated_len {}", req.allocated);
+        if pre_len > req.kv_allocated_len {
+            bail!(InvalidArg, "pre_len {pre_len} > kv_allocated_len {}", req.kv_allocated_len);
         }
         let Some(row) = req.row() else { return Ok(0) };
         self.check_record(req)?;
@@ -110,7 +110,7 @@ impl Cache {
             self.effects.push(Effect::FreeSwa { row, start: from, end: to });
         }
         self.run_effects(|c| {
-            req.swa = to;
+            req.swa_evicted_seqlen = to;
             c.mirror_cursor(row, req);
         })?;
         Ok(to - from)

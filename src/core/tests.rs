@@ -90,15 +90,15 @@ fn log(c: &mut Engine) -> Vec<String> {
 }
 
 fn req(row: i32, committed: u32, allocated: u32) -> Req {
-    Req { row, committed, allocated, ..Req::default() }
+    Req { req_pool_idx: row, kv_committed_len: committed, kv_allocated_len: allocated, ..Req::default() }
 }
 
 #[test]
 fn golden_1_trim_postcondition() {
     let mut c = external(1, 128, false);
-    let mut r = Req { origin_input_len: 26, output_len: 14, swa: 42, ..req(0, 40, 44) };
+    let mut r = Req { origin_input_len: 26, output_len: 14, swa_evicted_seqlen: 42, ..req(0, 40, 44) };
     c.trim_overshoot(&mut r, 12).unwrap();
-    assert_eq!((r.committed, r.allocated, r.swa, r.output_len), (38, 38, 38, 12));
+    assert_eq!((r.kv_committed_len, r.kv_allocated_len, r.swa_evicted_seqlen, r.output_len), (38, 38, 38, 12));
     // [38, 42) lies below the cursor: its SWA slots are gone, the full side goes back alone.
     assert_eq!(log(&mut c), ["free_full 38..42", "free_kv 42..44"]);
     assert_eq!(c.trimmed_tokens, 6);
@@ -112,7 +112,7 @@ fn golden_2_finish_with_over_allocated_tail() {
     assert_eq!(log(&mut c), ["free_kv 32..40"], "the partial page 16..31 stays");
     let (row, s) = c.slots().find(1, 0).unwrap();
     assert_eq!((row, s.committed, s.allocated, s.in_flight), (0, 17, 17, false));
-    assert_eq!(r.row, -1);
+    assert_eq!(r.req_pool_idx, -1);
 }
 
 #[test]
@@ -133,7 +133,7 @@ fn golden_4_nth_turn_mid_abort() {
     let mut r = Req { origin_input_len: 55, ..Req::default() };
     c.match_prefix(1, 0, &mut r, 54, false).unwrap();
     log(&mut c);
-    (r.committed, r.allocated) = (60, 65);
+    (r.kv_committed_len, r.kv_allocated_len) = (60, 65);
     c.cache_finished_req(1, 0, &mut r, true).unwrap();
     assert_eq!(log(&mut c), ["free_kv 0..65", "free_row 0"], "the running request's allocation");
     assert!(c.slots().is_empty());
@@ -153,7 +153,7 @@ fn aborting_an_idle_slot_with_a_stale_req_frees_the_slots_record() {
 #[test]
 fn golden_5_pre_abort() {
     let mut c = external(16, 128, false);
-    let mut first = Req { origin_input_len: 48, protected: 16, ..req(0, 48, 48) };
+    let mut first = Req { origin_input_len: 48, cache_protected_len: 16, ..req(0, 48, 48) };
     c.cache_finished_req(1, 0, &mut first, false).unwrap();
     let before = *c.slots().find(1, 0).unwrap().1;
     let mut r = Req::default();
@@ -184,7 +184,7 @@ fn match_restores_and_frees_the_tail() {
         finished_len: 4,
         lock_node: 9,
         lock_receipt: 3,
-        aux: 5,
+        aux_state: 5,
         ..req(2, 12, 16)
     };
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
@@ -193,8 +193,8 @@ fn match_restores_and_frees_the_tail() {
     let m = c.match_prefix(1, 0, &mut next, 10, false).unwrap();
     assert_eq!(m, Match { hit: 1, prefix_len: 10 });
     assert_eq!(log(&mut c), ["free_kv 268..270"], "positions 12..14 go; 10..12 share a page with 9");
-    assert_eq!((next.row, next.committed, next.allocated), (2, 10, 10));
-    assert_eq!((next.lock_node, next.lock_receipt, next.aux), (9, 3, 5));
+    assert_eq!((next.req_pool_idx, next.kv_committed_len, next.kv_allocated_len), (2, 10, 10));
+    assert_eq!((next.lock_node, next.lock_receipt, next.aux_state), (9, 3, 5));
     assert!(c.slots().find(1, 0).unwrap().1.in_flight);
     assert_eq!(c.tail_freed_tokens, 4);
 }
@@ -202,23 +202,27 @@ fn match_restores_and_frees_the_tail() {
 #[test]
 fn swa_cursor_past_the_prefix_aligns_it() {
     let mut c = external(4, 128, false);
-    let mut r = Req { origin_input_len: 10, output_len: 4, swa: 12, ..req(0, 14, 14) };
+    let mut r = Req { origin_input_len: 10, output_len: 4, swa_evicted_seqlen: 12, ..req(0, 14, 14) };
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     let s = *c.slots().find(1, 0).unwrap().1;
     assert_eq!((s.allocated, s.committed, s.swa), (14, 14, 12));
     let mut next = Req::default();
     let m = c.match_prefix(1, 0, &mut next, 11, false).unwrap();
     assert_eq!(m.prefix_len, 8, "the cursor at 12 lies past 11: reuse whole pages only");
-    assert_eq!((next.committed, next.allocated, next.swa), (8, 8, 8));
+    assert_eq!((next.kv_committed_len, next.kv_allocated_len, next.swa_evicted_seqlen), (8, 8, 8));
     assert_eq!(log(&mut c), ["free_full 8..12", "free_kv 12..14"]);
 }
 
 #[test]
 fn swa_past_target_floors_the_trim() {
     let mut c = external(4, 128, false);
-    let mut r = Req { origin_input_len: 9, output_len: 6, finished_len: 1, swa: 12, ..req(0, 14, 16) };
+    let mut r = Req { origin_input_len: 9, output_len: 6, finished_len: 1, swa_evicted_seqlen: 12, ..req(0, 14, 16) };
     c.trim_overshoot(&mut r, 1).unwrap();
-    assert_eq!((r.allocated, r.committed, r.swa), (8, 8, 8), "target 10 floors to the page boundary 8");
+    assert_eq!(
+        (r.kv_allocated_len, r.kv_committed_len, r.swa_evicted_seqlen),
+        (8, 8, 8),
+        "target 10 floors to the page boundary 8"
+    );
     assert_eq!(log(&mut c), ["free_full 8..12", "free_kv 12..16"]);
 }
 
@@ -258,7 +262,7 @@ fn retried_match_and_row_ownership() {
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     let mut next = Req::default();
     c.match_prefix(1, 0, &mut next, 8, false).unwrap();
-    next.allocated = 12;
+    next.kv_allocated_len = 12;
     let again = c.match_prefix(1, 0, &mut next, 6, false).unwrap();
     assert_eq!(again.prefix_len, 6);
     assert_eq!(log(&mut c), ["free_kv 6..12"], "the retry also frees what the first try extended");
@@ -284,7 +288,7 @@ fn failing_prepare_changes_nothing() {
 #[test]
 fn protected_prefix_is_never_freed() {
     let mut c = external(4, 128, false);
-    let mut r = Req { protected: 8, ..req(0, 10, 12) };
+    let mut r = Req { cache_protected_len: 8, ..req(0, 10, 12) };
     assert!(matches!(c.free_tail(&mut r, 4), Err(Error::State(_))));
     assert!(matches!(c.trim_overshoot(&mut Req { origin_input_len: 4, ..r }, 0), Err(Error::InvalidArg(_))));
 }
@@ -292,8 +296,9 @@ fn protected_prefix_is_never_freed() {
 #[test]
 fn session_held_skips_active_rows() {
     let mut c = external(4, 128, false);
-    let mut a = Req { origin_input_len: 9, protected: 4, swa: 8, aux: 1, ..req(0, 9, 9) };
-    let mut b = Req { origin_input_len: 4, track: [-1, 7], ..req(1, 4, 4) };
+    let mut a =
+        Req { origin_input_len: 9, cache_protected_len: 4, swa_evicted_seqlen: 8, aux_state: 1, ..req(0, 9, 9) };
+    let mut b = Req { origin_input_len: 4, aux_track: [-1, 7], ..req(1, 4, 4) };
     c.cache_finished_req(1, 0, &mut a, false).unwrap();
     c.cache_finished_req(2, 0, &mut b, false).unwrap();
     let all = c.session_held(&[]).unwrap();
@@ -307,7 +312,7 @@ fn session_held_skips_active_rows() {
 
 /// A turn holding a pool slot and both track entries.
 fn mamba_turn(row: i32, aux: i64, track: [i64; 2]) -> Req {
-    Req { origin_input_len: 8, aux, track, ..req(row, 8, 8) }
+    Req { origin_input_len: 8, aux_state: aux, aux_track: track, ..req(row, 8, 8) }
 }
 
 #[test]
@@ -315,13 +320,13 @@ fn recurrent_handles_are_kept_restored_and_freed_in_order() {
     let mut c = external(4, 128, false);
     let mut r = mamba_turn(0, 10, [11, 12]);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
-    assert_eq!((r.aux, r.track), (-1, [-1, -1]), "a finished req holds nothing");
+    assert_eq!((r.aux_state, r.aux_track), (-1, [-1, -1]), "a finished req holds nothing");
     assert_eq!(log(&mut c), Vec::<String>::new(), "a finish frees no handle");
     let mut next = Req { origin_input_len: 12, ..Req::default() };
     c.match_prefix(1, 0, &mut next, 8, false).unwrap();
-    assert_eq!((next.aux, next.track), (10, [11, 12]));
+    assert_eq!((next.aux_state, next.aux_track), (10, [11, 12]));
     // The engine's ping-pong step frees entry 0 itself and leaves it empty.
-    next.track = [-1, 12];
+    next.aux_track = [-1, 12];
     c.cache_finished_req(1, 0, &mut next, false).unwrap();
     assert_eq!(c.session_held(&[]).unwrap().aux_handles, 2);
     c.release_session(1).unwrap();
@@ -345,10 +350,10 @@ fn an_in_flight_abort_frees_the_reqs_handles() {
     let mut next = Req { origin_input_len: 12, ..Req::default() };
     c.match_prefix(1, 0, &mut next, 8, false).unwrap();
     // Replaced mid-turn: 11 became the engine's to free, 13 and 14 are the running request's.
-    next.track = [13, 14];
+    next.aux_track = [13, 14];
     c.cache_finished_req(1, 0, &mut next, true).unwrap();
     assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 13", "free_aux 14"]);
-    assert_eq!((next.aux, next.track), (-1, [-1, -1]));
+    assert_eq!((next.aux_state, next.aux_track), (-1, [-1, -1]));
     assert!(c.slots().is_empty());
 }
 
@@ -357,7 +362,7 @@ fn an_idle_abort_frees_the_slots_handles() {
     let mut c = external(4, 128, false);
     let mut r = mamba_turn(0, 10, [11, 12]);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
-    let mut stale = Req { row: 0, track: [99, 98], ..Req::default() };
+    let mut stale = Req { req_pool_idx: 0, aux_track: [99, 98], ..Req::default() };
     c.cache_finished_req(1, 0, &mut stale, true).unwrap();
     assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 11", "free_aux 12"]);
 }
@@ -367,11 +372,11 @@ fn an_aligned_reuse_miss_frees_the_slots_handles() {
     let mut c = external(4, 128, true);
     let mut r = mamba_turn(0, 10, [-1, 12]);
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
-    let mut next = Req { track: [7, 8], ..Req::default() };
+    let mut next = Req { aux_track: [7, 8], ..Req::default() };
     let m = c.match_prefix(1, 0, &mut next, 3, false).unwrap();
     assert_eq!(m.hit, 0, "3 tokens make no whole page");
     assert_eq!(log(&mut c), ["free_kv 0..8", "free_row 0", "free_aux 10", "free_aux 12"]);
-    assert_eq!(next.track, [7, 8], "a miss leaves the req's own handles alone");
+    assert_eq!(next.aux_track, [7, 8], "a miss leaves the req's own handles alone");
 }
 
 #[test]
@@ -381,9 +386,9 @@ fn a_retried_match_restores_the_slots_handles() {
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     let mut next = Req { origin_input_len: 12, ..Req::default() };
     c.match_prefix(1, 0, &mut next, 8, false).unwrap();
-    next.track = [11, 15];
+    next.aux_track = [11, 15];
     c.match_prefix(1, 0, &mut next, 8, false).unwrap();
-    assert_eq!(next.track, [11, 12], "the slot's value comes back over a replacement");
+    assert_eq!(next.aux_track, [11, 12], "the slot's value comes back over a replacement");
 }
 
 // ---- hybrid (full + sliding-window) pools: golden numbers from sglang 0.5.23's own
@@ -392,7 +397,7 @@ fn a_retried_match_restores_the_slots_handles() {
 
 /// protected 4, floor 13 (dead_lo 16 at page 4), cursor 24, 30 tokens allocated.
 fn hybrid_req() -> Req {
-    Req { protected: 4, swa_floor: 13, swa: 24, origin_input_len: 30, ..req(0, 30, 30) }
+    Req { cache_protected_len: 4, swa_evict_floor: 13, swa_evicted_seqlen: 24, origin_input_len: 30, ..req(0, 30, 30) }
 }
 
 #[test]
@@ -401,7 +406,11 @@ fn hybrid_trim_frees_the_window_passed_part_full_side_only() {
     let mut r = Req { origin_input_len: 20, output_len: 10, ..hybrid_req() };
     c.trim_overshoot(&mut r, 0).unwrap();
     assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..30"]);
-    assert_eq!((r.allocated, r.committed, r.swa, r.swa_floor), (20, 20, 20, 13), "the floor is never clamped");
+    assert_eq!(
+        (r.kv_allocated_len, r.kv_committed_len, r.swa_evicted_seqlen, r.swa_evict_floor),
+        (20, 20, 20, 13),
+        "the floor is never clamped"
+    );
 }
 
 #[test]
@@ -411,12 +420,12 @@ fn hybrid_free_tail_below_the_cursor_floors_to_a_page() {
     let mut c = external(4, 128, false);
     let mut r = hybrid_req();
     c.free_tail(&mut r, 21).unwrap();
-    assert_eq!((r.allocated, r.committed, r.swa, r.swa_floor), (20, 20, 20, 13));
+    assert_eq!((r.kv_allocated_len, r.kv_committed_len, r.swa_evicted_seqlen, r.swa_evict_floor), (20, 20, 20, 13));
     assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..30"]);
     // Below the cursor's page nothing changes: the boundary stays where it is.
-    let mut r = Req { row: 1, swa: 8, swa_floor: 0, ..hybrid_req() };
+    let mut r = Req { req_pool_idx: 1, swa_evicted_seqlen: 8, swa_evict_floor: 0, ..hybrid_req() };
     c.free_tail(&mut r, 9).unwrap();
-    assert_eq!((r.allocated, r.swa), (9, 8));
+    assert_eq!((r.kv_allocated_len, r.swa_evicted_seqlen), (9, 8));
 }
 
 #[test]
@@ -457,7 +466,7 @@ fn hybrid_release_and_held() {
 #[test]
 fn hybrid_held_without_a_floor_is_the_old_formula() {
     let mut c = external(4, 128, false);
-    c.cache_finished_req(1, 0, &mut Req { swa_floor: 0, ..hybrid_req() }, false).unwrap();
+    c.cache_finished_req(1, 0, &mut Req { swa_evict_floor: 0, ..hybrid_req() }, false).unwrap();
     // sglang: 8 = ceil_align(30) - max(protected, swa).
     assert_eq!(c.session_held(&[]).unwrap().swa_tokens, 8);
 }
@@ -470,7 +479,7 @@ fn hybrid_match_restores_the_floor_and_clamps_the_cursor() {
     let m = c.match_prefix(1, 0, &mut next, 22, false).unwrap();
     // The cursor (24) lies past 22: the prefix floors to a page, 20.
     assert_eq!(m.prefix_len, 20);
-    assert_eq!((next.swa, next.swa_floor, next.allocated), (20, 13, 20));
+    assert_eq!((next.swa_evicted_seqlen, next.swa_evict_floor, next.kv_allocated_len), (20, 13, 20));
     assert_eq!(log(&mut c), ["free_full 20..24", "free_kv 24..30"]);
 }
 
@@ -481,15 +490,15 @@ fn window(size: u32) -> Window {
 #[test]
 fn swa_evict_golden() {
     // (req, pre_len, window) -> (SWA frees, cursor), each from sglang on the same input.
-    let fresh = Req { protected: 4, swa_floor: 13, swa: 0, ..req(0, 40, 40) };
+    let fresh = Req { cache_protected_len: 4, swa_evict_floor: 13, swa_evicted_seqlen: 0, ..req(0, 40, 40) };
     let cases: [(Req, u32, Window, &[&str], u32); 6] = [
         (fresh, 40, window(8), &["free_swa 16..32"], 32),
         (fresh, 40, Window { prefix_sharing: false, ..window(6) }, &["free_swa 16..32"], 32),
         (fresh, 40, Window { retain_floor: Some(21), ..window(6) }, &["free_swa 16..20"], 20),
-        (Req { swa: 16, ..fresh }, 40, Window { eviction_interval: 17, ..window(8) }, &[], 16),
+        (Req { swa_evicted_seqlen: 16, ..fresh }, 40, Window { eviction_interval: 17, ..window(8) }, &[], 16),
         (fresh, 22, window(5), &[], 16),
         (
-            Req { row: 1, protected: 0, swa_floor: 0, ..fresh },
+            Req { req_pool_idx: 1, cache_protected_len: 0, swa_evict_floor: 0, ..fresh },
             40,
             Window { prefix_sharing: false, ..window(8) },
             &["free_swa 128..160"],
@@ -497,12 +506,15 @@ fn swa_evict_golden() {
         ),
     ];
     for (mut r, pre_len, w, frees, cursor) in cases {
-        let mut c = external(if r.row == 1 { 1 } else { 4 }, 128, false);
+        let mut c = external(if r.req_pool_idx == 1 { 1 } else { 4 }, 128, false);
         let before = r;
         let freed = c.swa_evict(&mut r, pre_len, &w).unwrap();
         assert_eq!(log(&mut c), frees, "{before:?} {pre_len} {w:?}");
-        assert_eq!(r.swa, cursor, "{before:?} {pre_len} {w:?}");
-        assert_eq!(freed, cursor.saturating_sub(before.swa.max(before.swa_dead_lo(c.config().page_size))));
+        assert_eq!(r.swa_evicted_seqlen, cursor, "{before:?} {pre_len} {w:?}");
+        assert_eq!(
+            freed,
+            cursor.saturating_sub(before.swa_evicted_seqlen.max(before.swa_dead_lo(c.config().page_size)))
+        );
     }
 }
 
@@ -517,13 +529,13 @@ fn swa_evict_page_one_keeps_the_window() {
 #[test]
 fn swa_evict_refusals_change_nothing() {
     let mut c = external(4, 128, false);
-    let r0 = Req { protected: 4, swa_floor: 13, ..req(0, 40, 40) };
+    let r0 = Req { cache_protected_len: 4, swa_evict_floor: 13, ..req(0, 40, 40) };
     let mut r = r0;
     assert!(matches!(c.swa_evict(&mut r, 40, &window(0)), Err(Error::InvalidArg(_))));
     assert!(matches!(c.swa_evict(&mut r, 41, &window(8)), Err(Error::InvalidArg(_))));
-    assert!(matches!(c.swa_evict(&mut Req { swa: 41, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
-    assert!(matches!(c.swa_evict(&mut Req { swa_floor: 129, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
-    let unaligned = Req { swa: 18, ..r0 };
+    assert!(matches!(c.swa_evict(&mut Req { swa_evicted_seqlen: 41, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
+    assert!(matches!(c.swa_evict(&mut Req { swa_evict_floor: 129, ..r }, 40, &window(8)), Err(Error::InvalidArg(_))));
+    let unaligned = Req { swa_evicted_seqlen: 18, ..r0 };
     let mut q = unaligned;
     assert!(
         matches!(c.swa_evict(&mut q, 40, &window(8)), Err(Error::InvalidArg(m)) if m.contains("18 is not a multiple"))
@@ -543,12 +555,17 @@ fn swa_evict_refusals_change_nothing() {
 #[test]
 fn swa_evict_moves_a_running_slot_and_its_abort_splits_there() {
     let mut c = external(4, 128, false);
-    c.cache_finished_req(1, 0, &mut Req { protected: 4, swa_floor: 13, origin_input_len: 20, ..req(0, 20, 20) }, false)
-        .unwrap();
+    c.cache_finished_req(
+        1,
+        0,
+        &mut Req { cache_protected_len: 4, swa_evict_floor: 13, origin_input_len: 20, ..req(0, 20, 20) },
+        false,
+    )
+    .unwrap();
     let mut r = Req { origin_input_len: 40, ..Req::default() };
     c.match_prefix(1, 0, &mut r, 39, false).unwrap();
-    r.allocated = 40;
-    r.committed = 40;
+    r.kv_allocated_len = 40;
+    r.kv_committed_len = 40;
     assert_eq!(c.swa_evict(&mut r, 40, &window(8)).unwrap(), 16);
     assert_eq!(c.slots().find(1, 0).unwrap().1.swa, 32, "the running slot follows the cursor");
     // Listed as idle by mistake, the running slot (20 tokens recorded at the hit) counts no
@@ -557,9 +574,9 @@ fn swa_evict_moves_a_running_slot_and_its_abort_splits_there() {
     assert_eq!((held.full_tokens, held.swa_tokens), (16, 0));
     log(&mut c);
     // A floor lifted over what the window freed would free [16, 32)'s SWA slots again.
-    let lifted = Req { swa_floor: 40, ..r };
+    let lifted = Req { swa_evict_floor: 40, ..r };
     let lifts = |e: Result<()>| matches!(e, Err(Error::InvalidArg(m)) if m.contains("lifts swa_dead_lo from 16"));
-    for mut q in [lifted, Req { swa_floor: 17, ..r }] {
+    for mut q in [lifted, Req { swa_evict_floor: 17, ..r }] {
         let before = q;
         assert!(lifts(c.cache_finished_req(1, 0, &mut q, true)));
         assert!(lifts(c.cache_finished_req(1, 0, &mut q, false)));
@@ -570,7 +587,7 @@ fn swa_evict_moves_a_running_slot_and_its_abort_splits_there() {
     }
     assert!(log(&mut c).is_empty());
     // A floor within the same page leaves swa_dead_lo where it was.
-    assert!(c.free_tail(&mut Req { swa_floor: 16, ..r }, 40).is_ok());
+    assert!(c.free_tail(&mut Req { swa_evict_floor: 16, ..r }, 40).is_ok());
     c.cache_finished_req(1, 0, &mut r, true).unwrap();
     assert_eq!(log(&mut c), ["free_full 16..32", "free_kv 4..16", "free_kv 32..40", "free_row 0"]);
 }
@@ -597,8 +614,8 @@ fn owned(ps: u32, pages: u64) -> Cache {
 }
 
 fn indices(c: &Cache, r: &Req) -> Vec<i32> {
-    let mut out = vec![0; r.allocated as usize];
-    c.row_indices(r.row as u32, 0, r.allocated, false, &mut out).unwrap();
+    let mut out = vec![0; r.kv_allocated_len as usize];
+    c.row_indices(r.req_pool_idx as u32, 0, r.kv_allocated_len, false, &mut out).unwrap();
     out
 }
 
@@ -619,7 +636,7 @@ fn extend_continues_inside_the_kept_partial_page() {
     r.output_len = 1;
     c.alloc_extend(&mut r, 6, None).unwrap();
     c.trim_overshoot(&mut r, 1).unwrap();
-    assert_eq!(r.allocated, 6);
+    assert_eq!(r.kv_allocated_len, 6);
     assert_eq!(c.stats().unwrap().used_pages, 2, "pages 1 and 2 stay: page 2 holds token 5");
     c.alloc_extend(&mut r, 3, None).unwrap();
     assert_eq!(indices(&c, &r), [4, 5, 6, 7, 8, 9, 10, 11, 12]);
@@ -657,7 +674,7 @@ fn pool_pages_refuse_double_free_and_mapped_frees() {
     let mut r = Req::default();
     c.alloc_row(&mut r).unwrap();
     c.map_prefix(&mut r, &tree).unwrap();
-    assert_eq!((r.allocated, r.protected), (4, 4));
+    assert_eq!((r.kv_allocated_len, r.cache_protected_len), (4, 4));
     let mut refs = [9u32; 2];
     c.page_refs(&[2, 5], &mut refs).unwrap();
     assert_eq!(refs, [1, 1]);
@@ -713,7 +730,7 @@ fn the_audit_sees_every_full_page() {
         let rep = c.check().unwrap();
         assert_eq!((rep.pages_free, rep.pages_in_rows, rep.pages_engine_held), (3, 1, 3));
         clean(&c);
-        f(c.pool.owned_mut().unwrap(), r.row as u32);
+        f(c.pool.owned_mut().unwrap(), r.req_pool_idx as u32);
         let rep = c.check().unwrap();
         assert!(rep.violations > 0);
         rep.first_violation_text()
@@ -784,18 +801,22 @@ fn owned_session_turns_conserve_pages() {
     (r.origin_input_len, r.output_len) = (9, 1);
     c.cache_finished_req(5, 0, &mut r, false).unwrap();
     assert!(matches!(
-        c.alloc_extend(&mut Req { row: 0, allocated: 10, committed: 10, ..Req::default() }, 1, None),
+        c.alloc_extend(
+            &mut Req { req_pool_idx: 0, kv_allocated_len: 10, kv_committed_len: 10, ..Req::default() },
+            1,
+            None
+        ),
         Err(Error::State(_))
     ));
     let mut next = Req { origin_input_len: 14, ..Req::default() };
     let m = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
-    assert_eq!((m.hit, m.prefix_len, next.allocated), (1, 10, 10));
+    assert_eq!((m.hit, m.prefix_len, next.kv_allocated_len), (1, 10, 10));
     c.alloc_extend(&mut next, 8, None).unwrap();
     c.commit(&mut next, 4).unwrap();
     assert!(matches!(c.match_prefix(5, 0, &mut Req::default(), 13, false), Err(Error::State(_))));
     let again = c.match_prefix(5, 0, &mut next, 13, false).unwrap();
     assert_eq!(again.prefix_len, 10, "a retried match frees what the first try extended");
-    assert_eq!((next.allocated, next.committed), (10, 10));
+    assert_eq!((next.kv_allocated_len, next.kv_committed_len), (10, 10));
     clean(&c);
     next.origin_input_len = 10;
     c.cache_finished_req(5, 0, &mut next, false).unwrap();
@@ -814,7 +835,7 @@ fn flashinfer_layout() {
     }
     c.alloc_extend(&mut a, 6, None).unwrap();
     c.alloc_extend(&mut b, 4, None).unwrap();
-    let rows = [a.row, e.row, b.row];
+    let rows = [a.req_pool_idx, e.req_pool_idx, b.req_pool_idx];
     assert_eq!(c.flashinfer_len(&rows, false).unwrap(), 3);
     let (mut indptr, mut idx, mut last) = ([0; 4], [0; 3], [0; 3]);
     c.flashinfer_fill(&rows, false, &mut indptr, &mut idx, &mut last);
@@ -824,7 +845,7 @@ fn flashinfer_layout() {
 #[test]
 fn primitives_respect_the_session_that_holds_the_row() {
     let mut c = external(4, 128, false);
-    let mut r = Req { origin_input_len: 12, protected: 8, ..req(0, 12, 12) };
+    let mut r = Req { origin_input_len: 12, cache_protected_len: 8, ..req(0, 12, 12) };
     let stale = r;
     c.cache_finished_req(1, 0, &mut r, false).unwrap();
     log(&mut c);
@@ -834,12 +855,12 @@ fn primitives_respect_the_session_that_holds_the_row() {
     c.match_prefix(1, 0, &mut next, 12, false).unwrap();
     assert!(matches!(c.free_aligned(0, 4, 12), Err(Error::State(_))), "below the protected prefix");
     assert!(matches!(c.free_aligned(0, 10, 11), Err(Error::State(_))), "short of the slot's end");
-    let mut liar = Req { protected: 0, ..next };
+    let mut liar = Req { cache_protected_len: 0, ..next };
     assert!(matches!(c.free_tail(&mut liar, 4), Err(Error::State(_))), "the req claims no protected prefix");
     assert!(matches!(c.trim_overshoot(&mut Req { output_len: 4, ..liar }, 4), Err(Error::State(_))));
-    let mut short = Req { origin_input_len: 4, protected: 0, ..next };
+    let mut short = Req { origin_input_len: 4, cache_protected_len: 0, ..next };
     assert!(matches!(c.cache_finished_req(1, 0, &mut short, false), Err(Error::State(_))));
-    let mut behind = Req { allocated: 10, committed: 10, origin_input_len: 10, ..next };
+    let mut behind = Req { kv_allocated_len: 10, kv_committed_len: 10, origin_input_len: 10, ..next };
     assert!(matches!(c.cache_finished_req(1, 0, &mut behind, false), Err(Error::State(_))), "shorter than the slot");
     assert_eq!(log(&mut c), Vec::<String>::new());
     c.free_aligned(0, 10, 12).unwrap();
@@ -847,7 +868,13 @@ fn primitives_respect_the_session_that_holds_the_row() {
     c.free_aligned(0, 10, 10).unwrap();
     assert_eq!(c.slots().find(1, 0).unwrap().1.allocated, 10, "end == target frees and changes nothing");
     assert!(matches!(c.free_aligned(0, 20, 10), Err(Error::InvalidArg(_))), "target > end");
-    c.cache_finished_req(1, 0, &mut Req { origin_input_len: 10, allocated: 10, committed: 10, ..next }, false).unwrap();
+    c.cache_finished_req(
+        1,
+        0,
+        &mut Req { origin_input_len: 10, kv_allocated_len: 10, kv_committed_len: 10, ..next },
+        false,
+    )
+    .unwrap();
     assert_eq!(c.session_held(&[]).unwrap().full_tokens, 4);
 }
 
@@ -883,12 +910,12 @@ fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
         seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let (i, n) = ((seed >> 33) as usize % 4, (seed >> 40) as u32 % 7);
         let r = &mut reqs[i];
-        match (r.row, seed >> 60) {
+        match (r.req_pool_idx, seed >> 60) {
             (-1, _) => c.alloc_row(r).unwrap(),
-            (_, 0..=9) if r.allocated + n <= cols => c.alloc_extend(r, n, None).unwrap(),
+            (_, 0..=9) if r.kv_allocated_len + n <= cols => c.alloc_extend(r, n, None).unwrap(),
             (_, 10..=12) => {
-                r.committed = r.allocated;
-                c.free_tail(r, r.allocated.saturating_sub(n)).unwrap();
+                r.kv_committed_len = r.kv_allocated_len;
+                c.free_tail(r, r.kv_allocated_len.saturating_sub(n)).unwrap();
             }
             _ => c.free_req(r).unwrap(),
         }
@@ -899,10 +926,10 @@ fn row_changes_keep_a_dense_copy_equal_to_the_rows() {
                 Ok(())
             })
             .unwrap();
-            for r in reqs.iter().filter(|r| r.row >= 0) {
+            for r in reqs.iter().filter(|r| r.req_pool_idx >= 0) {
                 let want = indices(&c, r);
-                let at = (r.row as u32 * cols) as usize;
-                assert_eq!(&dense[at..at + want.len()], &want[..], "row {} at step {step}", r.row);
+                let at = (r.req_pool_idx as u32 * cols) as usize;
+                assert_eq!(&dense[at..at + want.len()], &want[..], "row {} at step {step}", r.req_pool_idx);
             }
         }
     }
@@ -930,7 +957,7 @@ fn a_failed_upload_is_owed_again() {
         Ok(())
     })
     .unwrap();
-    assert_eq!(got, [(r.row as u32, 0, indices(&c, &r))]);
+    assert_eq!(got, [(r.req_pool_idx as u32, 0, indices(&c, &r))]);
 }
 
 /// Owned mode: a copy of a freed req, its row handed to another request since, is refused
@@ -943,20 +970,23 @@ fn a_stale_copy_cannot_free_a_reused_row() {
     c.alloc_extend(&mut a, 8, None).unwrap();
     let stale = a;
     c.free_req(&mut a).unwrap();
-    assert_eq!(a.generation, 0, "a req holding nothing is not stamped");
+    assert_eq!(a.row_generation, 0, "a req holding nothing is not stamped");
     let mut b = Req::default();
     c.alloc_row(&mut b).unwrap();
-    assert_eq!(b.row, stale.row, "the row is handed out again");
-    assert_ne!(b.generation, stale.generation);
+    assert_eq!(b.req_pool_idx, stale.req_pool_idx, "the row is handed out again");
+    assert_ne!(b.row_generation, stale.row_generation);
     c.alloc_extend(&mut b, 8, None).unwrap();
     let mut s = stale;
     let err = c.free_req(&mut s).unwrap_err();
     assert!(matches!(err, Error::State(_)), "{err}");
     let text = err.to_string();
-    assert!(text.contains("stale copy") && text.contains(&format!("row_generation is {}", stale.generation)), "{text}");
-    assert!(text.contains(&format!("generation {}", b.generation)), "{text}");
+    assert!(
+        text.contains("stale copy") && text.contains(&format!("row_generation is {}", stale.row_generation)),
+        "{text}"
+    );
+    assert!(text.contains(&format!("generation {}", b.row_generation)), "{text}");
     assert_eq!(s, stale, "a refused call changes nothing");
-    assert_eq!(c.pool().mapped_len(b.row as u32), Some(8));
+    assert_eq!(c.pool().mapped_len(b.req_pool_idx as u32), Some(8));
     // Precedence: a row no longer in use is NOT_FOUND before the stale check.
     c.free_req(&mut b).unwrap();
     assert!(matches!(c.free_req(&mut s), Err(Error::NotFound(_))));
@@ -972,10 +1002,10 @@ fn external_stale_copy_after_release_is_refused() {
     c.cache_finished_req(1, 0, &mut first, false).unwrap();
     let mut turn = Req { origin_input_len: 10, ..Req::default() };
     assert_eq!(c.match_prefix(1, 0, &mut turn, 8, false).unwrap().hit, 1);
-    assert_eq!(turn.row, 2);
-    assert_ne!(turn.generation, 0, "a hit stamps the row's generation");
-    turn.allocated = 10;
-    turn.committed = 10;
+    assert_eq!(turn.req_pool_idx, 2);
+    assert_ne!(turn.row_generation, 0, "a hit stamps the row's generation");
+    turn.kv_allocated_len = 10;
+    turn.kv_committed_len = 10;
     let stale = Req { finished_len: -1, ..turn };
     c.cache_finished_req(1, 0, &mut turn, false).unwrap();
     c.release_session(1).unwrap();
@@ -1004,7 +1034,7 @@ fn a_trim_below_finished_len_keeps_the_req_valid() {
     c.commit(&mut r, 10).unwrap();
     (r.origin_input_len, r.output_len, r.finished_len) = (6, 4, 3);
     c.trim_overshoot(&mut r, 1).unwrap();
-    assert_eq!((r.output_len, r.finished_len, r.allocated), (1, 1, 7));
+    assert_eq!((r.output_len, r.finished_len, r.kv_allocated_len), (1, 1, 7));
     c.commit(&mut r, 0).unwrap();
     c.free_req(&mut r).unwrap();
     assert_eq!(c.check().unwrap().violations, 0);
@@ -1063,13 +1093,13 @@ fn hand_back_refuses_what_is_not_a_matched_unrun_request() {
     let mut turn = Req { origin_input_len: 20, ..Req::default() };
     c.match_prefix(1, 0, &mut turn, 19, false).unwrap();
     let before = (turn, *c.slots().find(1, 0).unwrap().1);
-    let mut ran = Req { allocated: 20, ..turn };
+    let mut ran = Req { kv_allocated_len: 20, ..turn };
     let e = c.hand_back(1, 0, &mut ran).unwrap_err();
     assert!(e.to_string().contains("kv_allocated_len 20 != the 16 the match restored into row 2"), "{e}");
-    assert_eq!(ran, Req { allocated: 20, ..turn }, "a refused call changes nothing");
+    assert_eq!(ran, Req { kv_allocated_len: 20, ..turn }, "a refused call changes nothing");
     // Another session's key, a stale generation.
     assert!(state(c.hand_back(1, 7, &mut turn.clone()).unwrap_err()));
-    let mut old = Req { generation: turn.generation + 1, ..turn };
+    let mut old = Req { row_generation: turn.row_generation + 1, ..turn };
     assert!(c.hand_back(1, 0, &mut old).unwrap_err().to_string().contains("stale copy"));
     assert_eq!((turn, *c.slots().find(1, 0).unwrap().1), before);
     assert!(log(&mut c).is_empty());
@@ -1094,7 +1124,7 @@ fn owned_hand_back_keeps_the_pages_and_refuses_an_extended_row() {
     assert!(matches!(e, Error::State(_)), "{e}");
     c.free_tail(&mut turn, 10).unwrap();
     c.hand_back(1, 0, &mut turn).unwrap();
-    assert_eq!(turn.row, -1);
+    assert_eq!(turn.req_pool_idx, -1);
     assert_eq!(c.stats().unwrap().free_pages, free, "the row keeps its pages");
     assert_eq!(c.pool().mapped_len(0), Some(10));
     clean(&c);
@@ -1114,8 +1144,8 @@ fn idle_slots_in_least_recently_finished_order() {
     c.match_prefix(1, 0, &mut t, 9, false).unwrap();
     assert_eq!(c.idle_lru(&mut out), 2, "an in-flight slot is not idle");
     assert_eq!(out[..2], [(2, 0), (3, 5)]);
-    t.allocated = 12;
-    t.committed = 12;
+    t.kv_allocated_len = 12;
+    t.kv_committed_len = 12;
     c.cache_finished_req(1, 0, &mut t, false).unwrap();
     // Session 2 matches and is handed back: its place is unchanged.
     let mut h = Req { origin_input_len: 10, ..Req::default() };
@@ -1129,7 +1159,7 @@ fn idle_slots_in_least_recently_finished_order() {
 #[test]
 fn usage_per_session_and_branch() {
     let mut c = external(4, 128, false);
-    let mut a = Req { origin_input_len: 10, protected: 4, ..req(0, 10, 10) };
+    let mut a = Req { origin_input_len: 10, cache_protected_len: 4, ..req(0, 10, 10) };
     c.cache_finished_req(1, 0, &mut a, false).unwrap();
     save(&mut c, 1, 1, 1, 5);
     save(&mut c, 2, 0, 2, 7);
@@ -1237,8 +1267,8 @@ fn hybrid(ps: u32, pages: u64, swa_pages: u64) -> Cache {
 }
 
 fn swa_indices(c: &Cache, r: &Req) -> Vec<i32> {
-    let mut out = vec![-1; r.allocated as usize];
-    c.row_indices(r.row as u32, 0, r.allocated, true, &mut out).unwrap();
+    let mut out = vec![-1; r.kv_allocated_len as usize];
+    c.row_indices(r.req_pool_idx as u32, 0, r.kv_allocated_len, true, &mut out).unwrap();
     out
 }
 
@@ -1266,7 +1296,7 @@ fn hybrid_pages_map_both_pools_and_the_window_frees_the_swa_side_only() {
     assert_eq!(swa_pages(&c), (15 - 6, 6), "one SWA page per page the row maps");
     let w = Window { size: 8, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
     assert_eq!(c.swa_evict(&mut r, 22, &w).unwrap(), 12, "[0, 12): 22 - 8 floored to a page");
-    assert_eq!(r.swa, 12);
+    assert_eq!(r.swa_evicted_seqlen, 12);
     assert_eq!(c.stats().unwrap().used_pages, 6, "the full side keeps every page");
     assert_eq!(swa_pages(&c), (12, 3));
     let ids = swa_indices(&c, &r);
@@ -1288,7 +1318,7 @@ fn hybrid_trim_match_and_abort_free_each_side_once() {
     let mut r = hybrid_turn(&mut c, 10, 30);
     let w = Window { size: 6, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
     c.swa_evict(&mut r, 30, &w).unwrap();
-    assert_eq!(r.swa, 24);
+    assert_eq!(r.swa_evicted_seqlen, 24);
     // The turn really ended at 10 + 12 = 22: the trim floors to 20 (the cursor stays on a page).
     r.finished_len = 12;
     c.cache_finished_req(7, 0, &mut r, false).unwrap();
@@ -1297,7 +1327,7 @@ fn hybrid_trim_match_and_abort_free_each_side_once() {
     assert_eq!((u.used_pages, u.swa_used_pages), (5, 0), "pages 0..5 stay; the window had passed all of them");
     let mut next = Req { origin_input_len: 40, ..Req::default() };
     let m = c.match_prefix(7, 0, &mut next, 40, false).unwrap();
-    assert_eq!((m.hit, m.prefix_len, next.swa), (1, 20, 20));
+    assert_eq!((m.hit, m.prefix_len, next.swa_evicted_seqlen), (1, 20, 20));
     c.alloc_extend(&mut next, 20, None).unwrap();
     assert_eq!(swa_pages(&c).1, 5, "new pages take SWA pages");
     assert_eq!(&swa_indices(&c, &next)[..20], &[0; 20]);
@@ -1312,13 +1342,13 @@ fn hybrid_trim_match_and_abort_free_each_side_once() {
 fn hybrid_cursor_moves_only_through_the_window() {
     let mut c = hybrid(4, 32, 16);
     let mut r = hybrid_turn(&mut c, 8, 16);
-    let mut lied = Req { swa: 8, ..r };
+    let mut lied = Req { swa_evicted_seqlen: 8, ..r };
     let e = c.alloc_extend(&mut lied, 1, None).unwrap_err();
     assert!(matches!(&e, Error::InvalidArg(m) if m.contains("swa_evicted_seqlen 8 != 0 recorded for row")), "{e}");
     let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
     c.swa_evict(&mut r, 16, &w).unwrap();
-    assert_eq!(r.swa, 12);
-    let stale = Req { swa: 0, ..r };
+    assert_eq!(r.swa_evicted_seqlen, 12);
+    let stale = Req { swa_evicted_seqlen: 0, ..r };
     assert!(c.commit(&mut stale.clone(), 0).is_err(), "a copy from before the step is refused");
     c.free_req(&mut r).unwrap();
     assert_eq!(swa_pages(&c), (15, 0));
@@ -1331,17 +1361,17 @@ fn hybrid_free_aligned_keeps_no_part_of_a_page_the_window_passed() {
     let mut r = hybrid_turn(&mut c, 8, 16);
     let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
     c.swa_evict(&mut r, 16, &w).unwrap();
-    assert_eq!(r.swa, 12);
+    assert_eq!(r.swa_evicted_seqlen, 12);
     // Keeping 6 would keep page 1 (positions 4..8) with its SWA page gone, and put 6 and 7
     // back inside the window: an SWA layer would read them from the padding page.
     let before = (c.stats().unwrap(), swa_indices(&c, &r));
-    let e = c.free_aligned(r.row as u32, 6, 16).unwrap_err();
+    let e = c.free_aligned(r.req_pool_idx as u32, 6, 16).unwrap_err();
     assert!(matches!(&e, Error::InvalidArg(m) if m.contains("free from a page boundary, 4")), "{e}");
     assert_eq!((c.stats().unwrap(), swa_indices(&c, &r)), before, "nothing changed");
     // A page boundary, or a page the window has not passed, is kept as asked.
-    c.free_aligned(r.row as u32, 14, 16).unwrap();
-    c.free_aligned(r.row as u32, 8, 14).unwrap();
-    (r.allocated, r.committed, r.swa) = (8, 8, 8);
+    c.free_aligned(r.req_pool_idx as u32, 14, 16).unwrap();
+    c.free_aligned(r.req_pool_idx as u32, 8, 14).unwrap();
+    (r.kv_allocated_len, r.kv_committed_len, r.swa_evicted_seqlen) = (8, 8, 8);
     c.alloc_extend(&mut r, 2, None).unwrap();
     assert!(swa_indices(&c, &r)[8..].iter().all(|&i| i > 0), "positions the window has not passed have SWA slots");
     clean(&c);
@@ -1405,8 +1435,8 @@ fn views_of_a_missing_swa_pool_are_unsupported() {
     c.alloc_row(&mut r).unwrap();
     c.alloc_extend(&mut r, 4, None).unwrap();
     let mut out = [0i32; 4];
-    assert!(matches!(c.row_indices(r.row as u32, 0, 4, true, &mut out), Err(Error::Unsupported(_))));
-    assert!(matches!(c.flashinfer_len(&[r.row], true), Err(Error::Unsupported(_))));
+    assert!(matches!(c.row_indices(r.req_pool_idx as u32, 0, 4, true, &mut out), Err(Error::Unsupported(_))));
+    assert!(matches!(c.flashinfer_len(&[r.req_pool_idx], true), Err(Error::Unsupported(_))));
     let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
     let e = c.swa_evict(&mut r, 4, &w).unwrap_err();
     assert!(matches!(&e, Error::Unsupported(m) if m.contains("swa_num_token_slots 0")), "{e}");
@@ -1420,7 +1450,7 @@ fn the_audit_sees_both_pools() {
         let mut r = hybrid_turn(&mut c, 8, 16);
         let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
         c.swa_evict(&mut r, 16, &w).unwrap();
-        let row = r.row as u32;
+        let row = r.req_pool_idx as u32;
         c.cache_finished_req(1, 0, &mut r, false).unwrap();
         clean(&c);
         f(c.pool.owned_mut().unwrap().swa.as_mut().unwrap(), row);
@@ -1444,14 +1474,14 @@ fn hybrid_free_aligned_keeps_no_page_the_window_passed() {
     let mut r = hybrid_turn(&mut c, 8, 16);
     let w = Window { size: 4, eviction_interval: 1, prefix_sharing: false, retain_floor: None };
     c.swa_evict(&mut r, 16, &w).unwrap();
-    assert_eq!(r.swa, 12);
-    let row = r.row as u32;
+    assert_eq!(r.swa_evicted_seqlen, 12);
+    let row = r.req_pool_idx as u32;
     let before = c.stats().unwrap();
     let e = c.free_aligned(row, 10, 16).unwrap_err();
     assert!(matches!(&e, Error::InvalidArg(m) if m.contains("free from a page boundary, 8")), "{e}");
     assert_eq!(c.stats().unwrap(), before);
     c.free_aligned(row, 8, 16).unwrap();
-    (r.allocated, r.committed, r.swa) = (8, 8, 8);
+    (r.kv_allocated_len, r.kv_committed_len, r.swa_evicted_seqlen) = (8, 8, 8);
     c.alloc_extend(&mut r, 8, None).unwrap();
     assert!(swa_indices(&c, &r)[8..].iter().all(|&i| i > 0), "the new pages take SWA pages");
     clean(&c);
