@@ -951,7 +951,7 @@ typedef struct skv_api {
   enum skv_status (*events_tokens)(struct skv_cache *c,
                                    uint64_t session_id,
                                    uint64_t branch_id,
-                                   const struct skv_req *req,
+                                   const skv_req *req,
                                    uint32_t first_pos,
                                    const int32_t *tokens,
                                    size_t n);
@@ -1585,7 +1585,7 @@ enum skv_status skv_events_session(struct skv_cache *c,
 enum skv_status skv_events_tokens(struct skv_cache *c,
                                   uint64_t session_id,
                                   uint64_t branch_id,
-                                  const struct skv_req *req,
+                                  const skv_req *req,
                                   uint32_t first_pos,
                                   const int32_t *tokens,
                                   size_t n);

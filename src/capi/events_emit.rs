@@ -294,7 +294,12 @@ pub(crate) fn events_tokens(
         _ => {}
     }
     let toks: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
-    let rs = RowState { row, protected: r.cache_protected_len, committed: r.kv_committed_len, allocated: r.kv_allocated_len };
+    let rs = RowState {
+        row,
+        protected: r.cache_protected_len,
+        committed: r.kv_committed_len,
+        allocated: r.kv_allocated_len,
+    };
     let out = l.tokens(key, rs, first_pos, &toks);
     l.close();
     out
