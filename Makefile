@@ -7,7 +7,7 @@ GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 # ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
 GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
-.PHONY: all build deps test test-rust test-events test-c test-c-events test-integration doc-check sim fuzz bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-events test-zmq test-c test-c-events test-integration doc-check sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -16,9 +16,9 @@ build:
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
 # AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
-test: deps test-rust test-events test-c test-c-events test-integration
+test: deps test-rust test-events test-zmq test-c test-c-events test-integration
 
-# cmake, pkg-config and valgrind (apt-get as root when missing).
+# cmake, pkg-config, valgrind and a C++ compiler (apt-get as root when missing).
 deps:
 	scripts/deps.sh
 
@@ -37,6 +37,12 @@ test-events:
 	$(CARGO) test --features events --bench hot_path
 	$(CARGO) test -p skv-sim --features router --test multi
 	$(CARGO) test --features events --bench events
+
+# The ZMQ publisher (--features zmq) against a real subscriber. zmq-sys builds libzmq from
+# source with the C++ compiler (scripts/deps.sh): about 2 minutes on two cores, once, shared
+# with lint's `clippy -p skv --features zmq` (the same -p, so the same build of zmq-sys).
+test-zmq: | deps
+	$(CARGO) test -p skv --features zmq --test events_zmq
 
 # docs/events.md's drain path (ctests/test_doc_events.c) against a library built with the
 # events feature, in its own target dir: test-c runs the same program against the default
@@ -70,6 +76,7 @@ lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features cuda -- -D warnings
 	$(CARGO) clippy -p skv --all-targets --features events -- -D warnings
+	$(CARGO) clippy -p skv --all-targets --features zmq -- -D warnings
 	$(CARGO) clippy -p skv-sim --all-targets --features router -- -D warnings
 	RUSTDOCFLAGS=-Dwarnings $(CARGO) doc --no-deps --features skv/events
 	python3 scripts/check_modules.py src

@@ -951,7 +951,7 @@ typedef struct skv_api {
   enum skv_status (*events_tokens)(struct skv_cache *c,
                                    uint64_t session_id,
                                    uint64_t branch_id,
-                                   const struct skv_req *req,
+                                   const skv_req *req,
                                    uint32_t first_pos,
                                    const int32_t *tokens,
                                    size_t n);
@@ -1545,11 +1545,13 @@ const struct skv_api *skv_get_api(uint32_t abi_version);
 
 /**
  * Turns KV events on for this handle, once, before its first session call; the first batch
- * (sequence number 0) is AllBlocksCleared (docs/events.md#turning-events-on).
+ * (sequence number 0) is AllBlocksCleared (docs/events.md#turning-events-on). An endpoint
+ * starts the built-in publisher, stopped by skv_cache_free (docs/events.md#publisher).
  *
  * The caller must pass c as NULL or a live handle, cfg as NULL or valid.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_events_enable(struct skv_cache *c, const struct skv_events_config *cfg);
 
@@ -1583,7 +1585,7 @@ enum skv_status skv_events_session(struct skv_cache *c,
 enum skv_status skv_events_tokens(struct skv_cache *c,
                                   uint64_t session_id,
                                   uint64_t branch_id,
-                                  const struct skv_req *req,
+                                  const skv_req *req,
                                   uint32_t first_pos,
                                   const int32_t *tokens,
                                   size_t n);

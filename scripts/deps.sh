@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the tools `make test` needs beyond cargo and a C compiler: cmake (the CMake
-# consumer), pkg-config (the pkg-config consumer) and valgrind (the C suite under valgrind).
+# consumer), pkg-config (the pkg-config consumer), valgrind (the C suite under valgrind) and
+# a C++ compiler (the `zmq` feature's libzmq, built from source by zmq-sys).
 # A no-op when they are present; on Debian/Ubuntu as root it installs them with apt-get.
 set -euo pipefail
 
@@ -8,6 +9,7 @@ missing=()
 for tool in cmake pkg-config valgrind; do
   command -v "$tool" >/dev/null || missing+=("$tool")
 done
+command -v c++ >/dev/null || missing+=(g++)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then

@@ -46,11 +46,13 @@ fn without_events() -> Error {
 }
 
 /// Turns KV events on for this handle, once, before its first session call; the first batch
-/// (sequence number 0) is AllBlocksCleared (docs/events.md#turning-events-on).
+/// (sequence number 0) is AllBlocksCleared (docs/events.md#turning-events-on). An endpoint
+/// starts the built-in publisher, stopped by skv_cache_free (docs/events.md#publisher).
 ///
 /// The caller must pass c as NULL or a live handle, cfg as NULL or valid.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_events_enable(c: *mut skv_cache, cfg: *const skv_events_config) -> skv_status {
     export!(
@@ -87,11 +89,18 @@ unsafe fn enable_events(handle: &skv_cache, cache: &Cache, cfg: &skv_events_conf
     }
     // SAFETY: NULL or NUL-terminated, by this function's contract.
     let topic = unsafe { c_text(cfg.topic, "cfg->topic") }?.unwrap_or("");
-    if !cfg.endpoint.is_null() {
-        // The built-in publisher (feature `zmq`) starts here, owned by the handle's events.
+    // SAFETY: NULL or NUL-terminated, by this function's contract.
+    let endpoint = unsafe { c_text(cfg.endpoint, "cfg->endpoint") }?;
+    // A malformed endpoint is refused with the other arguments; a failed bind comes last.
+    #[cfg(feature = "zmq")]
+    if let Some(e) = endpoint {
+        crate::events::rank_endpoint(e, cfg.data_parallel_rank).map_err(|e| e.at("cfg->endpoint"))?;
+    }
+    #[cfg(not(feature = "zmq"))]
+    if let Some(e) = endpoint {
         return Err(Error::Unsupported(format!(
-            "cfg->endpoint: this libskv has no built-in publisher (the `zmq` feature); topic {topic:?} \
-             unused: drain with skv_events_drain and an endpoint of NULL"
+            "cfg->endpoint {e:?}: this libskv has no built-in publisher (the `zmq` feature); topic \
+             {topic:?} unused: drain with skv_events_drain and an endpoint of NULL"
         )));
     }
     let max = if cfg.max_batches == 0 { DEFAULT_MAX_BATCHES } else { cfg.max_batches };
@@ -111,6 +120,23 @@ unsafe fn enable_events(handle: &skv_cache, cache: &Cache, cfg: &skv_events_conf
     if let Some(why) = super::events_emit::session_state(cache) {
         return Err(Error::State(format!("events are enabled before the handle's first session call: {why}")));
     }
+    // The last step that can fail: a bound publisher is never left behind by a refusal.
+    #[cfg(feature = "zmq")]
+    let ledger = match endpoint {
+        Some(e) => {
+            // A bind that fails is INVALID_ARG; a thread the system cannot start, OUT_OF_MEMORY.
+            let p = crate::events::Publisher::start(e, cfg.data_parallel_rank, topic, max as usize).map_err(
+                |e| match e {
+                    Error::OutOfMemory(m) => Error::OutOfMemory(format!("cfg->endpoint: {m}")),
+                    other => other.at("cfg->endpoint"),
+                },
+            )?;
+            let mut ledger = ledger;
+            ledger.publish_to(p);
+            ledger
+        }
+        None => ledger,
+    };
     handle.events.set(std::sync::Mutex::new(ledger)).map_err(|_| Error::State("events are already enabled".into()))
 }
 
@@ -290,6 +316,10 @@ fn drain_batch(_h: &skv_cache, _buf: &mut [u8], _len: &mut usize, _seq: &mut u64
 fn drain_batch(handle: &skv_cache, buf: &mut [u8], len: &mut usize, seq: &mut u64) -> Result<()> {
     use crate::events::Drained;
     let mut ledger = super::events_emit::enabled(handle)?;
+    #[cfg(feature = "zmq")]
+    if let Some(e) = ledger.publisher_endpoint() {
+        return Err(Error::State(format!("events are published on {e}: there is nothing to drain")));
+    }
     match ledger.drain(buf) {
         Drained::Empty => *len = 0,
         Drained::Batch { seq: s, len: n } => (*len, *seq) = (n, s),

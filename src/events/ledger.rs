@@ -74,12 +74,13 @@ pub struct RowState {
     pub allocated: u32,
 }
 
-/// Where closed batches go: the drain queue. The built-in ZMQ publisher (feature `zmq`) is the
-/// other way out: `close` hands it the batch and its number instead, its bounded queue full
-/// being the same `Full` (the batch dropped, the recovery due).
+/// Where closed batches go: the drain queue, or the built-in ZMQ publisher (feature `zmq`),
+/// its bounded queue full being the same `Full` (the batch dropped, the recovery due).
 struct Queue {
     batches: VecDeque<(u64, Vec<u8>)>,
     max: usize,
+    #[cfg(feature = "zmq")]
+    publisher: Option<super::Publisher>,
 }
 
 /// Which sink refused a batch: it was dropped, its sequence number spent.
@@ -87,11 +88,24 @@ struct Full;
 
 impl Queue {
     fn push(&mut self, seq: u64, payload: Vec<u8>) -> std::result::Result<(), Full> {
+        #[cfg(feature = "zmq")]
+        if let Some(p) = &self.publisher {
+            return p.send(seq, payload).map_err(|_| Full);
+        }
         if self.batches.len() >= self.max {
             return Err(Full);
         }
         self.batches.push_back((seq, payload));
         Ok(())
+    }
+
+    /// Whether a batch closed now would be queued.
+    fn has_room(&self) -> bool {
+        #[cfg(feature = "zmq")]
+        if let Some(p) = &self.publisher {
+            return p.has_room();
+        }
+        self.batches.len() < self.max
     }
 }
 
@@ -141,7 +155,12 @@ impl Ledger {
             holders: HashMap::default(),
             by_row: HashMap::default(),
             blocks: 0,
-            queue: Queue { batches: VecDeque::new(), max: cfg.max_batches },
+            queue: Queue {
+                batches: VecDeque::new(),
+                max: cfg.max_batches,
+                #[cfg(feature = "zmq")]
+                publisher: None,
+            },
             next_seq: 0,
             overflowed: false,
             dropped: 0,
@@ -420,10 +439,15 @@ impl Ledger {
     /// the next sequence number. A full queue drops it, its number spent: the next batch
     /// closed is then the recovery.
     pub fn close(&mut self) {
+        // A subscriber that joined missed what was stored before: it gets the recovery too.
+        #[cfg(feature = "zmq")]
+        if self.queue.publisher.as_ref().is_some_and(|p| p.subscriber_joined()) {
+            self.overflowed = true;
+        }
         if self.overflowed {
             // The recovery re-stores everything, this batch's events included; it is encoded
-            // only when it can be queued (a sink that cannot tell takes the attempt).
-            if self.queue.batches.len() >= self.queue.max {
+            // only when it can be queued.
+            if !self.queue.has_room() {
                 if !self.enc.is_empty() {
                     self.enc.clear();
                     self.dropped += 1;
@@ -496,6 +520,26 @@ impl Ledger {
     /// Closed batches waiting in the queue.
     pub fn queued(&self) -> usize {
         self.queue.batches.len()
+    }
+
+    /// Sends the batches through `publisher` from now on, those already closed (the first,
+    /// `AllBlocksCleared`) first; skv_events_drain has nothing to hand out then.
+    #[cfg(feature = "zmq")]
+    pub fn publish_to(&mut self, publisher: super::Publisher) {
+        let closed = std::mem::take(&mut self.queue.batches);
+        self.queue.publisher = Some(publisher);
+        for (seq, payload) in closed {
+            if self.queue.push(seq, payload).is_err() {
+                self.dropped += 1;
+                self.overflowed = true;
+            }
+        }
+    }
+
+    /// The endpoint the batches are published on, when they are.
+    #[cfg(feature = "zmq")]
+    pub fn publisher_endpoint(&self) -> Option<&str> {
+        self.queue.publisher.as_ref().map(|p| p.endpoint())
     }
 }
 

@@ -8,6 +8,9 @@
 //!   batch, `[ts, [event, ...], data_parallel_rank]`, msgpack.
 //! - [`Frames`]: a batch's ZMQ multipart message, `[topic, 8-byte big-endian sequence
 //!   number, payload]`.
+//! - `Publisher` (feature `zmq`): sends closed batches on a ZMQ PUB socket from a
+//!   background thread, through a bounded queue that never blocks the caller, and tells the
+//!   ledger when a subscriber joins.
 //!
 //! **Block ids.** A page's id (its `block_hashes` entry, and its children's
 //! `parent_block_hash`) is the 64-bit XXH3 of the parent's id, the page's index in the
@@ -32,8 +35,12 @@ mod encode;
 mod frame;
 mod key;
 mod ledger;
+#[cfg(feature = "zmq")]
+mod publish;
 
 pub use encode::{now_ts, BatchEncoder, KIND_FULL_ATTENTION, MEDIUM_GPU};
 pub use frame::Frames;
 pub use key::SessionKey;
 pub use ledger::{Drained, HolderKey, Ledger, LedgerConfig, RowState};
+#[cfg(feature = "zmq")]
+pub use publish::{rank_endpoint, Full, Publisher, STOP_LINGER};

@@ -118,6 +118,7 @@ pub const UNREACHABLE: &[(&str, &str, &str)] = &[
     ("skv_events_enable", "SKV_OK", EVENTS),
     ("skv_events_enable", "SKV_ERR_INVALID_ARG", EVENTS),
     ("skv_events_enable", "SKV_ERR_UNSUPPORTED", EVENTS),
+    ("skv_events_enable", "SKV_ERR_OUT_OF_MEMORY", HOST),
     ("skv_events_session", "SKV_OK", EVENTS),
     ("skv_events_session", "SKV_ERR_INVALID_ARG", EVENTS),
     ("skv_events_session", "SKV_ERR_UNSUPPORTED", EVENTS),
