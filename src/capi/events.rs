@@ -266,7 +266,8 @@ fn hand_tokens(
 
 /// Copies the oldest closed batch of events into buf and consumes it: *len its size, *seq its
 /// sequence number; *len = 0 when none is pending. cap too small: SKV_ERR_BUFFER, *len the
-/// size needed, nothing consumed (docs/events.md#the-drain-path).
+/// size needed, nothing consumed; a handle whose publisher runs: SKV_ERR_STATE
+/// (docs/events.md#the-drain-path).
 ///
 /// The caller must pass c as NULL or a live handle, buf as NULL or cap writable bytes, len
 /// and seq as NULL or valid.

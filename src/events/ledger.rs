@@ -5,12 +5,12 @@
 //! chained to the one before ([`SessionKey::block_id`]); two branches of a session that
 //! share a page share its id. A block is stored when its count goes 0 -> 1 and removed when
 //! it goes 1 -> 0, so the router (which keeps no count) never loses a block a holder still
-//! stands on. Every operation costs O(pages it stores or removes); only an overflow's recovery
-//! walks every holder. Only a session's own branches can share a block (ids are salted per
+//! stands on. Every operation costs O(pages it stores or removes); only a recovery (after an
+//! overflow or a new subscriber) walks every holder. Only a session's own branches can share a block (ids are salted per
 //! session), so counts are kept per session, and only while it has two holders or more.
 //!
 //! The ledger keeps each held page's token ids (4 bytes a token) and its id (8 bytes) (and, in
-//! a session with several branches, a count entry of 16 bytes per distinct block): an
+//! a session with several branches, a count entry of 16 bytes, plus a hash-map control byte, per distinct block): an
 //! overflow's recovery stores every chain again from them. docs/events.md has the rules this implements.
 
 use std::collections::hash_map::Entry;

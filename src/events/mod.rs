@@ -1,11 +1,13 @@
 //! KV events, the format layer: the bytes a KV-aware router (NVIDIA Dynamo's, llm-d's)
 //! reads to learn which pages an engine holds, in the form vLLM publishes them. Behind the
-//! `events` feature; without it none of this is built. Which session calls emit which events
-//! is the next layer; this one encodes them. docs/events.md describes the format.
+//! `events` feature; without it none of this is built. docs/events.md describes the format and
+//! which session calls emit what (the hooks are in `capi/events_emit.rs`).
 //!
 //! - [`SessionKey`]: a session's salt and id, and the ids of its blocks.
 //! - [`BatchEncoder`]: `BlockStored`, `BlockRemoved` and `AllBlocksCleared` events into one
 //!   batch, `[ts, [event, ...], data_parallel_rank]`, msgpack.
+//! - [`Ledger`]: which full pages each holder (a session branch) has published, the
+//!   counts of shared blocks, and the closed batches waiting to go out.
 //! - [`Frames`]: a batch's ZMQ multipart message, `[topic, 8-byte big-endian sequence
 //!   number, payload]`.
 //! - `Publisher` (feature `zmq`): sends closed batches on a ZMQ PUB socket from a
