@@ -144,6 +144,12 @@ mod via_table {
         skv_events_drain => events_drain(c: *mut skv_cache, buf: *mut u8, cap: usize, len: *mut usize, seq: *mut u64);
     }
 
+    /// Whether the library's table reaches `offset`'s entry: an older library's is shorter (its
+    /// `struct_size` says how long), and has none of the entries appended after it.
+    pub fn has_entry(offset: usize) -> bool {
+        table().struct_size as usize >= offset + std::mem::size_of::<usize>()
+    }
+
     /// `skv_cache_free` (it returns nothing).
     pub unsafe fn skv_cache_free(c: *mut skv_cache) {
         // SAFETY: the caller's handle, under the export's contract.
@@ -364,7 +370,8 @@ struct Bed {
 }
 
 impl Bed {
-    /// A bed of `kind`; `None` for events where the library was built without them.
+    /// A bed of `kind`; `None` for events where the library has none (built without the
+    /// feature, or older than the calls).
     fn of(n: usize, kind: Kind) -> Option<Bed> {
         Bed::build(n, kind == Kind::Hybrid, kind == Kind::Events)
     }
@@ -385,6 +392,9 @@ impl Bed {
             flags: 0,
             swa_num_token_slots: swa_pages * u64::from(PS),
         };
+        if events && !has_entry(std::mem::offset_of!(skv::skv_api, events_drain)) {
+            return None;
+        }
         let mut c = std::ptr::null_mut();
         // SAFETY: cfg and c are locals.
         check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
@@ -855,7 +865,10 @@ fn main() {
             // speed moves between runs, hardly within a pair.
             let (mut pair_ratios, mut pair_diffs) = (Vec::new(), Vec::new());
             if beds[op.kind() as usize].get_or_insert_with(|| Bed::of(n, op.kind())).is_none() {
-                skipped.push(format!("{}: this library was built without the `events` feature", op.name()));
+                skipped.push(format!(
+                    "{}: this library has no KV events (built without the `events` feature, or older)",
+                    op.name()
+                ));
                 continue;
             }
             let mut bed_of = |kind: Kind| -> Bed {
