@@ -109,6 +109,17 @@ unsafe extern "C" fn cb_free_kv(_ud: *mut c_void, _idx: *const i32, _n: usize) -
     0
 }
 
+unsafe extern "C" fn cb_free_kv_segment(
+    _ud: *mut c_void,
+    _row: i32,
+    _first_pos: u32,
+    _idx: *const i32,
+    _n: usize,
+    _pools: u32,
+) -> c_int {
+    0
+}
+
 unsafe extern "C" fn cb_free_row(ud: *mut c_void, row: i32) -> c_int {
     // SAFETY: the Pool passed as user_data; libskv calls back one at a time.
     unsafe { pool(ud) }.free_rows.push(row);
@@ -135,11 +146,26 @@ struct Setup {
     max_batches: u32,
     /// SKV_FLAG_* of the cache.
     cache_flags: u32,
+    /// External mode's skv_pool_ops.struct_size (48, or 56 with free_kv_segment's slot).
+    ops_size: u32,
+    /// External mode: free_kv_segment set (with an ops_size of 56).
+    segments: bool,
 }
 
 impl Setup {
     fn new(mode: Mode) -> Self {
-        Setup { mode, ps: 4, rows: 16, max_ctx: 512, swa: 0, flags: 0, max_batches: 0, cache_flags: 0 }
+        Setup {
+            mode,
+            ps: 4,
+            rows: 16,
+            max_ctx: 512,
+            swa: 0,
+            flags: 0,
+            max_batches: 0,
+            cache_flags: 0,
+            ops_size: 48,
+            segments: false,
+        }
     }
 }
 
@@ -188,13 +214,13 @@ impl Engine {
                 Mode::Owned => skv_cache_new(&cfg, &mut c),
                 Mode::External => {
                     let ops = skv_pool_ops {
-                        struct_size: 48,
+                        struct_size: s.ops_size,
                         read_row: Some(cb_read_row),
                         free_kv: Some(cb_free_kv),
                         free_row: Some(cb_free_row),
                         dec_lock_ref: None,
                         free_aux: None,
-                        free_kv_segment: None,
+                        free_kv_segment: if s.segments { Some(cb_free_kv_segment) } else { None },
                     };
                     skv_cache_new_external(&cfg, &ops, pool as *mut c_void, &mut c)
                 }
@@ -816,7 +842,15 @@ fn a_handle_with_events_off_emits_nothing_and_says_so() {
         assert_eq!(last_error_message(), "skv_events_drain: events are not enabled on this handle (skv_events_enable)");
         let t = [1i32; 8];
         assert_eq!(skv_events_tokens(c, 1, 0, &r, 0, t.as_ptr(), 8), skv_status::SKV_ERR_STATE);
+        assert_eq!(
+            last_error_message(),
+            "skv_events_tokens: events are not enabled on this handle (skv_events_enable)"
+        );
         assert_eq!(skv_events_session(c, 1, null(), null()), skv_status::SKV_ERR_STATE);
+        assert_eq!(
+            last_error_message(),
+            "skv_events_session: events are not enabled on this handle (skv_events_enable)"
+        );
         ok(skv_cache_finished_req(c, 1, 0, &mut r, 0), "finish");
         // Too late to enable now: a session holds a slot.
         let ecfg = skv_events_config {
@@ -849,7 +883,12 @@ fn each_refusal_names_the_function_and_the_value() {
         assert!(last_error_message().contains(text), "{:?} lacks {text:?}", last_error_message());
     };
     use skv_status::*;
-    // SAFETY: a live handle and valid pointers throughout (NULL where the test says).
+    // Misaligned pointers point a few bytes into this (aligned) buffer; nothing reads them.
+    let mut raw = [0u64; 8];
+    let base = raw.as_mut_ptr() as *mut u8;
+    let mis = |off: usize| base.wrapping_add(off);
+    // SAFETY: a live handle and valid pointers throughout (NULL or misaligned where the test
+    // says: each is refused before it is read).
     unsafe {
         refused(skv_events_enable(e.c, &ecfg), SKV_ERR_STATE, "skv_events_enable: events are already enabled");
         refused(skv_events_enable(null_mut(), &ecfg), SKV_ERR_NULL_ARG, "cache is NULL");
@@ -868,6 +907,25 @@ fn each_refusal_names_the_function_and_the_value() {
             skv_events_session(e.c, 4, empty.as_ptr(), null()),
             SKV_ERR_INVALID_ARG,
             "session 4: the salt is empty",
+        );
+        // Session 4's salt stays the default through these (checked at the end).
+        refused(
+            skv_events_session(null_mut(), 4, null(), null()),
+            SKV_ERR_NULL_ARG,
+            "skv_events_session: cache is NULL",
+        );
+        let not_utf8 = CString::new(vec![b's', 0xff, 0xfe]).unwrap();
+        refused(
+            skv_events_session(e.c, 4, not_utf8.as_ptr(), null()),
+            SKV_ERR_INVALID_ARG,
+            "skv_events_session: salt is not UTF-8",
+        );
+        let other = CString::new("another-salt").unwrap();
+        let parent = mis(1) as *const u64;
+        refused(
+            skv_events_session(e.c, 4, other.as_ptr(), parent),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_session: first_parent {:#x} is not aligned to 8 bytes", parent as usize),
         );
         let mut r = e.run(4, 0, &[], &Turn::plain(&toks(90, 10), &[]));
         refused(skv_events_session(e.c, 4, null(), null()), SKV_ERR_STATE, "session 4 already has 1 holder");
@@ -890,19 +948,489 @@ fn each_refusal_names_the_function_and_the_value() {
         refused(skv_events_tokens(e.c, 4, 0, &r, 0, null(), 3), SKV_ERR_NULL_ARG, "tokens is NULL");
         refused(skv_events_tokens(e.c, 5, 0, &r, 0, t.as_ptr(), 10), SKV_ERR_STATE, "row 0 holds session 4 branch 0");
         refused(skv_events_tokens(e.c, 4, 1, &r, 0, t.as_ptr(), 10), SKV_ERR_STATE, "row 0 holds session 4 branch 0");
+        refused(
+            skv_events_tokens(null_mut(), 4, 0, &r, 0, t.as_ptr(), 10),
+            SKV_ERR_NULL_ARG,
+            "skv_events_tokens: cache is NULL",
+        );
+        refused(
+            skv_events_tokens(e.c, 4, 0, null(), 0, t.as_ptr(), 10),
+            SKV_ERR_NULL_ARG,
+            "skv_events_tokens: req is NULL",
+        );
+        let req = mis(4) as *const skv_req;
+        refused(
+            skv_events_tokens(e.c, 4, 0, req, 0, t.as_ptr(), 10),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_tokens: req {:#x} is not aligned to 8 bytes", req as usize),
+        );
+        let tokens = (t.as_ptr() as *const u8).wrapping_add(1) as *const i32;
+        refused(
+            skv_events_tokens(e.c, 4, 0, &r, 0, tokens, 2),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_tokens: tokens {:#x} is not aligned to 4 bytes", tokens as usize),
+        );
+        let huge = isize::MAX as usize / 4 + 1;
+        refused(
+            skv_events_tokens(e.c, 4, 0, &r, 0, t.as_ptr(), huge),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_tokens: tokens: {huge} elements is no array's length"),
+        );
+        // The req's fields (docs/refusals.md), each on a copy of the running req.
+        let fields: [(skv_req, &str); 9] = [
+            (skv_req { req_pool_idx: -2, ..r }, "req_pool_idx -2 out of range [-1, 16)"),
+            (skv_req { req_pool_idx: 16, ..r }, "req_pool_idx 16 out of range [-1, 16)"),
+            (skv_req { kv_committed_len: 11, ..r }, "kv_committed_len 11 > kv_allocated_len 10"),
+            (skv_req { cache_protected_len: 12, ..r }, "cache_protected_len 12 > kv_committed_len 10"),
+            (skv_req { cache_protected_len: 2, ..r }, "cache_protected_len 2 is not a multiple of page_size 4"),
+            (skv_req { kv_allocated_len: 513, ..r }, "kv_allocated_len 513 > max_context_len 512"),
+            (skv_req { swa_evict_floor: 513, ..r }, "swa_evict_floor 513 > max_context_len 512"),
+            (
+                skv_req { swa_evicted_seqlen: 11, ..r },
+                "swa_evicted_seqlen 11 > max(kv_allocated_len 10, swa_dead_lo 0)",
+            ),
+            (skv_req { finished_len: -2, ..r }, "finished_len -2 out of range [-1, 0] (output_len)"),
+        ];
+        for (q, text) in &fields {
+            refused(
+                skv_events_tokens(e.c, 4, 0, q, 0, t.as_ptr(), 10),
+                SKV_ERR_INVALID_ARG,
+                &format!("skv_events_tokens: {text}"),
+            );
+        }
         let fresh = skv_req::default();
         refused(skv_events_tokens(e.c, 4, 0, &fresh, 0, t.as_ptr(), 1), SKV_ERR_INVALID_ARG, "the req holds no row");
         e.finish(4, 0, &mut r, false);
         refused(skv_events_tokens(e.c, 4, 0, &r, 0, t.as_ptr(), 1), SKV_ERR_INVALID_ARG, "the req holds no row");
-        let (mut len, mut seq) = (0usize, 0u64);
+        // Batches are pending now: no refused drain consumes one, or writes *len or *seq.
+        let (mut len, mut seq) = (77usize, 77u64);
         refused(
             skv_events_drain(e.c, null_mut(), 8, &mut len, &mut seq),
             SKV_ERR_NULL_ARG,
             "buf is NULL with 8 elements",
         );
         refused(skv_events_drain(e.c, null_mut(), 0, null_mut(), &mut seq), SKV_ERR_NULL_ARG, "len is NULL");
+        let mut words = [0u64; 8];
+        let buf = words.as_mut_ptr() as *mut u8;
+        refused(
+            skv_events_drain(null_mut(), buf, 64, &mut len, &mut seq),
+            SKV_ERR_NULL_ARG,
+            "skv_events_drain: cache is NULL",
+        );
+        refused(
+            skv_events_drain(e.c, buf, 64, &mut len, null_mut()),
+            SKV_ERR_NULL_ARG,
+            "skv_events_drain: seq is NULL",
+        );
+        let inside = buf.wrapping_add(8) as *mut usize;
+        refused(
+            skv_events_drain(e.c, buf, 64, inside, &mut seq),
+            SKV_ERR_INVALID_ARG,
+            &format!(
+                "skv_events_drain: buf [{:#x}, +64 bytes) and len [{:#x}, +8 bytes) overlap",
+                buf as usize, inside as usize
+            ),
+        );
+        let last = buf.wrapping_add(56) as *mut u64;
+        refused(
+            skv_events_drain(e.c, buf, 64, &mut len, last),
+            SKV_ERR_INVALID_ARG,
+            &format!(
+                "skv_events_drain: buf [{:#x}, +64 bytes) and seq [{:#x}, +8 bytes) overlap",
+                buf as usize, last as usize
+            ),
+        );
+        let both: *mut usize = &mut len;
+        refused(
+            skv_events_drain(e.c, buf, 64, both, both as *mut u64),
+            SKV_ERR_INVALID_ARG,
+            &format!(
+                "skv_events_drain: len [{:#x}, +8 bytes) and seq [{:#x}, +8 bytes) overlap",
+                both as usize, both as usize
+            ),
+        );
+        let len_at = mis(1) as *mut usize;
+        refused(
+            skv_events_drain(e.c, buf, 64, len_at, &mut seq),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_drain: len {:#x} is not aligned to 8 bytes", len_at as usize),
+        );
+        let seq_at = mis(20) as *mut u64;
+        refused(
+            skv_events_drain(e.c, buf, 64, &mut len, seq_at),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_drain: seq {:#x} is not aligned to 8 bytes", seq_at as usize),
+        );
+        // A cap no array can have: len and seq lie below buf, so the three do not overlap.
+        #[repr(C)]
+        struct Outs {
+            len: usize,
+            seq: u64,
+            buf: [u8; 16],
+        }
+        let mut o = Outs { len: 77, seq: 77, buf: [0; 16] };
+        let cap = isize::MAX as usize + 1;
+        refused(
+            skv_events_drain(e.c, o.buf.as_mut_ptr(), cap, &mut o.len, &mut o.seq),
+            SKV_ERR_INVALID_ARG,
+            &format!("skv_events_drain: buf: {cap} elements is no array's length"),
+        );
+        assert_eq!((len, seq, o.len, o.seq), (77, 77, 77, 77), "a refused drain writes neither *len nor *seq");
     }
     e.pump();
+    assert_eq!(e.router.gaps, 0, "a refused drain consumed a batch");
+    // The refused skv_events_session calls left session 4's salt the default.
+    e.check(4, 0, &toks(90, 10));
+    assert_eq!(e.router.score(&toks(90, 10), &salt_of(4)), 2);
+}
+
+/// An owned handle with events off.
+fn bare_handle() -> *mut skv_cache {
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 4,
+        num_token_slots: 1024,
+        num_rows: 4,
+        max_context_len: 64,
+        flags: 0,
+        swa_num_token_slots: 0,
+    };
+    let mut c = null_mut();
+    // SAFETY: valid pointers.
+    ok(unsafe { skv_cache_new(&cfg, &mut c) }, "create");
+    c
+}
+
+fn drain_only() -> skv_events_config {
+    skv_events_config {
+        struct_size: std::mem::size_of::<skv_events_config>() as u32,
+        data_parallel_rank: 0,
+        flags: 0,
+        max_batches: 0,
+        endpoint: null(),
+        topic: null(),
+    }
+}
+
+#[test]
+fn a_refused_enable_leaves_the_handles_events_off() {
+    use skv_status::*;
+    let c = bare_handle();
+    let good = drain_only();
+    let not_utf8 = CString::new(vec![b't', 0xff]).unwrap();
+    let ep = CString::new("tcp://*:5557").unwrap();
+    let cases: [(skv_events_config, skv_status, &str); 7] = [
+        (
+            skv_events_config { struct_size: 16, ..good },
+            SKV_ERR_INVALID_ARG,
+            "cfg->struct_size 16 < 32, the first published sizeof(skv_events_config)",
+        ),
+        (skv_events_config { struct_size: 0, ..good }, SKV_ERR_INVALID_ARG, "cfg->struct_size 0 < 32"),
+        (skv_events_config { flags: 0x2, ..good }, SKV_ERR_INVALID_ARG, "cfg->flags 0x2 has unknown bits"),
+        (skv_events_config { topic: not_utf8.as_ptr(), ..good }, SKV_ERR_INVALID_ARG, "cfg->topic is not UTF-8"),
+        (skv_events_config { endpoint: not_utf8.as_ptr(), ..good }, SKV_ERR_INVALID_ARG, "cfg->endpoint is not UTF-8"),
+        (
+            skv_events_config { endpoint: ep.as_ptr(), ..good },
+            SKV_ERR_UNSUPPORTED,
+            "cfg->endpoint \"tcp://*:5557\": this libskv has no built-in publisher",
+        ),
+        (
+            skv_events_config { data_parallel_rank: 1 << 31, ..good },
+            SKV_ERR_INVALID_ARG,
+            "data_parallel_rank 2147483648",
+        ),
+    ];
+    let refused = |st: skv_status, want: skv_status, text: &str| {
+        let m = last_error_message();
+        assert_eq!(st, want, "{m}");
+        assert!(m.starts_with("skv_events_enable: ") && m.contains(text), "{m:?} lacks {text:?}");
+    };
+    /// A caller's config from a later ABI: bytes past this library's sizeof.
+    #[repr(C)]
+    struct Wider {
+        cfg: skv_events_config,
+        next: u64,
+    }
+    let wider = |next| Wider { cfg: skv_events_config { struct_size: 40, ..good }, next };
+    let mut raw = [0u64; 8];
+    let misaligned = (raw.as_mut_ptr() as *mut u8).wrapping_add(4) as *const skv_events_config;
+    let (mut len, mut seq, mut buf) = (0usize, 77u64, [0u8; 256]);
+    // SAFETY: a live handle; valid configs (the misaligned one is refused before it is read).
+    unsafe {
+        for (cfg, want, text) in &cases {
+            refused(skv_events_enable(c, cfg), *want, text);
+        }
+        refused(
+            skv_events_enable(c, misaligned),
+            SKV_ERR_INVALID_ARG,
+            &format!("cfg {:#x} is not aligned to 8 bytes", misaligned as usize),
+        );
+        refused(
+            skv_events_enable(c, &wider(1).cfg),
+            SKV_ERR_INVALID_ARG,
+            "cfg->struct_size 40: byte 32, past this library's sizeof(skv_events_config) 32, is non-zero",
+        );
+        // Every refusal left events off ...
+        let st = skv_events_drain(c, buf.as_mut_ptr(), buf.len(), &mut len, &mut seq);
+        assert_eq!(st, SKV_ERR_STATE);
+        assert_eq!(last_error_message(), "skv_events_drain: events are not enabled on this handle (skv_events_enable)");
+        // ... so they can still be enabled, and the first batch is sequence 0: AllBlocksCleared.
+        ok(skv_events_enable(c, &wider(0).cfg), "skv_events_enable, a wider config of zeros");
+        ok(skv_events_drain(c, buf.as_mut_ptr(), buf.len(), &mut len, &mut seq), "skv_events_drain");
+        assert_eq!(seq, 0);
+        let batch = decode_event_batch(&buf[..len]).expect("Dynamo decodes the batch");
+        assert!(matches!(batch.events[..], [RawKvEvent::AllBlocksCleared { .. }]), "{:?}", batch.events);
+        skv_cache_free(c);
+    }
+}
+
+#[test]
+fn the_record_checks_refuse_a_req_that_is_not_libskvs_record() {
+    use skv_status::*;
+    let refused = |st: skv_status, want: skv_status, text: &str| {
+        let m = last_error_message();
+        assert_eq!(st, want, "{m}");
+        assert!(m.starts_with("skv_events_tokens: ") && m.contains(text), "{m:?} lacks {text:?}");
+    };
+    // Owned mode with an SWA pool: the record checks but the engine's window cursor.
+    let mut e = Engine::new(&Setup { swa: 4096, ..Setup::new(Mode::Owned) });
+    let p = toks(30, 10);
+    let t: Vec<i32> = p.iter().map(|&x| x as i32).collect();
+    let mut r = e.run(1, 0, &[], &Turn::plain(&p, &[]));
+    let (row, g) = (r.req_pool_idx, r.row_generation);
+    assert_ne!(g, 0, "an owned row's req carries its generation");
+    assert_ne!(row, 15);
+    let cases: Vec<(skv_req, skv_status, String)> = vec![
+        (
+            skv_req { aux_state: 3, aux_track: [-1, 3], ..r },
+            SKV_ERR_INVALID_ARG,
+            "aux_state and aux_track[1] are both recurrent-state handle 3: a release would free it twice".into(),
+        ),
+        (
+            skv_req { aux_track: [5, 5], ..r },
+            SKV_ERR_INVALID_ARG,
+            "aux_track[0] and aux_track[1] are both recurrent-state handle 5".into(),
+        ),
+        (
+            skv_req { req_pool_idx: 15, row_generation: 0, kv_allocated_len: 0, kv_committed_len: 0, ..r },
+            SKV_ERR_NOT_FOUND,
+            "row 15 is not in use".into(),
+        ),
+        (
+            skv_req { row_generation: g + 1, ..r },
+            SKV_ERR_STATE,
+            format!(
+                "req_pool_idx {row} is a stale copy: its row_generation is {} but row {row} is now at generation {g}",
+                g + 1
+            ),
+        ),
+        (
+            skv_req { kv_allocated_len: 11, ..r },
+            SKV_ERR_INVALID_ARG,
+            format!("kv_allocated_len 11 != 10 tokens mapped by row {row}"),
+        ),
+        (
+            skv_req { cache_protected_len: 4, ..r },
+            SKV_ERR_INVALID_ARG,
+            format!("cache_protected_len 4 != 0 recorded for row {row}"),
+        ),
+        (
+            skv_req { swa_evicted_seqlen: 4, ..r },
+            SKV_ERR_INVALID_ARG,
+            format!("swa_evicted_seqlen 4 != 0 recorded for row {row}"),
+        ),
+    ];
+    // SAFETY: a live handle, reqs and tokens.
+    unsafe {
+        for (q, want, text) in &cases {
+            refused(skv_events_tokens(e.c, 1, 0, q, 0, t.as_ptr(), 10), *want, text);
+        }
+        let kept = r;
+        e.finish(1, 0, &mut r, false);
+        // A copy kept from the finished turn: its row is the idle slot's now.
+        let stale = skv_req { kv_allocated_len: kept.kv_allocated_len + 1, row_generation: 0, ..kept };
+        refused(
+            skv_events_tokens(e.c, 1, 0, &stale, 0, t.as_ptr(), 10),
+            SKV_ERR_STATE,
+            &format!(
+                "req_pool_idx {row} is a stale copy: row {row} belongs to the idle slot of session 1 branch 0 and \
+                 the req disagrees with it (kv_allocated_len 11 != "
+            ),
+        );
+        // Agreeing with the row, it is still not a running turn's req.
+        refused(
+            skv_events_tokens(e.c, 1, 0, &kept, 0, t.as_ptr(), 10),
+            SKV_ERR_STATE,
+            &format!("session 1 branch 0 has an idle slot in row {row}"),
+        );
+    }
+    // None of them changed what the router holds.
+    e.check(1, 0, &p);
+    assert_eq!(e.router.score(&p, &salt_of(1)), 2);
+    // External mode with free_kv_segment's slot: the window cursor the pool can free around.
+    for (segments, cursor, text) in [
+        (
+            false,
+            4,
+            "swa_evicted_seqlen 4 > swa_dead_lo 0: the window freed positions [0, 4), but ops->free_kv_segment is NULL",
+        ),
+        (true, 6, "swa_evicted_seqlen 6 is not a multiple of page_size 4: past swa_dead_lo 0"),
+    ] {
+        let mut e = Engine::new(&Setup { ops_size: 56, segments, ..Setup::new(Mode::External) });
+        let mut r = e.run(1, 0, &[], &Turn::plain(&p, &[]));
+        let q = skv_req { swa_evicted_seqlen: cursor, ..r };
+        // SAFETY: a live handle, req and tokens.
+        refused(unsafe { skv_events_tokens(e.c, 1, 0, &q, 0, t.as_ptr(), 10) }, SKV_ERR_INVALID_ARG, text);
+        e.finish(1, 0, &mut r, false);
+        e.check(1, 0, &p);
+        assert_eq!(e.router.score(&p, &salt_of(1)), 2);
+    }
+}
+
+#[test]
+fn a_branchs_tokens_come_with_the_row_its_slot_holds() {
+    use skv_status::*;
+    let refused = |st: skv_status, text: &str| {
+        let m = last_error_message();
+        assert_eq!(st, SKV_ERR_STATE, "{m}");
+        assert!(m.starts_with("skv_events_tokens: ") && m.contains(text), "{m:?} lacks {text:?}");
+    };
+    let i32s = |v: &[u32]| v.iter().map(|&x| x as i32).collect::<Vec<_>>();
+    let mut e = Engine::new(&Setup::new(Mode::Owned));
+    // Session 1 branch 0: a finished turn, its slot idle in row1.
+    let (p1, o1) = (toks(40, 12), toks(41, 4));
+    let mut r1 = e.run(1, 0, &[], &Turn::plain(&p1, &o1));
+    let row1 = r1.req_pool_idx;
+    e.tokens(1, 0, &r1, p1.len() as u32, &o1);
+    e.finish(1, 0, &mut r1, false);
+    let seq1 = [p1, o1].concat();
+    // Session 2 branch 0: a first turn running in row2.
+    let p2 = toks(42, 8);
+    let mut r2 = e.run(2, 0, &[], &Turn::plain(&p2, &[]));
+    let row2 = r2.req_pool_idx;
+    let t2 = i32s(&p2);
+    // SAFETY: a live handle, reqs and tokens throughout.
+    unsafe {
+        refused(
+            skv_events_tokens(e.c, 1, 0, &r2, 0, t2.as_ptr(), 8),
+            &format!("session 1 branch 0 has an idle slot in row {row1}"),
+        );
+        // Turn 2 of session 1 branch 0: the hit restores the slot, running, into row1.
+        let q1 = [seq1.clone(), toks(43, 5)].concat();
+        let mut r1 = e.run(1, 0, &seq1, &Turn::plain(&q1, &[]));
+        assert_eq!(r1.req_pool_idx, row1);
+        refused(
+            skv_events_tokens(e.c, 1, 0, &r2, 0, t2.as_ptr(), 8),
+            &format!("session 1 branch 0 has a running slot in row {row1}"),
+        );
+        let t1 = i32s(&q1);
+        for (s, b) in [(3, 0), (1, 1)] {
+            refused(
+                skv_events_tokens(e.c, s, b, &r1, 0, t1.as_ptr(), t1.len()),
+                &format!("row {row1} belongs to the slot of session 1 branch 0"),
+            );
+        }
+        // Another row for session 2 branch 0, whose tokens went with row2.
+        let mut r3 = skv_req::default();
+        e.alloc_row(&mut r3);
+        e.extend(&mut r3, 8);
+        e.commit(&mut r3, 8);
+        let row3 = r3.req_pool_idx;
+        let other = i32s(&toks(44, 8));
+        refused(
+            skv_events_tokens(e.c, 2, 0, &r3, 0, other.as_ptr(), 8),
+            &format!("session 2 branch 0 lives in row {row2}, the req holds row {row3}"),
+        );
+        ok(skv_free_req(e.c, &mut r3), "skv_free_req");
+        e.finish(1, 0, &mut r1, false);
+        e.finish(2, 0, &mut r2, false);
+        // Nothing refused changed what the router holds.
+        e.check(1, 0, &q1);
+        e.check(2, 0, &p2);
+        assert_eq!((e.router.score(&q1, &salt_of(1)), e.router.score(&p2, &salt_of(2))), (5, 2));
+        assert_eq!(e.router.blocks(), 7);
+    }
+}
+
+/// A pool whose free_row makes each events call on its own handle, from inside the callback.
+struct Probe {
+    c: *mut skv_cache,
+    seen: Vec<(skv_status, String)>,
+}
+
+unsafe extern "C" fn probe_read_row(_ud: *mut c_void, _row: i32, start: u32, end: u32, out: *mut i32) -> c_int {
+    for i in 0..(end - start) as usize {
+        // SAFETY: libskv hands room for end - start values.
+        unsafe { *out.add(i) = i as i32 };
+    }
+    0
+}
+
+unsafe extern "C" fn probe_free_row(ud: *mut c_void, _row: i32) -> c_int {
+    // SAFETY: the Probe passed as user_data; libskv calls back one at a time.
+    let p = unsafe { &mut *(ud as *mut Probe) };
+    let cfg = drain_only();
+    let salt = CString::new("from-a-callback").unwrap();
+    let r = skv_req::default();
+    let t = [1i32];
+    let (mut len, mut seq, mut buf) = (0usize, 0u64, [0u8; 256]);
+    // SAFETY: the handle calling back, and valid pointers.
+    unsafe {
+        p.seen.push((skv_events_enable(p.c, &cfg), last_error_message()));
+        p.seen.push((skv_events_session(p.c, 1, salt.as_ptr(), null()), last_error_message()));
+        p.seen.push((skv_events_tokens(p.c, 1, 0, &r, 0, t.as_ptr(), 1), last_error_message()));
+        p.seen.push((skv_events_drain(p.c, buf.as_mut_ptr(), buf.len(), &mut len, &mut seq), last_error_message()));
+    }
+    0
+}
+
+#[test]
+fn an_events_call_from_inside_a_callback_is_refused_and_changes_nothing() {
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 4,
+        num_token_slots: 1024,
+        num_rows: 4,
+        max_context_len: 64,
+        flags: 0,
+        swa_num_token_slots: 0,
+    };
+    let ops = skv_pool_ops {
+        struct_size: 48,
+        read_row: Some(probe_read_row),
+        free_kv: Some(cb_free_kv),
+        free_row: Some(probe_free_row),
+        dec_lock_ref: None,
+        free_aux: None,
+        free_kv_segment: None,
+    };
+    let probe = Box::into_raw(Box::new(Probe { c: null_mut(), seen: Vec::new() }));
+    let mut c = null_mut();
+    // SAFETY: valid pointers; the probe outlives the handle, and is read here only while no
+    // callback runs.
+    unsafe {
+        ok(skv_cache_new_external(&cfg, &ops, probe as *mut c_void, &mut c), "create");
+        (*probe).c = c;
+        ok(skv_events_enable(c, &drain_only()), "skv_events_enable");
+        // A first turn the engine aborts: libskv hands its row back through free_row.
+        let mut r = skv_req { req_pool_idx: 2, ..Default::default() };
+        ok(skv_cache_finished_req(c, 1, 0, &mut r, 1), "skv_cache_finished_req, aborted");
+        let seen = &(*probe).seen;
+        assert_eq!(seen.len(), 4, "free_row ran once");
+        let names = ["skv_events_enable", "skv_events_session", "skv_events_tokens", "skv_events_drain"];
+        for (name, (st, m)) in names.iter().zip(seen) {
+            assert_eq!(*st, skv_status::SKV_ERR_STATE, "{m}");
+            assert!(m.starts_with(&format!("{name}: called from inside a libskv callback")), "{m:?}");
+        }
+        // The drain inside consumed nothing: the first batch, AllBlocksCleared, is still pending.
+        let (mut len, mut seq, mut buf) = (0usize, 77u64, [0u8; 256]);
+        ok(skv_events_drain(c, buf.as_mut_ptr(), buf.len(), &mut len, &mut seq), "skv_events_drain");
+        assert_eq!(seq, 0);
+        let batch = decode_event_batch(&buf[..len]).expect("Dynamo decodes the batch");
+        assert!(matches!(batch.events[..], [RawKvEvent::AllBlocksCleared { .. }]), "{:?}", batch.events);
+        skv_cache_free(c);
+        drop(Box::from_raw(probe));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
