@@ -107,6 +107,9 @@ int main(void) {
     EXPECT(strstr(skv_last_error(), "built without the `events` feature") != NULL);
     EXPECT(skv_events_drain(c, NULL, 0, &len, &seq) == SKV_ERR_UNSUPPORTED);
     EXPECT(skv_events_session(c, 1, NULL, NULL) == SKV_ERR_UNSUPPORTED);
+    TRY(skv_req_init(&r));
+    tokens[0] = 1000;
+    EXPECT(skv_events_tokens(c, 1, 0, &r, 0, tokens, 1) == SKV_ERR_UNSUPPORTED);
     skv_cache_free(c);
     printf("test_doc_events: a build without events (%d failures)\n", failures);
     return failures != 0;

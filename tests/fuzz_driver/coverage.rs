@@ -138,8 +138,8 @@ pub const UNREACHABLE: &[(&str, &str, &str)] = &[
 const EVENTS: &str = "the events calls, driven by tests/events_session.rs";
 /// UNSUPPORTED of a live handle outside a callback in a build without the `events` feature,
 /// the fuzzer's build, whose events calls the handle checks refuse first (enable's also comes
-/// from an endpoint without `zmq`: EVENTS). ctests/test_doc_events.c drives session's and
-/// drain's in the default build; no test drives tokens', the same `without_events` step.
+/// from an endpoint without `zmq`: EVENTS). ctests/test_doc_events.c drives all three in
+/// the default build.
 const WITHOUT_EVENTS: &str = "a build without the events feature, past the handle checks";
 
 /// Pairs a run of 100,000 calls does not reliably reach (a seed in twenty or so misses each;
