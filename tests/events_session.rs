@@ -818,18 +818,7 @@ fn an_overflow_drops_batches_then_the_router_converges_on_the_recovery() {
 
 #[test]
 fn a_handle_with_events_off_emits_nothing_and_says_so() {
-    let cfg = skv_cache_config {
-        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: 4,
-        num_token_slots: 1024,
-        num_rows: 4,
-        max_context_len: 64,
-        flags: 0,
-        swa_num_token_slots: 0,
-    };
-    let mut c = null_mut();
-    // SAFETY: valid pointers.
-    ok(unsafe { skv_cache_new(&cfg, &mut c) }, "create");
+    let c = bare_handle();
     let mut r = skv_req::default();
     // SAFETY: a live handle and req.
     unsafe {
