@@ -30,7 +30,9 @@
  *   reads only struct_size bytes and fields past them take their zero default. A struct_size
  *   below the first published size, or a larger struct with a non-zero byte past this
  *   library's sizeof (a field it does not know), is SKV_ERR_INVALID_ARG.
- * - Caller memory: every pointer must be aligned for its type, and the arrays and structs one
+ * - Caller memory: a pointer is NULL or valid (live, holding its type; an array as many
+ *   values as its length says) unless a function's comment says more; a handle is NULL or
+ *   live. Every pointer must be aligned for its type, and the arrays and structs one
  *   call reads and writes must not share a byte (an out_loc over the reqs, n_tokens pointing
  *   into a req): SKV_ERR_INVALID_ARG naming the pair, checked with the NULL checks before the
  *   handle, nothing changed.
@@ -995,8 +997,6 @@ const char *skv_version(void);
 /**
  * Creates a cache over libskv's own paged pool and rows (owned mode) in `*out`.
  *
- * The caller must pass cfg and out as NULL or valid pointers.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY
  */
 enum skv_status skv_cache_new(const struct skv_cache_config *cfg, struct skv_cache **out);
@@ -1039,8 +1039,6 @@ enum skv_status skv_cache_set_trace(struct skv_cache *c, const char *path);
  * Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
  * aux_state -1, both aux_track entries -1.
  *
- * The caller must pass req as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
  */
 enum skv_status skv_req_init(struct skv_req *req);
@@ -1051,8 +1049,6 @@ enum skv_status skv_req_init(struct skv_req *req);
  * 0: the engine will not run the request (a miss, nothing changes). `*out` receives hit and
  * prefix_len. A hit leaves the slot in flight until the request finishes (docs/operations.md,
  * docs/conventions.md#state-after-a-hit).
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
  *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
@@ -1071,8 +1067,6 @@ enum skv_status skv_match_prefix(struct skv_cache *c,
  * request that matched but never ran goes back with skv_hand_back instead (docs/operations.md;
  * what an abort releases: docs/conventions.md#aborts-what-is-released).
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
  *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
@@ -1089,8 +1083,6 @@ enum skv_status skv_cache_finished_req(struct skv_cache *c,
  * the hit left it (a request that ran is finished or aborted instead) and ends holding nothing
  * (docs/operations.md).
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
  */
 enum skv_status skv_hand_back(struct skv_cache *c,
@@ -1102,8 +1094,6 @@ enum skv_status skv_hand_back(struct skv_cache *c,
  * Between prefill chunks: `*handled` = 1 when the session slot handles this request (a later
  * turn), 0 when the engine runs its own prefix-tree path. Changes nothing
  * (docs/conventions.md#skv_checkpoint-and-handled).
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
  */
@@ -1117,8 +1107,6 @@ enum skv_status skv_checkpoint(const struct skv_cache *c,
  * Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
  * refuses the whole call with SKV_ERR_STATE.
  *
- * The caller must pass c as NULL or a live handle.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
  *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
@@ -1126,8 +1114,6 @@ enum skv_status skv_release_session(struct skv_cache *c, uint64_t session_id);
 
 /**
  * Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
- *
- * The caller must pass c as NULL or a live handle.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
  *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
@@ -1140,8 +1126,6 @@ enum skv_status skv_release_branch(struct skv_cache *c, uint64_t session_id, uin
  * takes no req: the engine lowers its req's kv_allocated_len itself. The ranges each mode, a
  * session's row and the SWA cursor allow: docs/operations.md#skv_free_alignedc-row-target-end.
  *
- * The caller must pass c as NULL or a live handle.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
  *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
@@ -1153,8 +1137,6 @@ enum skv_status skv_free_aligned(struct skv_cache *c, int32_t row, uint32_t targ
  * finished_len), and the req's finished_len is lowered to it when larger. On a session's row
  * the primitives' rules apply (docs/operations.md#primitives-both-modes).
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
  *          SKV_ERR_STATE, SKV_ERR_CALLBACK
  */
@@ -1164,8 +1146,6 @@ enum skv_status skv_trim_overshoot(struct skv_cache *c, struct skv_req *req, uin
  * Frees what lies past `prefix_len` (the match path's tail free; also how rejected drafts are
  * dropped). On a session's row the primitives' rules apply
  * (docs/operations.md#primitives-both-modes).
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
  *          SKV_ERR_STATE, SKV_ERR_CALLBACK
@@ -1194,8 +1174,6 @@ enum skv_status skv_session_held(const struct skv_cache *c,
  * SKV_SWA_NO_PREFIX_SHARING or 0. Needs free_kv_segment (external mode) or an SWA pool (owned
  * mode). Step by step: docs/hybrid.md#the-window-step.
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
  *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
@@ -1212,8 +1190,6 @@ enum skv_status skv_swa_evict(struct skv_cache *c,
  * What every slot of session_id holds, in flight or idle, written to `*out`; all zeros for a
  * session without slots (docs/operations.md#scheduler-queries).
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_session_usage(const struct skv_cache *c,
@@ -1222,8 +1198,6 @@ enum skv_status skv_session_usage(const struct skv_cache *c,
 
 /**
  * skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
@@ -1253,8 +1227,6 @@ enum skv_status skv_idle_sessions(const struct skv_cache *c,
  * take now, as skv_match_prefix with `key_len` followed by skv_alloc_extend to total_len would
  * do it; written to `*out`. Changes nothing (docs/operations.md#scheduler-queries).
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_admission_pages(const struct skv_cache *c,
@@ -1267,8 +1239,6 @@ enum skv_status skv_admission_pages(const struct skv_cache *c,
 /**
  * Assigns a free row to a req that holds none; the row maps nothing yet, so the req's KV
  * lengths become 0 (docs/operations.md#owned-mode-calls).
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
  *          SKV_ERR_UNSUPPORTED
@@ -1292,8 +1262,6 @@ enum skv_status skv_alloc_extend(struct skv_cache *c,
 
 /**
  * kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
  *          SKV_ERR_UNSUPPORTED
@@ -1336,8 +1304,6 @@ enum skv_status skv_commit_batch(struct skv_cache *c,
 /**
  * A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
  * and KV lengths 0; its lock_node, aux_state and aux_track stay the engine's to release.
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
  *          SKV_ERR_UNSUPPORTED
@@ -1396,8 +1362,6 @@ enum skv_status skv_map_prefix(struct skv_cache *c,
  * The row's pages [protected, new_protected_len) become engine-held (inserted in the
  * engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
  *          SKV_ERR_UNSUPPORTED
  */
@@ -1439,8 +1403,6 @@ enum skv_status skv_row_swa_indices(const struct skv_cache *c,
  * Reads the pool's occupancy and counters into `*out`; in external mode only what libskv knows
  * there (see skv_stats).
  *
- * The caller must pass every pointer as NULL or valid.
- *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out);
@@ -1449,8 +1411,6 @@ enum skv_status skv_cache_stats(const struct skv_cache *c, struct skv_stats *out
  * Audits the owned pool, linear in pages plus the rows' page entries, and writes the report to
  * `*out`: violations == 0 when every invariant holds (the list:
  * docs/operations.md#owned-mode-calls).
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
  *          SKV_ERR_UNSUPPORTED
@@ -1527,8 +1487,6 @@ enum skv_status skv_device_attach(struct skv_cache *c, int device_ordinal, void 
  * Makes the device copy equal to the host rows at every mapped position, copying only the spans
  * mapped anew since the last sync, asynchronously on the attached stream. Writes the copy's
  * device pointer and its row stride in int32 values, max_context_len (docs/device.md).
- *
- * The caller must pass every pointer as NULL or valid.
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
  */

@@ -127,8 +127,6 @@ fn boxed(cache: Cache) -> Result<*mut skv_cache> {
 
 /// Creates a cache over libskv's own paged pool and rows (owned mode) in `*out`.
 ///
-/// The caller must pass cfg and out as NULL or valid pointers.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_new(cfg: *const skv_cache_config, out: *mut *mut skv_cache) -> skv_status {

@@ -45,8 +45,6 @@ pub unsafe extern "C" fn skv_device_attach(
 /// mapped anew since the last sync, asynchronously on the attached stream. Writes the copy's
 /// device pointer and its row stride in int32 values, max_context_len (docs/device.md).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_CUDA, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_device_sync(

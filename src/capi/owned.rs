@@ -8,8 +8,6 @@ use crate::core::{Cache, Error, Req, Result};
 /// Assigns a free row to a req that holds none; the row maps nothing yet, so the req's KV
 /// lengths become 0 (docs/operations.md#owned-mode-calls).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
@@ -57,8 +55,6 @@ pub unsafe extern "C" fn skv_alloc_extend(
 }
 
 /// kv_committed_len += n_tokens, which must stay <= kv_allocated_len.
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
@@ -211,8 +207,6 @@ pub unsafe extern "C" fn skv_commit_batch(
 /// A non-session finish: frees [protected, allocated) and the row. The req ends with row -1
 /// and KV lengths 0; its lock_node, aux_state and aux_track stay the engine's to release.
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
 #[no_mangle]
@@ -338,8 +332,6 @@ pub unsafe extern "C" fn skv_map_prefix(
 
 /// The row's pages [protected, new_protected_len) become engine-held (inserted in the
 /// engine's tree); new_protected_len is a multiple of page_size and <= kv_committed_len.
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED

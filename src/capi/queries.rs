@@ -11,8 +11,6 @@ pub use crate::core::{Admission as skv_admission, Usage as skv_usage};
 /// What every slot of session_id holds, in flight or idle, written to `*out`; all zeros for a
 /// session without slots (docs/operations.md#scheduler-queries).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_usage(
@@ -25,8 +23,6 @@ pub unsafe extern "C" fn skv_session_usage(
 }
 
 /// skv_session_usage for the one slot of (session_id, branch_id): slots is 1 or 0.
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
@@ -153,8 +149,6 @@ pub unsafe extern "C" fn skv_idle_sessions(
 /// Owned mode: what admitting a request of `total_len` tokens on (session_id, branch_id) would
 /// take now, as skv_match_prefix with `key_len` followed by skv_alloc_extend to total_len would
 /// do it; written to `*out`. Changes nothing (docs/operations.md#scheduler-queries).
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]

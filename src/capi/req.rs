@@ -62,8 +62,6 @@ pub(crate) unsafe fn req_export(
 /// Sets a req to hold nothing: row -1, row_generation 0, lengths 0, finished_len -1, lock 0,
 /// aux_state -1, both aux_track entries -1.
 ///
-/// The caller must pass req as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
 #[no_mangle]
 pub unsafe extern "C" fn skv_req_init(req: *mut Req) -> skv_status {

@@ -13,8 +13,6 @@ pub use crate::core::{Held as skv_held, Match as skv_match};
 /// prefix_len. A hit leaves the slot in flight until the request finishes (docs/operations.md,
 /// docs/conventions.md#state-after-a-hit).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
@@ -57,8 +55,6 @@ pub unsafe extern "C" fn skv_match_prefix(
 /// request that matched but never ran goes back with skv_hand_back instead (docs/operations.md;
 /// what an abort releases: docs/conventions.md#aborts-what-is-released).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
@@ -95,8 +91,6 @@ pub unsafe extern "C" fn skv_cache_finished_req(
 /// the hit left it (a request that ran is finished or aborted instead) and ends holding nothing
 /// (docs/operations.md).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_hand_back(
@@ -121,8 +115,6 @@ pub unsafe extern "C" fn skv_hand_back(
 /// Between prefill chunks: `*handled` = 1 when the session slot handles this request (a later
 /// turn), 0 when the engine runs its own prefix-tree path. Changes nothing
 /// (docs/conventions.md#skv_checkpoint-and-handled).
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_NOT_FOUND, SKV_ERR_STATE
 #[no_mangle]
@@ -157,8 +149,6 @@ pub unsafe extern "C" fn skv_checkpoint(
 /// Releases every branch of a session, oldest slot first. No slot: OK. A slot in flight
 /// refuses the whole call with SKV_ERR_STATE.
 ///
-/// The caller must pass c as NULL or a live handle.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
 ///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
@@ -179,8 +169,6 @@ pub unsafe extern "C" fn skv_release_session(c: *mut skv_cache, session_id: u64)
 }
 
 /// Releases one branch's slot. No slot: OK. In flight: SKV_ERR_STATE.
-///
-/// The caller must pass c as NULL or a live handle.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
 ///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
@@ -205,8 +193,6 @@ pub unsafe extern "C" fn skv_release_branch(c: *mut skv_cache, session_id: u64, 
 /// page_size is 1), keeping the page that holds target - 1; target == end frees nothing. It
 /// takes no req: the engine lowers its req's kv_allocated_len itself. The ranges each mode, a
 /// session's row and the SWA cursor allow: docs/operations.md#skv_free_alignedc-row-target-end.
-///
-/// The caller must pass c as NULL or a live handle.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
@@ -238,8 +224,6 @@ pub unsafe extern "C" fn skv_free_aligned(c: *mut skv_cache, row: i32, target: u
 /// finished_len), and the req's finished_len is lowered to it when larger. On a session's row
 /// the primitives' rules apply (docs/operations.md#primitives-both-modes).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK
 #[no_mangle]
@@ -255,8 +239,6 @@ pub unsafe extern "C" fn skv_trim_overshoot(c: *mut skv_cache, req: *mut Req, fi
 /// Frees what lies past `prefix_len` (the match path's tail free; also how rejected drafts are
 /// dropped). On a session's row the primitives' rules apply
 /// (docs/operations.md#primitives-both-modes).
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK
@@ -313,8 +295,6 @@ pub const SKV_SWA_NO_PREFIX_SHARING: u32 = 0x1;
 /// the positions it passed goes back; `*freed` (NULL allowed) receives how many. `flags`:
 /// SKV_SWA_NO_PREFIX_SHARING or 0. Needs free_kv_segment (external mode) or an SWA pool (owned
 /// mode). Step by step: docs/hybrid.md#the-window-step.
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
 ///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED

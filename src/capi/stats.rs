@@ -10,8 +10,6 @@ pub use crate::core::{Report as skv_check_report, Stats as skv_stats};
 /// Reads the pool's occupancy and counters into `*out`; in external mode only what libskv knows
 /// there (see skv_stats).
 ///
-/// The caller must pass every pointer as NULL or valid.
-///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut crate::core::Stats) -> skv_status {
@@ -34,8 +32,6 @@ pub unsafe extern "C" fn skv_cache_stats(c: *const skv_cache, out: *mut crate::c
 /// Audits the owned pool, linear in pages plus the rows' page entries, and writes the report to
 /// `*out`: violations == 0 when every invariant holds (the list:
 /// docs/operations.md#owned-mode-calls).
-///
-/// The caller must pass every pointer as NULL or valid.
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
 ///          SKV_ERR_UNSUPPORTED
