@@ -60,7 +60,7 @@ const DESCHEDULED: Duration = Duration::from_micros(250);
 const DEFAULT_SIZES: [u64; 3] = [1_000, 100_000, 1_000_000];
 /// The hybrid bed's sliding window, in tokens.
 const WINDOW: u32 = 1024;
-/// The bound on a hybrid op's median, as a multiple of its full-attention op's.
+/// libskv's bound on a hybrid op's median, as a multiple of its full-attention op's.
 const HYBRID_LIMIT: f64 = 1.5;
 
 #[derive(Clone, Copy, PartialEq)]
@@ -97,7 +97,7 @@ impl Op {
         }
     }
 
-    /// The target for a full-attention op; `None` for a hybrid one (see `full`).
+    /// The target for a full-attention op; `None` for a hybrid one (see `full`).
     fn target_ns(self) -> Option<f64> {
         match self {
             Op::FinishTrim | Op::MatchTailFree => Some(150.0),
