@@ -18,8 +18,7 @@
 /// - `export!(name, c, |t| args, || body, |t| results)`: an export taking a handle. Panics
 ///   become `SKV_ERR_INTERNAL`, the thread's last error is set or cleared, and on a traced
 ///   handle the call's line is written (`traced`); `args` and `results` run only then.
-/// - `export!(name, c, |t| t.list(...), || body, |t| results)`: the same, `args` one
-///   expression (its value, the line, dropped).
+///   `args` is one expression or a block (`|t| t.num(...).list(...)`), its value dropped.
 /// - `export!(name, || body)`: an export without a handle (no trace): `guard` alone.
 /// - `export!(name, |n| shared(n, ...))`: an export whose body is one shared with a sibling
 ///   (`req_export`, `flashinfer_of`): `n` is bound to the name, no closure is built.
@@ -31,14 +30,16 @@ macro_rules! export {
     ($name:ident, $body:expr $(,)?) => {
         $crate::capi::guard(stringify!($name), $body)
     };
-    ($name:ident, $c:expr, |$t:ident| { $($args:tt)* }, $body:expr, $results:expr $(,)?) => {
-        $crate::capi::traced($c, stringify!($name), |$t| { $($args)* }, $body, $results)
-    };
-    ($name:ident, $c:expr, |$t:ident| $args:expr, $body:expr, $results:expr $(,)?) => {
-        $crate::capi::traced($c, stringify!($name), |$t| { $args; }, $body, $results)
-    };
-    ($name:ident, $c:expr, $args:expr, $body:expr, $results:expr $(,)?) => {
-        $crate::capi::traced($c, stringify!($name), $args, $body, $results)
+    ($name:ident, $c:expr, |$t:tt| $args:expr, $body:expr, $results:expr $(,)?) => {
+        $crate::capi::traced(
+            $c,
+            stringify!($name),
+            |$t| {
+                $args;
+            },
+            $body,
+            $results,
+        )
     };
 }
 
