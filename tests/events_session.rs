@@ -236,14 +236,7 @@ impl Engine {
             tree_blocks: 0,
             next_tree_hash: 0xe000,
         };
-        let ecfg = skv_events_config {
-            struct_size: std::mem::size_of::<skv_events_config>() as u32,
-            data_parallel_rank: 0,
-            flags: s.flags,
-            max_batches: s.max_batches,
-            endpoint: null(),
-            topic: null(),
-        };
+        let ecfg = skv_events_config { flags: s.flags, max_batches: s.max_batches, ..drain_only() };
         // SAFETY: a live handle, a valid config.
         ok(unsafe { skv_events_enable(e.c, &ecfg) }, "skv_events_enable");
         let mut e = e;
@@ -842,15 +835,7 @@ fn a_handle_with_events_off_emits_nothing_and_says_so() {
         );
         ok(skv_cache_finished_req(c, 1, 0, &mut r, 0), "finish");
         // Too late to enable now: a session holds a slot.
-        let ecfg = skv_events_config {
-            struct_size: std::mem::size_of::<skv_events_config>() as u32,
-            data_parallel_rank: 0,
-            flags: 0,
-            max_batches: 0,
-            endpoint: null(),
-            topic: null(),
-        };
-        assert_eq!(skv_events_enable(c, &ecfg), skv_status::SKV_ERR_STATE);
+        assert_eq!(skv_events_enable(c, &drain_only()), skv_status::SKV_ERR_STATE);
         assert!(last_error_message().contains("before the handle's first session call: session 1 branch 0 holds row"));
         skv_cache_free(c);
     }
@@ -859,14 +844,7 @@ fn a_handle_with_events_off_emits_nothing_and_says_so() {
 #[test]
 fn each_refusal_names_the_function_and_the_value() {
     let mut e = Engine::new(&Setup::new(Mode::Owned));
-    let mut ecfg = skv_events_config {
-        struct_size: std::mem::size_of::<skv_events_config>() as u32,
-        data_parallel_rank: 0,
-        flags: 0,
-        max_batches: 0,
-        endpoint: null(),
-        topic: null(),
-    };
+    let mut ecfg = drain_only();
     let refused = |st: skv_status, want: skv_status, text: &str| {
         assert_eq!(st, want, "{}", last_error_message());
         assert!(last_error_message().contains(text), "{:?} lacks {text:?}", last_error_message());
@@ -1073,9 +1051,9 @@ fn each_refusal_names_the_function_and_the_value() {
     assert_eq!(e.router.score(&toks(90, 10), &salt_of(4)), 2);
 }
 
-/// An owned handle with events off.
-fn bare_handle() -> *mut skv_cache {
-    let cfg = skv_cache_config {
+/// A small pool: pages of 4 tokens, 4 rows of 64.
+fn small_config() -> skv_cache_config {
+    skv_cache_config {
         struct_size: std::mem::size_of::<skv_cache_config>() as u32,
         page_size: 4,
         num_token_slots: 1024,
@@ -1083,7 +1061,12 @@ fn bare_handle() -> *mut skv_cache {
         max_context_len: 64,
         flags: 0,
         swa_num_token_slots: 0,
-    };
+    }
+}
+
+/// An owned handle with events off.
+fn bare_handle() -> *mut skv_cache {
+    let cfg = small_config();
     let mut c = null_mut();
     // SAFETY: valid pointers.
     ok(unsafe { skv_cache_new(&cfg, &mut c) }, "create");
@@ -1375,15 +1358,7 @@ unsafe extern "C" fn probe_free_row(ud: *mut c_void, _row: i32) -> c_int {
 
 #[test]
 fn an_events_call_from_inside_a_callback_is_refused_and_changes_nothing() {
-    let cfg = skv_cache_config {
-        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-        page_size: 4,
-        num_token_slots: 1024,
-        num_rows: 4,
-        max_context_len: 64,
-        flags: 0,
-        swa_num_token_slots: 0,
-    };
+    let cfg = small_config();
     let ops = skv_pool_ops {
         struct_size: 48,
         read_row: Some(probe_read_row),
