@@ -107,6 +107,7 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
         max_context_len: cfg.max_context_len,
         aligned_reuse: cfg.flags & SKV_FLAG_ALIGNED_REUSE != 0,
         swa_num_token_slots: cfg.swa_num_token_slots,
+        tier: Default::default(),
     })
 }
 
@@ -180,6 +181,7 @@ pub unsafe extern "C" fn skv_cache_new_external(
         let raw = read_config(cfg)?;
         let cfg = config(&raw)?;
         cfg.validate()?;
+        cfg.tier.validate(cfg.page_size, false, false)?;
         // Page frees matter only where a page holds more than one token.
         let page_frees = raw.flags & SKV_FLAG_PAGE_FREES != 0 && cfg.page_size > 1;
         let pool = ExternalPool::new(ops, user_data, cfg.page_size, page_frees);

@@ -88,6 +88,7 @@ mod tests {
             max_context_len: long_len,
             aligned_reuse: false,
             swa_num_token_slots: 0,
+            tier: Default::default(),
         };
         let mut c = Cache::new_owned(cfg).unwrap();
         let mut long = Req::default();
@@ -128,6 +129,7 @@ mod tests {
             max_context_len: 64,
             aligned_reuse: false,
             swa_num_token_slots: 0,
+            tier: Default::default(),
         };
         let mut c = Cache::new_owned(cfg).unwrap();
         let mut reqs = rows(&mut c, 5 * PREFETCH_DISTANCE);

@@ -4,10 +4,13 @@
 use super::error::{bail, Error, Result};
 use super::owned::OwnedPool;
 use super::page::ceil_align;
+use super::pins::Pins;
 use super::pool::{Effect, Pool};
 use super::req::{swa_dead, Config, Req};
 use super::row_meta::{BatchMarks, RowMeta};
 use super::slots::{Slot, Slots};
+use super::tickets::Tickets;
+use super::tier::Tier;
 
 pub struct Cache {
     pub(crate) cfg: Config,
@@ -33,6 +36,12 @@ pub struct Cache {
     pub finishes_past_committed: u64,
     /// Turns saved into slots since creation: each saved turn's `Slot::finished_at`.
     pub(crate) turns_finished: u64,
+    /// The open tickets (both modes).
+    pub(crate) tickets: Tickets,
+    /// External mode's pinned rows (owned mode's are the pool's, `OwnedPool::pins`).
+    pub(crate) engine_pins: Pins,
+    /// The host tier, when the config sizes one (owned mode).
+    pub(crate) tier: Option<Box<Tier>>,
 }
 
 impl Cache {
@@ -56,6 +65,12 @@ impl Cache {
             tail_freed_tokens: 0,
             finishes_past_committed: 0,
             turns_finished: 0,
+            tickets: Tickets::default(),
+            engine_pins: Pins::default(),
+            tier: match cfg.tier.host_num_token_slots {
+                0 => None,
+                _ => Some(Box::new(Tier::new(cfg.tier, cfg.page_size, cfg.num_rows)?)),
+            },
         })
     }
 
@@ -77,6 +92,9 @@ impl Cache {
     /// failure waits in `take_deferred`.
     pub(crate) fn run_effects(&mut self, mutate: impl FnOnce(&mut Self)) -> Result<()> {
         self.deferred = None;
+        if !self.engine_pins.is_empty() {
+            self.refuse_pinned()?;
+        }
         self.pool.prepare(&self.effects)?;
         mutate(self);
         if self.pool.owned().is_none() {
@@ -90,6 +108,20 @@ impl Cache {
             self.deferred = Some(e);
         }
         Ok(())
+    }
+
+    /// External mode frees through the engine's callbacks, straight onto its free lists: a
+    /// free of a row an open ticket copies is refused until the ticket completes.
+    #[cold]
+    fn refuse_pinned(&self) -> Result<()> {
+        match self.engine_pins.first_pinned(&self.effects) {
+            Some((row, t)) => bail!(
+                State,
+                "row {row}'s pages are being copied under ticket {t}: complete it (skv_ticket_done) before \
+                 freeing them"
+            ),
+            None => Ok(()),
+        }
     }
 
     /// The callback failure of the last call, after its outputs were written as for a

@@ -19,8 +19,10 @@ mod fast_extend;
 mod mirror;
 mod owned;
 mod owned_ops;
+mod owned_tier;
 mod page;
 mod page_list;
+mod pins;
 mod pool;
 mod queries;
 mod records;
@@ -34,6 +36,9 @@ mod swa;
 mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
+mod tickets;
+mod tier;
+mod tier_ops;
 
 pub use cache::{Backend, Cache};
 pub use error::{Error, Result};
@@ -41,10 +46,12 @@ pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
 pub use page::{ceil_align, floor_align, pages_for};
 pub use pool::{split, Effect, Pool, Pools, Segment};
-pub use records::{Admission, Held, Match, Report, Stats, Usage};
+pub use records::{Admission, Evicted, Held, Match, Report, Stats, TierMatch, TierStats, Usage, Where};
 pub use req::{swa_dead, swa_dead_lo, Config, FieldValue, Req, ReqField};
-pub use slots::Slot;
+pub use slots::{Place, Slot};
 pub use swa::Window;
+pub use tier::TierConfig;
+pub use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST};
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

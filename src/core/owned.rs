@@ -14,6 +14,7 @@ use super::error::{bail, try_vec, Error, Result};
 use super::mirror::Dirty;
 use super::page::pages_for;
 use super::page_list::PageList;
+use super::pins::Pins;
 use super::pool::{Effect, Pool};
 use super::req::{Config, Req};
 use super::row_meta::RowMeta;
@@ -24,6 +25,23 @@ use super::swa_alloc::SwaAllocator;
 pub trait EngineHooks: Send {
     fn dec_lock_ref(&mut self, lock_node: u64, lock_receipt: u64) -> Result<(), i32>;
     fn free_aux(&mut self, aux_state: i64) -> Result<(), i32>;
+    /// Whether `copy_pages` is installed (the host tier's moves need it).
+    fn can_copy(&self) -> bool {
+        false
+    }
+    /// Enqueue the copies of `ticket`: `src[i] -> dst[i]`, the first `n_full` pairs in the
+    /// full pools, the rest in the SWA pools (`COPY_TO_HOST` or `COPY_TO_DEVICE`).
+    fn copy_pages(
+        &mut self,
+        _ticket: u64,
+        _direction: u32,
+        _src: &[i32],
+        _dst: &[i32],
+        _n_full: usize,
+        _n_swa: usize,
+    ) -> Result<(), i32> {
+        Err(-1)
+    }
 }
 
 /// One req_to_token row in use (48 bytes; kept in the row's `RowRecord`).
@@ -178,11 +196,13 @@ pub struct OwnedPool {
     /// The SWA pool, when the config sizes one.
     pub(crate) swa: Option<SwaSide>,
     free_rows: Vec<u32>,
-    hooks: Option<Box<dyn EngineHooks>>,
+    pub(crate) hooks: Option<Box<dyn EngineHooks>>,
     /// Page lists a call sorts to find duplicates, kept to reuse the allocation.
     pub(crate) scratch: Vec<u32>,
     /// Spans of rows mapped anew, kept once a device copy of the rows exists.
     pub(crate) dirty: Option<Dirty>,
+    /// Rows an open ticket copies, and what they freed meanwhile.
+    pub(crate) pins: Pins,
 }
 
 impl OwnedPool {
@@ -204,6 +224,7 @@ impl OwnedPool {
             hooks: None,
             scratch: Vec::new(),
             dirty: None,
+            pins: Pins::default(),
         })
     }
 
@@ -262,7 +283,7 @@ impl OwnedPool {
 
     /// Gives a row back: its owned pages go free (with their SWA pages), its engine-held
     /// pages lose one map.
-    fn free_row(&mut self, row: u32) {
+    pub(crate) fn free_row(&mut self, row: u32) {
         let r = self.rows[row as usize].in_use.take().expect("row in use");
         let shared = r.shared_pages(self.ps);
         if let Some(s) = self.swa.as_ref() {
@@ -313,7 +334,7 @@ impl OwnedPool {
 
     /// Gives back the SWA pages of `row`'s positions `[start, end)`, both page-aligned (a
     /// window step's are): the window moved past them.
-    fn free_swa(&mut self, row: u32, start: u32, end: u32) {
+    pub(crate) fn free_swa(&mut self, row: u32, start: u32, end: u32) {
         let Some(s) = self.swa.as_mut() else { return };
         s.rows[row as usize].pass(&mut s.alloc, start / self.ps, end / self.ps);
     }
@@ -406,7 +427,7 @@ impl OwnedPool {
     }
 
     /// Frees the row's pages past those holding its first `keep` tokens.
-    fn truncate(&mut self, row: u32, keep: u32) {
+    pub(crate) fn truncate(&mut self, row: u32, keep: u32) {
         let ps = self.ps;
         let r = self.rows[row as usize].in_use.as_mut().expect("row in use");
         let kept = (pages_for(keep, ps) as usize).min(r.pages.len());
@@ -513,6 +534,13 @@ impl Pool for OwnedPool {
         Ok(())
     }
 
+    fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
+        match self.pins.is_empty() {
+            true => Ok(()),
+            false => self.reserve_drains(effects),
+        }
+    }
+
     fn check_free(&self, row: u32, target: u32, end: u32) -> Result<()> {
         let r = self.row(row)?;
         if end < r.len {
@@ -538,6 +566,10 @@ impl Pool for OwnedPool {
     fn apply(&mut self, effects: &[Effect]) -> Result<()> {
         let mut failures = Vec::new();
         for (i, e) in effects.iter().enumerate() {
+            if !self.pins.is_empty() && e.row().is_some_and(|r| self.rows[r as usize].meta.pinned) {
+                self.apply_pinned(e);
+                continue;
+            }
             match *e {
                 // A release frees the row's tail, then the row: the row's free alone gives back
                 // the same pages in the same order, and can hand its list to the free stack whole.

@@ -23,6 +23,17 @@ pub enum Effect {
     FreeAux { aux: i64 },
 }
 
+impl Effect {
+    /// The row the effect frees from, if it frees KV.
+    #[inline(always)]
+    pub fn row(&self) -> Option<u32> {
+        match *self {
+            Effect::FreeKv { row, .. } | Effect::FreeSwa { row, .. } | Effect::FreeRow { row } => Some(row),
+            Effect::DecLockRef { .. } | Effect::FreeAux { .. } => None,
+        }
+    }
+}
+
 /// Which pools a piece of a free goes back to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pools {

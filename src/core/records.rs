@@ -148,3 +148,98 @@ impl Default for Report {
         }
     }
 }
+
+/// What skv_match_prefix_tier found: skv_match_prefix's answer, and what a parked session's
+/// restore (or an arriving import) still copies.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierMatch {
+    /// sizeof(skv_tier_match) of the caller's header: 24 (0.4). Set by the caller.
+    pub struct_size: u32,
+    /// 1: a session slot was restored into the req (as skv_match_prefix's hit).
+    pub hit: u32,
+    /// Tokens restored (0 on a miss).
+    pub prefix_len: u32,
+    /// Device pages the hit took for a parked session's KV (0 for one already on the device).
+    pub restored_pages: u32,
+    /// The ticket whose copies must run before the forward pass reads the KV: the restore's,
+    /// or an import's still open; 0 when the KV is already there.
+    pub ticket: u64,
+}
+
+/// What skv_tier_evict did.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Evicted {
+    /// sizeof(skv_tier_evicted) of the caller's header: 40 (0.4). Set by the caller.
+    pub struct_size: u32,
+    /// Sessions parked now (their host copy was clean).
+    pub parked: u32,
+    /// Sessions released (dropped whole: short, or no host room, or SKV_EVICT_NO_COPY).
+    pub released: u32,
+    /// Sessions whose device pages go when their write-back completes.
+    pub copying: u32,
+    /// Device pages freed now.
+    pub freed_pages: u64,
+    /// Device pages that go free when their ticket completes.
+    pub draining_pages: u64,
+    /// The write-back this call started (0: none).
+    pub ticket: u64,
+}
+
+/// Where a session's KV is (skv_session_where).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Where {
+    /// sizeof(skv_where) of the caller's header: 40 (0.4). Set by the caller.
+    pub struct_size: u32,
+    /// SKV_PLACE_*: NONE (no slot), DEVICE, BOTH (device, and a clean host copy), HOST
+    /// (parked).
+    pub place: u32,
+    /// SKV_WHERE_* bits: IN_FLIGHT, COPYING (a ticket is open on it), FAILED (its restore
+    /// failed), LEAVING (it parks when its write-back completes).
+    pub state: u32,
+    /// Tokens the slot holds (its kv_allocated_len as last recorded).
+    pub tokens: u32,
+    /// Device pages its row maps (the protected prefix's included).
+    pub device_pages: u64,
+    /// Host pages its host copy holds, both pools.
+    pub host_pages: u64,
+    /// The ticket open on it, 0 when none.
+    pub ticket: u64,
+}
+
+/// The host tier and the tickets (skv_tier_stats); without a host tier only the ticket
+/// fields are filled.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TierStats {
+    /// sizeof(skv_tier_stats) of the caller's header: 144 (0.4). Set by the caller.
+    pub struct_size: u32,
+    /// Tickets issued and not yet done.
+    pub open_tickets: u32,
+    /// The policy's clock: skv_tier_step calls so far.
+    pub clock: u64,
+    /// Host pool pages, page 0 included; free; draining (a released slot's, still copied).
+    pub host_total_pages: u64,
+    pub host_free_pages: u64,
+    pub host_draining_pages: u64,
+    /// The same of the host SWA pool (0 without one).
+    pub host_swa_total_pages: u64,
+    pub host_swa_free_pages: u64,
+    pub host_swa_draining_pages: u64,
+    /// Device pages freed while a ticket copied them, back when it completes (full, SWA).
+    pub draining_pages: u64,
+    pub swa_draining_pages: u64,
+    /// Sessions parked now.
+    pub parked_sessions: u64,
+    /// Parks, restores, completed write-backs, host copies dropped for room, failed copies.
+    pub parks: u64,
+    pub unparks: u64,
+    pub writebacks: u64,
+    pub host_evictions: u64,
+    pub failed_copies: u64,
+    /// Pages whose copy was asked for, each way (both pools).
+    pub pages_to_host: u64,
+    pub pages_to_device: u64,
+}

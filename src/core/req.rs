@@ -3,6 +3,7 @@
 
 use super::error::{bail, Result};
 use super::page::ceil_align;
+use super::tier::TierConfig;
 
 /// How a cache is laid out. Mirrors `skv_cache_config`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +21,8 @@ pub struct Config {
     /// Owned mode: the sliding-window pool's capacity in token slots (page 0 is its padding
     /// page); 0 = no SWA pool (the engine runs any window itself).
     pub swa_num_token_slots: u64,
+    /// The host tier and the unit fingerprint's fields.
+    pub tier: TierConfig,
 }
 
 impl Config {
@@ -59,7 +62,7 @@ impl Config {
                  2 pages (page 0 is padding) and at most 2^31"
             );
         }
-        Ok(())
+        self.tier.validate(ps as u32, swa != 0, true)
     }
 }
 
@@ -464,6 +467,7 @@ mod tests {
             max_context_len: 256,
             aligned_reuse: false,
             swa_num_token_slots: 0,
+            tier: Default::default(),
         }
     }
 

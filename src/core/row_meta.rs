@@ -15,6 +15,8 @@ pub(crate) struct RowMeta {
     pub(crate) generation: u32,
     /// An idle session slot holds the row (see `guard_idle_session_row`; kept by `sync_idle`).
     pub(crate) idle_slot: bool,
+    /// A ticket's copy reads or writes the row's pages (`Pins`): its frees drain.
+    pub(crate) pinned: bool,
     /// The last batch call that named the row, and the row's position in it (`BatchMarks`).
     /// A cell: a batch marks its rows while its checks read the cache.
     pub(crate) batch: Cell<(u32, u32)>,

@@ -8,7 +8,8 @@ use super::page::{ceil_align, floor_align};
 use super::records::{Held, Match};
 use super::req::{keep_protected, swa_dead, swa_dead_lo, Req};
 use super::session_checks::{check_claim, check_unrun};
-use super::slots::Slot;
+use super::slots::{Place, Slot};
+use super::tickets::Kind;
 
 const MISS: Match = Match { hit: 0, prefix_len: 0 };
 
@@ -89,8 +90,39 @@ impl Cache {
         })
     }
 
-    /// `match_prefix`: restore a session's slot into the req for its next turn.
+    /// `match_prefix`: restore a session's slot into the req for its next turn. A parked slot,
+    /// or one an import still writes, is refused: its KV is not on the device yet
+    /// (`match_prefix_tier` restores it and names the copy's ticket).
     pub fn match_prefix(
+        &mut self,
+        session: u64,
+        branch: u64,
+        req: &mut Req,
+        key_len: u32,
+        pre_aborted: bool,
+    ) -> Result<Match> {
+        if let Some((_, s)) = self.slots.find_near(session, branch, req.row()) {
+            if s.place == Place::Parked && !pre_aborted {
+                bail!(
+                    State,
+                    "session {session} branch {branch} is parked in the host tier: match it with \
+                     skv_match_prefix_tier, which restores it"
+                );
+            }
+            if s.ticket != 0 && self.arriving(s.ticket) {
+                bail!(
+                    State,
+                    "session {session} branch {branch} is being imported (ticket {}): match it with \
+                     skv_match_prefix_tier, which names the ticket",
+                    s.ticket
+                );
+            }
+        }
+        self.hit(session, branch, req, key_len, pre_aborted)
+    }
+
+    /// `match_prefix` on a slot whose KV is on the device (or arriving there).
+    pub(crate) fn hit(
         &mut self,
         session: u64,
         branch: u64,
@@ -120,6 +152,7 @@ impl Cache {
             (s.committed, s.allocated, s.swa, s.in_flight) =
                 (r.kv_committed_len, r.kv_allocated_len, r.swa_evicted_seqlen, true);
             c.sync_idle(row);
+            c.tier_hit(row);
         })?;
         Ok(Match { hit: 1, prefix_len })
     }
@@ -189,6 +222,17 @@ impl Cache {
                 "session {session} branch {branch} is idle: a later turn's req comes from match_prefix \
                  (this one is a stale copy or already finished)"
             ),
+            Some(s) if s.place == Place::Failed => bail!(
+                State,
+                "session {session} branch {branch}'s KV never arrived (its restore's copy failed): hand the \
+                 request back (the session parks again) or abort it"
+            ),
+            Some(s) if s.ticket != 0 && self.tickets.get(s.ticket).is_some_and(|p| p.kind != Kind::WriteBack) => bail!(
+                State,
+                "session {session} branch {branch}'s KV is still being copied (ticket {}): complete the ticket \
+                 before the turn's forward pass",
+                s.ticket
+            ),
             // Saving a shorter record would forget the tail the running slot records.
             Some(s) if req.kv_allocated_len < s.allocated => bail!(
                 State,
@@ -235,6 +279,7 @@ impl Cache {
             c.turns_finished += 1;
             saved.finished_at = c.turns_finished;
             c.sync_idle(row);
+            c.tier_finished(row, c.turns_finished);
             req.clear_kv();
         })
     }
@@ -269,10 +314,14 @@ impl Cache {
             );
         }
         check_unrun(req, &slot, row)?;
+        if slot.place == Place::Failed {
+            return self.repark(row, &slot).map(|()| req.clear_kv());
+        }
         self.effects.clear();
         self.run_effects(|c| {
             c.slots.of_row_mut(row).expect("slot found above").in_flight = false;
             c.sync_idle(row);
+            c.tier_handed_back(row, slot.finished_at);
             req.clear_kv();
         })
     }
@@ -315,6 +364,7 @@ impl Cache {
         self.effects.clear();
         push_release(&mut self.effects, self.cfg.page_size, row, &doomed);
         self.run_effects(|c| {
+            c.tier_released(row);
             c.slots.remove(row);
             c.sync_idle(row);
             req.clear_kv();
@@ -364,6 +414,7 @@ impl Cache {
         }
         self.run_effects(|c| {
             for &row in rows {
+                c.tier_released(row);
                 c.slots.remove(row);
                 c.sync_idle(row);
             }
@@ -507,5 +558,7 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         track: r.aux_track,
         in_flight: false,
         finished_at: 0,
+        place: Place::Device,
+        ticket: 0,
     }
 }

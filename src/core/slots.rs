@@ -36,6 +36,23 @@ pub struct Slot {
     /// When the slot's last turn finished (the cache's turn counter then): orders idle slots
     /// from least to most recently used. A handed-back request leaves it as it was.
     pub finished_at: u64,
+    /// Where the slot's KV past its protected prefix is (`Place`).
+    pub place: Place,
+    /// The open ticket copying the slot's pages, 0 when none.
+    pub ticket: u64,
+}
+
+/// Where a slot's session-owned KV is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Place {
+    /// In the device pools (a clean host copy may sit beside it).
+    #[default]
+    Device,
+    /// Only in the host pool: the row maps the protected prefix alone (the host tier).
+    Parked,
+    /// Restored by a match whose copy failed: the running request's pages hold no KV. A
+    /// hand-back parks it again; an abort releases it.
+    Failed,
 }
 
 /// Slots keyed by `(session_id, branch_id)`.
@@ -153,6 +170,8 @@ mod tests {
             track: [-1; 2],
             in_flight: false,
             finished_at: 0,
+            place: Place::Device,
+            ticket: 0,
         }
     }
 

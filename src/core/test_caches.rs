@@ -12,6 +12,7 @@ pub(super) fn cache(pages: u64) -> Cache {
         max_context_len: 64,
         aligned_reuse: false,
         swa_num_token_slots: 0,
+        tier: Default::default(),
     };
     Cache::new_owned(cfg).unwrap()
 }
@@ -35,6 +36,7 @@ pub(super) fn twin(full_pages: u64, swa_pages: u64) -> Cache {
         max_context_len: 64,
         aligned_reuse: false,
         swa_num_token_slots: swa_pages * 4,
+        tier: Default::default(),
     };
     Cache::new_owned(cfg).unwrap()
 }

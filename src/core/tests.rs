@@ -78,6 +78,7 @@ fn external(ps: u32, cols: i32, aligned_reuse: bool) -> Engine {
         max_context_len: cols as u32,
         aligned_reuse,
         swa_num_token_slots: 0,
+        tier: Default::default(),
     };
     let rec = Recorder { cols, ..Recorder::default() };
     let log = rec.log.clone();
@@ -1252,6 +1253,7 @@ fn hybrid(ps: u32, pages: u64, swa_pages: u64) -> Cache {
         max_context_len: 1024,
         aligned_reuse: false,
         swa_num_token_slots: swa_pages * ps as u64,
+        tier: Default::default(),
     })
     .unwrap()
 }

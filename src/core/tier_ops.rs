@@ -1,0 +1,661 @@
+//! The host tier's calls (owned mode): write idle sessions back to host memory, park them
+//! (drop the device copy), restore them on a match, and complete the copies' tickets
+//! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
+//! entries a walk skips (running requests, open tickets).
+
+use super::cache::{push_release, Cache};
+use super::error::{bail, Error, Result};
+use super::page::{ceil_align, pages_for};
+use super::pool::Effect;
+use super::records::{Evicted, TierMatch};
+use super::req::{swa_dead, Req};
+use super::session_checks::check_claim;
+use super::slots::{Place, Slot};
+use super::tickets::Kind;
+use super::tier::{HostCopy, Tier};
+
+/// `copy_pages`' direction: device pages to host pages.
+pub const COPY_TO_HOST: u32 = 1;
+/// `copy_pages`' direction: host pages to device pages.
+pub const COPY_TO_DEVICE: u32 = 2;
+
+/// The copies one call asks for: pairs in the full pools, then in the SWA pools.
+#[derive(Default)]
+struct Copies {
+    full_src: Vec<i32>,
+    full_dst: Vec<i32>,
+    swa_src: Vec<i32>,
+    swa_dst: Vec<i32>,
+}
+
+/// One slot a plan writes back: its row, its device pages' count and which of them hold an SWA
+/// page (positions past the protected prefix).
+struct WriteBack {
+    row: u32,
+    n_full: usize,
+    swa_at: Vec<bool>,
+    leaving: bool,
+}
+
+/// What a call will do to the host tier, decided before anything changes.
+#[derive(Default)]
+struct Plan {
+    writes: Vec<WriteBack>,
+    /// Host copies dropped to make room, in the order they go: `(row, release the slot)`.
+    victims: Vec<(u32, bool)>,
+    /// Their pages, in the order they go back.
+    pushed_full: Vec<u32>,
+    pushed_swa: Vec<u32>,
+    taken_full: usize,
+    taken_swa: usize,
+    copies: Copies,
+    /// Where `host_lru`'s walk for victims stands.
+    lru_at: usize,
+}
+
+impl Plan {
+    fn has(&self, row: u32) -> bool {
+        self.writes.iter().any(|w| w.row == row) || self.victims.iter().any(|v| v.0 == row)
+    }
+}
+
+impl Cache {
+    fn tier_ref(&self) -> Result<&Tier> {
+        match self.tier.as_deref() {
+            Some(t) => Ok(t),
+            None => bail!(Unsupported, "no host tier (host_num_token_slots 0, or external mode)"),
+        }
+    }
+
+    fn tier_mut(&mut self) -> &mut Tier {
+        self.tier.as_deref_mut().expect("checked by tier_ref")
+    }
+
+    /// Refuses a tier move without a `copy_pages` hook.
+    fn require_copy(&self) -> Result<()> {
+        let p = self.owned_pool()?;
+        match p.hooks.as_deref().is_some_and(|h| h.can_copy()) {
+            true => Ok(()),
+            false => {
+                bail!(Unsupported, "no copy_pages hook installed (skv_cache_set_hooks): the host tier cannot copy")
+            }
+        }
+    }
+
+    /// Calls `copy_pages` for ticket `t`: nothing has changed yet, and on failure nothing does.
+    fn copy(&mut self, t: u64, direction: u32, c: &Copies) -> Result<()> {
+        let (nf, ns) = (c.full_src.len(), c.swa_src.len());
+        if nf + ns == 0 {
+            return Ok(());
+        }
+        let src: Vec<i32> = c.full_src.iter().chain(&c.swa_src).copied().collect();
+        let dst: Vec<i32> = c.full_dst.iter().chain(&c.swa_dst).copied().collect();
+        let p = self.pool.owned_mut().expect("owned mode");
+        let h = p.hooks.as_deref_mut().expect("checked by require_copy");
+        h.copy_pages(t, direction, &src, &dst, nf, ns).map_err(|code| {
+            Error::Callback(format!("copy_pages returned {code} for ticket {t}: nothing was copied, nothing changed"))
+        })
+    }
+
+    /// The idle device slot of `row`, if the row holds one no call is copying.
+    fn idle_on_device(&self, row: u32) -> Option<Slot> {
+        let s = *self.slots.of_row(row)?;
+        (!s.in_flight && s.place == Place::Device).then_some(s)
+    }
+
+    /// Adds `row`'s slot to a write-back plan, evicting host copies for room; false when the
+    /// host pools cannot hold it (the plan is as before).
+    fn plan_write(&self, plan: &mut Plan, row: u32, s: &Slot, leaving: bool) -> bool {
+        let ps = self.cfg.page_size;
+        let first = pages_for(s.protected, ps) as usize;
+        let p = self.pool.owned().expect("owned mode");
+        let r = p.in_use(row).expect("a slot's row is in use");
+        let full = &r.pages[first.min(r.pages.len())..];
+        let swa: &[u32] = match p.swa.as_ref() {
+            Some(sw) => &sw.rows[row as usize].ids[first.min(r.pages.len())..],
+            None => &[],
+        };
+        let n_swa = swa.iter().filter(|&&i| i != 0).count();
+        if full.is_empty() || !self.host_room(plan, full.len(), n_swa, row) {
+            return false;
+        }
+        let c = &mut plan.copies;
+        c.full_src.extend(full.iter().map(|&p| p as i32));
+        c.swa_src.extend(swa.iter().filter(|&&i| i != 0).map(|&p| p as i32));
+        let swa_at = match swa.is_empty() {
+            true => Vec::new(),
+            false => swa.iter().map(|&i| i != 0).collect(),
+        };
+        plan.taken_full += full.len();
+        plan.taken_swa += n_swa;
+        plan.writes.push(WriteBack { row, n_full: full.len(), swa_at, leaving });
+        true
+    }
+
+    /// Whether the host pools can give `n_full` and `n_swa` more pages to the plan, adding
+    /// victims from the head of `host_lru` (strict LRU: only when the pool is full).
+    fn host_room(&self, plan: &mut Plan, n_full: usize, n_swa: usize, for_row: u32) -> bool {
+        let t = self.tier.as_deref().expect("tier");
+        let (free_full, free_swa) =
+            (t.full.free_pages() as usize, t.swa.as_ref().map_or(0, |s| s.free_pages() as usize));
+        let fits = |p: &Plan| {
+            free_full + p.pushed_full.len() >= p.taken_full + n_full
+                && free_swa + p.pushed_swa.iter().filter(|&&x| x != 0).count() >= p.taken_swa + n_swa
+        };
+        // A slot larger than the pool never fits: evict nothing for it.
+        if n_full >= t.full.total_pages() as usize || n_swa >= t.swa.as_ref().map_or(1, |s| s.total_pages() as usize) {
+            return false;
+        }
+        while !fits(plan) {
+            let Some((row, release)) = self.next_victim(plan, for_row) else { return false };
+            let c = &self.tier.as_deref().expect("tier").copies[row as usize];
+            plan.pushed_full.extend(&c.full);
+            plan.pushed_swa.extend(c.swa.iter().filter(|&&x| x != 0));
+            plan.victims.push((row, release));
+        }
+        true
+    }
+
+    /// The next host copy the plan may drop: the least recently used one no ticket copies and
+    /// the plan has not taken; `true` when its slot is parked (it goes whole).
+    fn next_victim(&self, plan: &mut Plan, for_row: u32) -> Option<(u32, bool)> {
+        let t = self.tier.as_deref().expect("tier");
+        while plan.lru_at < t.host_lru.len() {
+            let (stamp, row) = t.host_lru[plan.lru_at];
+            plan.lru_at += 1;
+            let c = &t.copies[row as usize];
+            if c.stamp != stamp || !c.exists() || c.ticket != 0 || row == for_row || plan.has(row) {
+                continue;
+            }
+            let parked = self.slots.of_row(row).is_some_and(|s| s.place == Place::Parked);
+            return Some((row, parked));
+        }
+        None
+    }
+
+    /// Runs a plan: `copy_pages` first (its failure changes nothing), then the victims go,
+    /// the host pages are taken and each written slot is pinned under one new ticket. `extra`
+    /// runs inside the same change (the slots an eviction parks or releases now).
+    fn run_plan(&mut self, mut plan: Plan, extra: impl FnOnce(&mut Self)) -> Result<u64> {
+        let tier = self.tier.as_deref().expect("tier");
+        let dst_full = tier.full.predict(&plan.pushed_full, plan.taken_full);
+        let dst_swa = tier.swa.as_ref().map_or(Vec::new(), |s| s.predict(&plan.pushed_swa, plan.taken_swa));
+        plan.copies.full_dst = dst_full.iter().map(|&p| p as i32).collect();
+        plan.copies.swa_dst = dst_swa.iter().map(|&p| p as i32).collect();
+        let ps = self.cfg.page_size;
+        for &(row, release) in &plan.victims {
+            if release {
+                let s = *self.slots.of_row(row).expect("a parked victim's slot");
+                push_release(&mut self.effects, ps, row, &s);
+            }
+        }
+        // Everything that can fail, before the copy is asked for.
+        self.pool.prepare(&self.effects)?;
+        let t = match plan.writes.is_empty() {
+            true => 0,
+            false => self.tickets.next(),
+        };
+        self.copy(t, COPY_TO_HOST, &plan.copies)?;
+        self.run_effects(|c| {
+            for &(row, release) in &plan.victims {
+                c.tier_mut().drop_copy(row);
+                c.tier_mut().counts.host_evictions += 1;
+                if release {
+                    c.slots.remove(row);
+                    c.sync_idle(row);
+                }
+            }
+            if plan.writes.is_empty() {
+                extra(c);
+                return;
+            }
+            let rows = plan.writes.iter().map(|w| w.row).collect();
+            let t = c.tickets.open(Kind::WriteBack, rows);
+            let (mut full, mut swa) = (Vec::new(), Vec::new());
+            let tier = c.tier_mut();
+            tier.full.take(plan.taken_full, &mut full);
+            if let Some(s) = tier.swa.as_mut() {
+                s.take(plan.taken_swa, &mut swa);
+            }
+            debug_assert_eq!((&full, &swa), (&dst_full, &dst_swa), "the plan foresaw the host pages");
+            tier.counts.pages_to_host += (full.len() + swa.len()) as u64;
+            let (mut f, mut s) = (full.into_iter(), swa.into_iter());
+            for w in &plan.writes {
+                let copy = HostCopy {
+                    full: f.by_ref().take(w.n_full).collect(),
+                    swa: w.swa_at.iter().map(|&live| if live { s.next().expect("planned") } else { 0 }).collect(),
+                    ticket: t,
+                    clean: false,
+                    leaving: w.leaving,
+                    stamp: 0,
+                };
+                let tier = c.tier_mut();
+                tier.copies[w.row as usize] = copy;
+                tier.touch(w.row);
+                c.slots.of_row_mut(w.row).expect("planned slot").ticket = t;
+                c.pool.owned_mut().expect("owned").pin_row(w.row, t);
+            }
+            extra(c);
+        })?;
+        Ok(t)
+    }
+
+    /// The effect that drops a slot's device pages past its protected prefix (a park).
+    fn push_park(&mut self, row: u32, s: &Slot) {
+        let (lo, hi) = swa_dead(s.protected, s.swa_floor, s.swa, self.cfg.page_size);
+        let end = self.pool.mapped_len(row).unwrap_or(s.allocated);
+        if s.protected < end {
+            self.effects.push(Effect::FreeKv {
+                row,
+                keep: s.protected,
+                start: s.protected,
+                end,
+                dead_lo: lo,
+                dead_hi: hi,
+            });
+        }
+    }
+
+    /// `row`'s slot is parked (its device pages were freed by `push_park`'s effect).
+    fn mark_parked(&mut self, row: u32) {
+        self.slots.of_row_mut(row).expect("slot").place = Place::Parked;
+        let t = self.tier_mut();
+        t.copies[row as usize].leaving = false;
+        t.counts.parks += 1;
+    }
+
+    /// `skv_tier_step`: the clock ticks, and idle slots past the idle threshold start writing
+    /// back (at most `pages_per_step` pages, though always the first slot); returns the pages
+    /// queued and the ticket (0 when none).
+    pub fn tier_step(&mut self) -> Result<(u64, u64)> {
+        let tier = self.tier_ref()?;
+        let budget = tier.cfg.pages_per_step as usize;
+        let (idle, min) = (tier.cfg.idle_steps as u64, tier.min_tokens(self.cfg.page_size));
+        let now = tier.clock + 1;
+        let mut plan = Plan::default();
+        let mut at = 0;
+        let mut pages = 0;
+        while budget > 0 {
+            let Some(&(fin, row)) = self.tier_ref()?.writeback.get(at) else { break };
+            let t = self.tier_ref()?;
+            let s = match self.idle_on_device(row) {
+                Some(s) if s.finished_at == fin && s.ticket == 0 && !t.copies[row as usize].exists() => s,
+                // Stale, in flight (its finish pushes it again), or already copied.
+                _ => {
+                    at += 1;
+                    continue;
+                }
+            };
+            if now - t.finished_clock[row as usize] < idle {
+                break;
+            }
+            let n =
+                pages_for(s.allocated, self.cfg.page_size).saturating_sub(pages_for(s.protected, self.cfg.page_size));
+            if pages > 0 && pages + n as usize > budget {
+                break;
+            }
+            at += 1;
+            if s.allocated - s.protected < min {
+                continue;
+            }
+            if !self.require_copy().is_ok() {
+                break;
+            }
+            if self.plan_write(&mut plan, row, &s, false) {
+                pages += n as usize;
+            }
+        }
+        if !plan.writes.is_empty() {
+            self.require_copy()?;
+        }
+        self.effects.clear();
+        let queued = (plan.taken_full + plan.taken_swa) as u64;
+        let t = self.run_plan(plan, |c| {
+            let tier = c.tier_mut();
+            tier.clock = now;
+            tier.writeback.drain(..at);
+        })?;
+        Ok((queued, t))
+    }
+
+    /// `skv_session_park`: an idle device slot leaves the device: now when its host copy is
+    /// clean, else once the write-back this starts completes (the returned ticket).
+    pub fn park(&mut self, session: u64, branch: u64) -> Result<u64> {
+        self.tier_ref()?;
+        let Some((row, s)) = self.slots.find(session, branch).map(|(r, s)| (r, *s)) else {
+            bail!(NotFound, "session {session} branch {branch} has no slot to park");
+        };
+        self.check_movable(session, branch, &s)?;
+        self.effects.clear();
+        if self.tier_ref()?.copies[row as usize].clean {
+            self.push_park(row, &s);
+            self.run_effects(|c| c.mark_parked(row))?;
+            return Ok(0);
+        }
+        self.require_copy()?;
+        let mut plan = Plan::default();
+        if !self.plan_write(&mut plan, row, &s, true) {
+            let n = pages_for(s.allocated, self.cfg.page_size) - pages_for(s.protected, self.cfg.page_size);
+            if n == 0 {
+                self.push_park(row, &s);
+                self.run_effects(|c| c.mark_parked(row))?;
+                return Ok(0);
+            }
+            bail!(OutOfMemory, "the host tier cannot hold session {session} branch {branch}'s {n} pages");
+        }
+        self.run_plan(plan, |_| {})
+    }
+
+    /// Refuses a park or export of a slot that is running, parked or already being copied.
+    pub(crate) fn check_movable(&self, session: u64, branch: u64, s: &Slot) -> Result<()> {
+        if s.in_flight {
+            bail!(State, "session {session} branch {branch} is in flight: finish or hand back its request first");
+        }
+        if s.ticket != 0 {
+            bail!(State, "session {session} branch {branch} is being copied (ticket {}): complete it first", s.ticket);
+        }
+        if s.place == Place::Parked {
+            bail!(State, "session {session} branch {branch} is already parked");
+        }
+        Ok(())
+    }
+
+    /// `skv_tier_evict`: frees device pages, least recently finished idle slots first, until
+    /// `pages` are freed or draining: a clean slot parks now, a slot being written back parks
+    /// when it completes, a dirty one worth keeping is written back and parks then (unless
+    /// `no_copy`), any other is released.
+    pub fn tier_evict(&mut self, pages: u64, no_copy: bool) -> Result<Evicted> {
+        let tier = self.tier_ref()?;
+        let min = tier.min_tokens(self.cfg.page_size);
+        let ps = self.cfg.page_size;
+        let mut out = Evicted::default();
+        let mut plan = Plan::default();
+        let (mut parks, mut releases, mut joins) = (Vec::new(), Vec::new(), Vec::new());
+        let mut at = 0;
+        while out.freed_pages + out.draining_pages < pages {
+            let Some(&(fin, row)) = self.tier_ref()?.device_lru.get(at) else { break };
+            at += 1;
+            let Some(s) = self.idle_on_device(row).filter(|s| s.finished_at == fin) else { continue };
+            let n = (pages_for(self.pool.mapped_len(row).unwrap_or(0), ps) - pages_for(s.protected, ps)) as u64;
+            let c = &self.tier_ref()?.copies[row as usize];
+            if c.leaving {
+                continue;
+            }
+            if c.clean && c.ticket == 0 {
+                parks.push((row, s));
+                out.parked += 1;
+                out.freed_pages += n;
+            } else if c.ticket != 0 && c.exists() {
+                joins.push(row);
+                out.copying += 1;
+                out.draining_pages += n;
+            } else if !no_copy
+                && s.ticket == 0
+                && s.allocated - s.protected >= min
+                && self.require_copy().is_ok()
+                && self.plan_write(&mut plan, row, &s, true)
+            {
+                out.copying += 1;
+                out.draining_pages += n;
+            } else {
+                releases.push((row, s));
+                out.released += 1;
+                out.freed_pages += n;
+            }
+        }
+        self.effects.clear();
+        for &(row, s) in &parks {
+            self.push_park(row, &s);
+        }
+        for &(row, s) in &releases {
+            push_release(&mut self.effects, ps, row, &s);
+        }
+        out.ticket = self.run_plan(plan, |c| {
+            for &(row, _) in &parks {
+                c.mark_parked(row);
+            }
+            for &row in &joins {
+                c.tier_mut().copies[row as usize].leaving = true;
+            }
+            for &(row, _) in &releases {
+                c.tier_mut().drop_copy(row);
+                c.slots.remove(row);
+                c.sync_idle(row);
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// `skv_match_prefix_tier`: `match_prefix`, where a parked slot is restored (new device
+    /// pages, a copy from host under the returned ticket) or, when they do not fit, released
+    /// for a miss; a slot an import is still writing hits with the import's ticket.
+    pub fn match_prefix_tier(
+        &mut self,
+        session: u64,
+        branch: u64,
+        req: &mut Req,
+        key_len: u32,
+        pre_aborted: bool,
+    ) -> Result<TierMatch> {
+        self.check_req(req)?;
+        let Some((row, slot)) = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s)) else {
+            return Ok(TierMatch::default());
+        };
+        if slot.place == Place::Parked && !pre_aborted {
+            return self.unpark(session, branch, row, slot, req, key_len);
+        }
+        let arriving = self.tickets.get(slot.ticket).is_some_and(|p| p.kind == Kind::Import);
+        let m = self.hit(session, branch, req, key_len, pre_aborted)?;
+        let ticket = if m.hit == 1 && arriving { slot.ticket } else { 0 };
+        Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })
+    }
+
+    fn unpark(
+        &mut self,
+        session: u64,
+        branch: u64,
+        row: u32,
+        slot: Slot,
+        req: &mut Req,
+        key_len: u32,
+    ) -> Result<TierMatch> {
+        check_claim(session, branch, row, &slot, req)?;
+        self.require_copy()?;
+        let ps = self.cfg.page_size;
+        let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {
+            self.release_rows(&[row])?;
+            return Ok(TierMatch::default());
+        };
+        let first = pages_for(slot.protected, ps);
+        let len = slot.allocated.min(ceil_align(prefix_len, ps) as u32);
+        let n = pages_for(len, ps) - first;
+        let dead = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
+        let live: Vec<bool> = (first..first + n).map(|i| !(dead.0 <= i * ps && (i + 1) * ps <= dead.1)).collect();
+        let p = self.owned_pool()?;
+        let swa_short =
+            p.swa.as_ref().is_some_and(|s| (s.alloc.free_pages() as usize) < live.iter().filter(|&&l| l).count());
+        if (p.allocator().free_pages() as usize) < n as usize || swa_short {
+            // No cascade of parks inside a match: the parked slot goes, and the match misses.
+            self.release_rows(&[row])?;
+            return Ok(TierMatch::default());
+        }
+        let p = self.pool.owned_mut().expect("owned");
+        let undo = p.restore_pages(row, n, &live)?;
+        let copy = &self.tier_ref()?.copies[row as usize];
+        let p = self.owned_pool()?;
+        let r = p.in_use(row).expect("row");
+        let mut c = Copies {
+            full_src: copy.full[..n as usize].iter().map(|&x| x as i32).collect(),
+            full_dst: r.pages[first as usize..].iter().map(|&x| x as i32).collect(),
+            ..Copies::default()
+        };
+        if let Some(sw) = p.swa.as_ref() {
+            let ids = &sw.rows[row as usize].ids[first as usize..];
+            for (&h, &d) in copy.swa[..n as usize].iter().zip(ids) {
+                if h != 0 && d != 0 {
+                    c.swa_src.push(h as i32);
+                    c.swa_dst.push(d as i32);
+                }
+            }
+        }
+        let t = self.tickets.next();
+        if let Err(e) = self.copy(t, COPY_TO_DEVICE, &c) {
+            self.pool.owned_mut().expect("owned").undo_restore(row, undo);
+            return Err(e);
+        }
+        let moved = (c.full_src.len() + c.swa_src.len()) as u64;
+        let t = self.tickets.open(Kind::Unpark, vec![row]);
+        let p = self.pool.owned_mut().expect("owned");
+        p.row_mut(row).len = len;
+        p.mapped(row, slot.protected, len);
+        p.pin_row(row, t);
+        let s = self.slots.of_row_mut(row).expect("slot");
+        (s.place, s.allocated, s.committed, s.ticket) = (Place::Device, len, s.committed.min(len), t);
+        let tier = self.tier_mut();
+        tier.copies[row as usize].ticket = t;
+        tier.counts.unparks += 1;
+        tier.counts.pages_to_device += moved;
+        let m = self.hit(session, branch, req, key_len, false)?;
+        Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, restored_pages: n, ticket: t, ..TierMatch::default() })
+    }
+
+    /// `skv_ticket_done`: the copies of `ticket` ran (`ok`) or failed; its drained pages go
+    /// free and each slot it copied moves on (docs/tiers.md, "Completing a ticket").
+    pub fn ticket_done(&mut self, ticket: u64, ok: bool) -> Result<()> {
+        let p = self.tickets.check(ticket)?;
+        let (kind, rows) = (p.kind, p.rows.clone());
+        let ps = self.cfg.page_size;
+        let mine = |c: &Cache, row: u32| c.slots.of_row(row).filter(|s| s.ticket == ticket).copied();
+        self.effects.clear();
+        let mut parks = Vec::new();
+        let mut releases = Vec::new();
+        for &row in &rows {
+            let Some(s) = mine(self, row) else { continue };
+            match kind {
+                Kind::WriteBack if ok => {
+                    let c = &self.tier_ref()?.copies[row as usize];
+                    if c.ticket == ticket && c.leaving {
+                        parks.push(row);
+                    }
+                }
+                Kind::Import if !ok => releases.push((row, s)),
+                _ => {}
+            }
+        }
+        // The pins end first, so the parks below free their pages rather than drain them.
+        self.unpin_all(ticket, &rows);
+        for &row in &parks {
+            let s = *self.slots.of_row(row).expect("slot");
+            self.push_park(row, &s);
+        }
+        for &(row, s) in &releases {
+            push_release(&mut self.effects, ps, row, &s);
+        }
+        self.run_effects(|c| {
+            for &row in &rows {
+                if mine(c, row).is_none() {
+                    continue;
+                }
+                c.slots.of_row_mut(row).expect("slot").ticket = 0;
+                let Some(tier) = c.tier.as_deref_mut() else { continue };
+                let copy = &mut tier.copies[row as usize];
+                if copy.ticket != ticket {
+                    continue;
+                }
+                copy.ticket = 0;
+                match (kind, ok) {
+                    (Kind::WriteBack, true) => {
+                        copy.clean = true;
+                        tier.counts.writebacks += 1;
+                    }
+                    (Kind::WriteBack, false) => {
+                        tier.drop_copy(row);
+                        tier.counts.failed_copies += 1;
+                        let fin = c.slots.of_row(row).expect("slot").finished_at;
+                        c.tier_mut().writeback.push_back((fin, row));
+                    }
+                    (Kind::Unpark, true) => tier.drop_copy(row),
+                    (Kind::Unpark, false) => {
+                        tier.counts.failed_copies += 1;
+                        c.slots.of_row_mut(row).expect("slot").place = Place::Failed;
+                    }
+                    _ => {}
+                }
+            }
+            for &row in &parks {
+                c.mark_parked(row);
+            }
+            for &(row, _) in &releases {
+                c.slots.remove(row);
+                c.sync_idle(row);
+            }
+            if let Some(tier) = c.tier.as_deref_mut() {
+                tier.return_drain(ticket);
+            }
+            c.tickets.close(ticket);
+        })
+    }
+
+    /// Ends `ticket`'s pins; owned mode's drained device pages go free.
+    fn unpin_all(&mut self, ticket: u64, rows: &[u32]) {
+        match self.pool.owned_mut() {
+            Some(p) => p.return_drain(ticket, rows),
+            None => {
+                for &row in rows {
+                    if self.engine_pins.ticket_of(row) == Some(ticket) {
+                        self.engine_pins.unpin(row);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A hand-back of a slot whose restore failed parks it again (its host copy is intact).
+    pub(crate) fn repark(&mut self, row: u32, s: &Slot) -> Result<()> {
+        self.effects.clear();
+        self.push_park(row, s);
+        self.run_effects(|c| {
+            let slot = c.slots.of_row_mut(row).expect("slot");
+            (slot.place, slot.in_flight) = (Place::Parked, false);
+            c.sync_idle(row);
+        })
+    }
+
+    /// Whether `ticket` is an import's (its slot's KV is still arriving).
+    pub(crate) fn arriving(&self, ticket: u64) -> bool {
+        self.tickets.get(ticket).is_some_and(|p| p.kind == Kind::Import)
+    }
+
+    /// The tier's part of a hit on a device slot: a host copy no longer matches what the
+    /// request will write (unless the copy is the restore's own, which its completion drops).
+    pub(crate) fn tier_hit(&mut self, row: u32) {
+        let unparking = self
+            .slots
+            .of_row(row)
+            .is_some_and(|s| s.ticket != 0 && self.tickets.get(s.ticket).is_some_and(|p| p.kind == Kind::Unpark));
+        if let (Some(t), false) = (self.tier.as_deref_mut(), unparking) {
+            t.drop_copy(row);
+        }
+    }
+
+    /// The tier's part of a finished turn.
+    pub(crate) fn tier_finished(&mut self, row: u32, finished_at: u64) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.finished(row, finished_at);
+        }
+    }
+
+    /// The tier's part of a hand-back: the slot is idle again, to be written back.
+    pub(crate) fn tier_handed_back(&mut self, row: u32, finished_at: u64) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.writeback.push_back((finished_at, row));
+        }
+    }
+
+    /// The tier's part of a released slot: its host copy goes (or drains).
+    pub(crate) fn tier_released(&mut self, row: u32) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.drop_copy(row);
+        }
+    }
+}
