@@ -51,7 +51,7 @@ pub use req::{swa_dead, swa_dead_lo, Config, FieldValue, Req, ReqField};
 pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
-pub use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST};
+pub use tier_ops::*;
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

@@ -7,7 +7,7 @@ use super::cache::{push_release, Cache};
 use super::error::{bail, Error, Result};
 use super::page::{ceil_align, pages_for};
 use super::pool::Effect;
-use super::records::{Evicted, TierMatch};
+use super::records::{Evicted, TierMatch, TierStats, Where};
 use super::req::{swa_dead, Req};
 use super::session_checks::check_claim;
 use super::slots::{Place, Slot};
@@ -657,5 +657,67 @@ impl Cache {
         if let Some(t) = self.tier.as_deref_mut() {
             t.drop_copy(row);
         }
+    }
+}
+
+/// `skv_where`'s places and state bits.
+pub const PLACE_NONE: u32 = 0;
+pub const PLACE_DEVICE: u32 = 1;
+pub const PLACE_BOTH: u32 = 2;
+pub const PLACE_HOST: u32 = 3;
+pub const WHERE_IN_FLIGHT: u32 = 1;
+pub const WHERE_COPYING: u32 = 2;
+pub const WHERE_FAILED: u32 = 4;
+pub const WHERE_LEAVING: u32 = 8;
+
+impl Cache {
+    /// `skv_session_where`: where a session slot's KV is; `PLACE_NONE` when there is no slot.
+    pub fn where_is(&self, session: u64, branch: u64) -> Where {
+        let Some((row, s)) = self.slots.find(session, branch) else { return Where::default() };
+        let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
+        let host = copy.map_or(0, |c| c.full.len() + c.swa.iter().filter(|&&p| p != 0).count());
+        let place = match (s.place, copy.is_some_and(|c| c.clean)) {
+            (Place::Parked, _) => PLACE_HOST,
+            (_, true) => PLACE_BOTH,
+            _ => PLACE_DEVICE,
+        };
+        let mut state = 0;
+        state |= WHERE_IN_FLIGHT * s.in_flight as u32;
+        state |= WHERE_COPYING * (s.ticket != 0) as u32;
+        state |= WHERE_FAILED * (s.place == Place::Failed) as u32;
+        state |= WHERE_LEAVING * copy.is_some_and(|c| c.leaving) as u32;
+        let device_pages = self.pool.mapped_len(row).map_or(0, |n| pages_for(n, self.cfg.page_size)) as u64;
+        Where {
+            place,
+            state,
+            tokens: s.allocated,
+            device_pages,
+            host_pages: host as u64,
+            ticket: s.ticket,
+            ..Where::default()
+        }
+    }
+
+    /// `skv_tier_stats`.
+    pub fn tier_stats(&self) -> TierStats {
+        let mut st = TierStats { open_tickets: self.tickets.count() as u32, ..TierStats::default() };
+        if let Some(p) = self.pool.owned() {
+            (st.draining_pages, st.swa_draining_pages) = p.pins.draining();
+        }
+        let Some(t) = self.tier.as_deref() else { return st };
+        let (hd, hsd) = t.draining();
+        st.clock = t.clock;
+        (st.host_total_pages, st.host_free_pages, st.host_draining_pages) =
+            (t.full.total_pages() as u64, t.full.free_pages() as u64, hd);
+        if let Some(s) = t.swa.as_ref() {
+            (st.host_swa_total_pages, st.host_swa_free_pages, st.host_swa_draining_pages) =
+                (s.total_pages() as u64, s.free_pages() as u64, hsd);
+        }
+        st.parked_sessions = self.slots.iter().filter(|(_, s)| s.place == Place::Parked).count() as u64;
+        let c = t.counts;
+        (st.parks, st.unparks, st.writebacks, st.host_evictions, st.failed_copies) =
+            (c.parks, c.unparks, c.writebacks, c.host_evictions, c.failed_copies);
+        (st.pages_to_host, st.pages_to_device) = (c.pages_to_host, c.pages_to_device);
+        st
     }
 }
