@@ -200,6 +200,7 @@ impl Engine {
             max_context_len: s.max_ctx,
             flags: s.cache_flags,
             swa_num_token_slots: s.swa,
+            ..Default::default()
         };
         let pool = Box::into_raw(Box::new(Pool {
             table: vec![vec![-1; s.max_ctx as usize]; s.rows as usize],
@@ -1061,6 +1062,7 @@ fn small_config() -> skv_cache_config {
         max_context_len: 64,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     }
 }
 

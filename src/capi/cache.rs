@@ -41,7 +41,7 @@ const KNOWN_FLAGS: u32 = SKV_FLAG_ALIGNED_REUSE | SKV_FLAG_PAGE_FREES;
 
 /// How a cache is laid out.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct skv_cache_config {
     /// sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
     /// 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted from 32 up; see "Versioned structs" at
@@ -97,14 +97,7 @@ impl skv_cache_config {
             num_rows: 4,
             max_context_len: 32,
             flags: 0,
-            swa_num_token_slots: 0,
-            host_num_token_slots: 0,
-            host_swa_num_token_slots: 0,
-            kv_layout_id: 0,
-            swa_window: 0,
-            tier_idle_steps: 0,
-            tier_min_tokens: 0,
-            tier_pages_per_step: 0,
+            ..Default::default()
         }
     }
 }

@@ -10,7 +10,7 @@ use crate::core::{EngineHooks, Result};
 /// here (release, aborted finish, aligned-reuse release). Either may be NULL. They run as
 /// skv_pool_ops' callbacks do (docs/external-mode.md#what-a-callback-may-call).
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct skv_engine_hooks {
     /// sizeof(skv_engine_hooks) of the header the caller was built with: 24 in ABI 1 to 3, 32
     /// from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of this header.

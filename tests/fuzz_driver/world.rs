@@ -250,6 +250,7 @@ fn config(rng: &mut Rng) -> skv_cache_config {
         max_context_len: ps * (2 + rng.below(12) as u32) + rng.below(ps as u64) as u32,
         flags: rng.pick(&[0, 0, SKV_FLAG_ALIGNED_REUSE]),
         swa_num_token_slots: 0,
+        ..Default::default()
     }
 }
 
