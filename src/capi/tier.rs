@@ -168,6 +168,7 @@ pub unsafe extern "C" fn skv_session_park(
             cache.take_deferred()
         },
         |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
             t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
         },
     )
@@ -195,6 +196,7 @@ pub unsafe extern "C" fn skv_tier_step(c: *mut skv_cache, pages: *mut u64, ticke
             cache.take_deferred()
         },
         |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
             t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
         },
     )
