@@ -538,8 +538,8 @@ impl Cache {
             let Some(s) = mine(self, row) else { continue };
             match kind {
                 Kind::WriteBack if ok => {
-                    let c = &self.tier_ref()?.copies[row as usize];
-                    if c.ticket == ticket && c.leaving {
+                    let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
+                    if copy.is_some_and(|c| c.ticket == ticket && c.leaving) {
                         parks.push(row);
                     }
                 }
