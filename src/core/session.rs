@@ -101,6 +101,8 @@ impl Cache {
         key_len: u32,
         pre_aborted: bool,
     ) -> Result<Match> {
+        // The req's checks come first (docs/refusals.md, skv_match_prefix 5 and 6).
+        self.check_req(req)?;
         if let Some((_, s)) = self.slots.find_near(session, branch, req.row()) {
             if s.place == Place::Parked && !pre_aborted {
                 bail!(
