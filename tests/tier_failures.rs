@@ -238,7 +238,9 @@ impl H {
 
     /// Takes every free device page: the ids the pool hands out next, in order.
     fn next_pages(&mut self) -> Vec<i32> {
-        let free = self.snap().stats.free_pages as u32;
+        let st = self.snap().stats;
+        // With an SWA pool each page takes an SWA page too.
+        let free = st.free_pages.min(if st.swa_total_pages > 0 { st.swa_free_pages } else { u64::MAX }) as u32;
         let mut out = vec![0i32; (free * self.ps) as usize];
         // SAFETY: a live handle; out holds free * ps values.
         assert_eq!(unsafe { skv_pool_alloc(self.c, free * self.ps, out.as_mut_ptr()) }, SKV_OK, "{}", last_error());
@@ -736,4 +738,190 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         (z ^ (z >> 31)) % n.max(1)
     }
+}
+
+/// Two handles of one config (tensor-parallel ranks) given the same calls.
+struct Lockstep {
+    a: H,
+    b: H,
+    rng: Rng,
+    calls: u64,
+    /// How far the copy logs were compared.
+    logged: usize,
+    restores: u64,
+}
+
+impl Lockstep {
+    /// Runs `f` on both; the answers, skv_session_where of every session, skv_tier_stats, the
+    /// stats, the audit and the copies asked for must agree.
+    fn both<T: PartialEq + std::fmt::Debug>(&mut self, what: &str, f: impl Fn(&mut H) -> T) -> T {
+        self.calls += 1;
+        let (x, y) = (f(&mut self.a), f(&mut self.b));
+        assert_eq!(x, y, "call {}: {what}", self.calls);
+        assert_eq!(self.a.snap(), self.b.snap(), "call {}: {what}", self.calls);
+        let (la, lb) = (&self.a.e.borrow().log, &self.b.e.borrow().log);
+        assert_eq!(la[self.logged..], lb[self.logged..], "call {}: {what}: copy_pages' arguments", self.calls);
+        self.logged = la.len();
+        x
+    }
+
+    fn op(&mut self) {
+        let sid = self.rng.below(SESSIONS);
+        match self.rng.below(20) {
+            0..=7 => self.turn(sid),
+            8..=9 => {
+                self.both("skv_tier_step", |h| h.step());
+            }
+            10 => {
+                let (pages, flags) = (self.rng.below(24), self.rng.below(2) as u32);
+                self.both("skv_tier_evict", |h| h.evict(pages, flags));
+            }
+            11..=12 => {
+                self.both("skv_session_park", |h| h.park(sid));
+            }
+            13 => {
+                // SAFETY: a live handle.
+                self.both("skv_release_session", |h| unsafe { skv_release_session(h.c, sid) });
+            }
+            _ => self.complete_one(),
+        }
+    }
+
+    /// Completes one open ticket, the same on both, ok or (1 in 10) failed.
+    fn complete_one(&mut self) {
+        let open: Vec<u64> = self.a.e.borrow().pending.iter().map(|c| c.0).collect();
+        let theirs: Vec<u64> = self.b.e.borrow().pending.iter().map(|c| c.0).collect();
+        assert_eq!(open, theirs);
+        if open.is_empty() {
+            return;
+        }
+        let t = open[self.rng.below(open.len() as u64) as usize];
+        let status = (self.rng.below(10) == 0) as i32;
+        self.both("skv_ticket_done", |h| h.done(t, status));
+    }
+
+    fn turn(&mut self, sid: u64) {
+        let key = self.a.at(sid).tokens + self.rng.below(4) as u32;
+        let mut rs = [common::fresh_req(); 2];
+        let (st, m) = self.pair(&mut rs, "skv_match_prefix_tier", |h, r| h.match_tier(sid, key, r));
+        if st != SKV_OK {
+            return;
+        }
+        if m.hit == 1 && m.restored_pages > 0 {
+            self.restores += 1;
+            let n = m.prefix_len;
+            self.pair(&mut rs, "skv_row_indices of the restored row", |h, r| {
+                let mut idx = vec![0i32; n as usize];
+                // SAFETY: a live handle; idx holds n values.
+                let st = unsafe { skv_row_indices(h.c, r.req_pool_idx, 0, n, idx.as_mut_ptr()) };
+                (st, idx)
+            });
+        }
+        if m.ticket != 0 {
+            if self.rng.below(8) == 0 {
+                // Dropped before its restore ran: the ticket completes later.
+                self.pair(&mut rs, "abort before the restore ran", |h, r| {
+                    // SAFETY: a live handle and a local.
+                    unsafe { skv_cache_finished_req(h.c, sid, 0, r, 1) }
+                });
+                return;
+            }
+            let status = (self.rng.below(6) == 0) as i32;
+            self.both("skv_ticket_done (the restore)", |h| h.done(m.ticket, status));
+            if status != 0 {
+                let hand_back = self.rng.below(2) == 0;
+                self.pair(&mut rs, "hand back or abort a failed restore", |h, r| {
+                    // SAFETY: a live handle and a local.
+                    unsafe {
+                        match hand_back {
+                            true => skv_hand_back(h.c, sid, 0, r),
+                            false => skv_cache_finished_req(h.c, sid, 0, r, 1),
+                        }
+                    }
+                });
+                return;
+            }
+        }
+        if m.hit == 0 {
+            let st = self.pair(&mut rs, "skv_alloc_row", |h, r| {
+                // SAFETY: a live handle and a local.
+                unsafe { skv_alloc_row(h.c, r) }
+            });
+            if st != SKV_OK {
+                return;
+            }
+        }
+        let n = (self.rng.below(14) as u32).min(64 - rs[0].kv_allocated_len);
+        let mut st = SKV_ERR_OUT_OF_MEMORY;
+        for _ in 0..3 {
+            (st, _) = self.pair(&mut rs, "skv_alloc_extend", |h, r| {
+                let mut out = vec![0i32; n as usize];
+                // SAFETY: a live handle; out holds n values.
+                let st = unsafe { skv_alloc_extend(h.c, r, n, out.as_mut_ptr()) };
+                (st, out)
+            });
+            if st != SKV_ERR_OUT_OF_MEMORY {
+                break;
+            }
+            let pages = 2 + n as u64 / 4;
+            self.both("skv_tier_evict (for room)", |h| h.evict(pages, 0));
+            self.complete_one();
+        }
+        let aborted = (st != SKV_OK || self.rng.below(10) == 0) as u32;
+        if aborted == 0 {
+            self.pair(&mut rs, "skv_commit", |h, r| {
+                let k = r.kv_allocated_len - r.kv_committed_len;
+                // SAFETY: a live handle and a local.
+                let st = unsafe { skv_commit(h.c, r, k) };
+                (r.origin_input_len, r.output_len, r.finished_len) = (r.kv_committed_len, 0, 0);
+                st
+            });
+        }
+        self.pair(&mut rs, "skv_cache_finished_req", |h, r| {
+            // SAFETY: a live handle and a local.
+            unsafe { skv_cache_finished_req(h.c, sid, 0, r, aborted) }
+        });
+    }
+
+    /// `both` for a call on each handle's own req; the reqs must agree after it.
+    fn pair<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        rs: &mut [skv_req; 2],
+        what: &str,
+        f: impl Fn(&mut H, &mut skv_req) -> T,
+    ) -> T {
+        let cell = RefCell::new(std::mem::take(rs));
+        let which = std::cell::Cell::new(0);
+        let out = self.both(what, |h| {
+            let i = which.replace(1);
+            f(h, &mut cell.borrow_mut()[i])
+        });
+        *rs = cell.into_inner();
+        assert_eq!(rs[0], rs[1], "call {}: {what}: the reqs", self.calls);
+        out
+    }
+}
+
+fn lockstep(cfg: skv_cache_config, seed: u64, calls: u64) {
+    let mut l = Lockstep { a: H::new(cfg), b: H::new(cfg), rng: Rng(seed), calls: 0, logged: 0, restores: 0 };
+    while l.calls < calls {
+        l.op();
+    }
+    let t = l.a.tier();
+    assert!(l.restores > 50 && t.parks > 50 && t.host_evictions > 0 && t.failed_copies > 0, "{t:?}");
+    finally_same(l.a, l.b);
+}
+
+#[test]
+fn tensor_parallel_ranks_stay_in_lockstep() {
+    let mut cfg = config(24);
+    cfg.tier_pages_per_step = 6;
+    lockstep(cfg, 7, 20_000);
+}
+
+#[test]
+fn tensor_parallel_ranks_stay_in_lockstep_hybrid() {
+    let mut cfg = config(24);
+    (cfg.swa_num_token_slots, cfg.host_swa_num_token_slots, cfg.tier_min_tokens) = (48 * 4, 20 * 4, 8);
+    lockstep(cfg, 8, 20_000);
 }
