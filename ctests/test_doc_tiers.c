@@ -110,6 +110,14 @@ static void first_turn(skv_cache *c, engine *e, const int32_t *sys, uint64_t ses
   TRY(skv_cache_finished_req(c, session, 0, &r, 0));
 }
 
+/* The audit holds in every place: parked sessions and copies in progress included. */
+static int audit_clean(const skv_cache *c) {
+  skv_check_report rep;
+  TRY(skv_cache_check(c, &rep));
+  if (rep.violations) fprintf(stderr, "audit: %s\n", rep.first_violation);
+  return rep.violations == 0;
+}
+
 /* Every slot of the req's row holds its token's KV: the system prompt's, then the session's. */
 static int kv_intact(skv_cache *c, engine *e, const skv_req *r, uint64_t session) {
   int32_t idx[DEV_PAGES * PS];
@@ -176,6 +184,7 @@ int main(void) {
   EXPECT(w.place == SKV_PLACE_BOTH && w.host_pages == 3 && w.ticket == 0);
   /* end */
   EXPECT(w.device_pages == 4 && w.tokens == SYS_LEN + 40 && w.state == 0);
+  EXPECT(audit_clean(c));
   TRY(skv_cache_stats(c, &s));
 
   /* doc:park */
@@ -193,6 +202,7 @@ int main(void) {
     TRY(skv_cache_stats(c, &after));
     EXPECT(after.free_pages == s.free_pages + 3 && after.free_rows == s.free_rows);
   }
+  EXPECT(audit_clean(c));
   /* the pressure: session 2 takes the freed pages and writes its own KV into them */
   first_turn(c, &e, sys, 2, SYS_LEN + 40, 8);
 
@@ -217,6 +227,7 @@ int main(void) {
   EXPECT(w.place == SKV_PLACE_DEVICE && w.host_pages == 0); /* the restore dropped it */
   /* end */
   EXPECT(w.tokens == SYS_LEN + 60 && w.device_pages == 5 && w.state == 0);
+  EXPECT(audit_clean(c));
 
   memset(&ts, 0, sizeof ts);
   ts.struct_size = sizeof ts;
