@@ -528,7 +528,8 @@ typedef struct skv_match {
  */
 typedef struct skv_held {
   /**
-   * Sum over idle slots of ceil_align(allocated) - protected.
+   * Sum over idle slots of ceil_align(allocated) - protected (a parked slot's are in the host
+   * tier: 0 here).
    */
   uint64_t full_tokens;
   /**
@@ -608,7 +609,8 @@ typedef struct skv_admission {
   /**
    * Pages skv_alloc_extend would take from the free list to grow the request from
    * prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
-   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer). A
+   * parked session's hit (skv_match_prefix_tier) also counts the pages its restore maps.
    */
   uint64_t pages_needed;
   /**
@@ -888,7 +890,7 @@ typedef struct skv_where {
 } skv_where;
 
 /**
- * The host tier and the tickets (skv_tier_stats); without a host tier only the ticket
+ * The host tier and the tickets (skv_cache_tier_stats); without a host tier only the ticket
  * fields are filled.
  */
 typedef struct skv_tier_stats {
@@ -1295,9 +1297,9 @@ typedef struct skv_api {
                                    uint64_t branch_id,
                                    struct skv_where *out);
   /**
-   * Same as skv_tier_stats.
+   * Same as skv_cache_tier_stats.
    */
-  enum skv_status (*tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
+  enum skv_status (*cache_tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1979,7 +1981,7 @@ enum skv_status skv_session_where(const struct skv_cache *c,
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
-enum skv_status skv_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
+enum skv_status skv_cache_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

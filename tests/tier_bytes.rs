@@ -332,7 +332,7 @@ fn run(ps: u32, swa: bool) {
         w.run(400);
         let mut st = skv_tier_stats { struct_size: std::mem::size_of::<skv_tier_stats>() as u32, ..Default::default() };
         // SAFETY: a live handle and a local.
-        assert_eq!(unsafe { skv_tier_stats(w.c, &mut st) }, SKV_OK);
+        assert_eq!(unsafe { skv_cache_tier_stats(w.c, &mut st) }, SKV_OK);
         assert_eq!(st.open_tickets, 0);
         assert_eq!(st.host_draining_pages + st.draining_pages + st.swa_draining_pages, 0, "{st:?}");
         assert!(st.parks > 0 && st.writebacks > 0, "the workload parks and writes back: {st:?}");

@@ -269,9 +269,9 @@ pub unsafe extern "C" fn skv_session_where(
 ///
 /// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
-pub unsafe extern "C" fn skv_tier_stats(c: *const skv_cache, out: *mut crate::core::TierStats) -> skv_status {
+pub unsafe extern "C" fn skv_cache_tier_stats(c: *const skv_cache, out: *mut crate::core::TierStats) -> skv_status {
     export!(
-        skv_tier_stats,
+        skv_cache_tier_stats,
         c,
         |_t| {},
         // SAFETY: c and out are NULL or valid (the contract above); lock and versioned_out
