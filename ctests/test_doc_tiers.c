@@ -231,7 +231,7 @@ int main(void) {
 
   memset(&ts, 0, sizeof ts);
   ts.struct_size = sizeof ts;
-  TRY(skv_tier_stats(c, &ts));
+  TRY(skv_cache_tier_stats(c, &ts));
   EXPECT(ts.open_tickets == 0 && ts.clock == 2 && ts.parked_sessions == 0);
   EXPECT(ts.parks == 1 && ts.unparks == 1 && ts.writebacks == 1 && ts.failed_copies == 0);
   EXPECT(ts.pages_to_host == 3 && ts.pages_to_device == 3);
