@@ -455,7 +455,7 @@ impl Cache {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
         let arriving = self.tickets.get(slot.ticket).is_some_and(|p| p.kind == Kind::Import);
-        let m = self.hit(session, branch, req, key_len, pre_aborted)?;
+        let m = self.hit(session, branch, req, key_len, pre_aborted, true)?;
         let ticket = if m.hit == 1 && arriving { slot.ticket } else { 0 };
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })
     }
@@ -528,7 +528,7 @@ impl Cache {
         tier.copies[row as usize].ticket = t;
         tier.counts.unparks += 1;
         tier.counts.pages_to_device += moved;
-        let m = self.hit(session, branch, req, key_len, false)?;
+        let m = self.hit(session, branch, req, key_len, false, true)?;
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, restored_pages: n, ticket: t, ..TierMatch::default() })
     }
 
