@@ -7,7 +7,9 @@
 //! sliding-window step), then owned mode: `alloc`, `swa_alloc` and `page_list` (the pools'
 //! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
-//! (what a device copy of the rows must learn).
+//! (what a device copy of the rows must learn). Then the host tier: `tickets` and `pins`
+//! (copies in flight and the pages they hold), `tier` (its pools and policy), `tier_ops` and
+//! `owned_tier` (its calls), `audit_tier`.
 
 mod alloc;
 mod audit;
