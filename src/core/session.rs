@@ -93,6 +93,7 @@ impl Cache {
     /// `match_prefix`: restore a session's slot into the req for its next turn. A parked slot,
     /// or one an import still writes, is refused: its KV is not on the device yet
     /// (`match_prefix_tier` restores it and names the copy's ticket).
+    #[inline]
     pub fn match_prefix(
         &mut self,
         session: u64,
@@ -118,8 +119,8 @@ impl Cache {
         self.check_req(req)?;
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()) else { return Ok(MISS) };
         let slot = *slot;
-        if !tiered && (slot.place == Place::Parked || slot.ticket != 0) && !pre_aborted {
-            self.refuse_untiered(session, branch, &slot)?;
+        if !tiered && !pre_aborted && (slot.place == Place::Parked || self.meta(row).is_some_and(|m| m.pinned)) {
+            self.refuse_untiered(session, branch, row, &slot)?;
         }
         if pre_aborted {
             return Ok(MISS);
@@ -147,7 +148,7 @@ impl Cache {
 
     /// A plain match of a parked slot, or of one an import still writes: refused.
     #[cold]
-    fn refuse_untiered(&self, session: u64, branch: u64, slot: &Slot) -> Result<()> {
+    fn refuse_untiered(&self, session: u64, branch: u64, row: u32, slot: &Slot) -> Result<()> {
         if slot.place == Place::Parked {
             bail!(
                 State,
@@ -155,12 +156,12 @@ impl Cache {
                  skv_match_prefix_tier, which restores it"
             );
         }
-        if self.arriving(slot.ticket) {
+        let t = self.ticket_of(row);
+        if self.arriving(t) {
             bail!(
                 State,
-                "session {session} branch {branch} is being imported (ticket {}): match it with \
-                 skv_match_prefix_tier, which names the ticket",
-                slot.ticket
+                "session {session} branch {branch} is being imported (ticket {t}): match it with \
+                 skv_match_prefix_tier, which names the ticket"
             );
         }
         Ok(())
@@ -225,6 +226,7 @@ impl Cache {
         self.check_floor(req)?;
         let found = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
+        let copying = found.map_or(0, |(r, _)| self.ticket_of(r));
         match found.map(|(_, s)| s) {
             Some(s) if !s.in_flight => bail!(
                 State,
@@ -236,11 +238,10 @@ impl Cache {
                 "session {session} branch {branch}'s KV never arrived (its restore's copy failed): hand the \
                  request back (the session parks again) or abort it"
             ),
-            Some(s) if s.ticket != 0 && self.tickets.get(s.ticket).is_some_and(|p| p.kind != Kind::WriteBack) => bail!(
+            Some(_) if copying != 0 && self.tickets.get(copying).is_some_and(|p| p.kind != Kind::WriteBack) => bail!(
                 State,
-                "session {session} branch {branch}'s KV is still being copied (ticket {}): complete the ticket \
-                 before the turn's forward pass",
-                s.ticket
+                "session {session} branch {branch}'s KV is still being copied (ticket {copying}): complete the \
+                 ticket before the turn's forward pass"
             ),
             // Saving a shorter record would forget the tail the running slot records.
             Some(s) if req.kv_allocated_len < s.allocated => bail!(
@@ -572,6 +573,5 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         in_flight: false,
         finished_at: 0,
         place: Place::Device,
-        ticket: 0,
     }
 }
