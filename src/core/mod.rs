@@ -7,7 +7,8 @@
 //! sliding-window step), then owned mode: `alloc`, `swa_alloc` and `page_list` (the pools'
 //! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
-//! (what a device copy of the rows must learn).
+//! (what a device copy of the rows must learn); `unit` and `unit_ops` (a session's KV as a
+//! movable unit: export and import).
 
 mod alloc;
 mod audit;
@@ -39,6 +40,10 @@ mod test_caches;
 mod tickets;
 mod tier;
 mod tier_ops;
+mod unit;
+mod unit_ops;
+#[cfg(test)]
+mod unit_tests;
 
 pub use cache::{Backend, Cache};
 pub use error::{Error, Result};
@@ -52,6 +57,11 @@ pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
 pub use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST};
+pub use unit::{
+    at as unit_at, read_unit, Destination, Fingerprint, Unit, UnitHeader, UNIT_BYTE_ORDER, UNIT_FLAG_ENGINE_SWA,
+    UNIT_FLAG_HOST_PAGES, UNIT_HEADER_LEN, UNIT_MAGIC, UNIT_POOL_FULL, UNIT_POOL_SWA, UNIT_VERSION,
+};
+pub use unit_ops::ImportSpec;
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

@@ -109,6 +109,7 @@ impl Cache {
                      skv_match_prefix_tier, which restores it"
                 );
             }
+            self.refuse_exporting(session, branch, s, pre_aborted)?;
             if s.ticket != 0 && self.arriving(s.ticket) {
                 bail!(
                     State,

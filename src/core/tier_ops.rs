@@ -441,6 +441,7 @@ impl Cache {
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s)) else {
             return Ok(TierMatch::default());
         };
+        self.refuse_exporting(session, branch, &slot, pre_aborted)?;
         if slot.place == Place::Parked && !pre_aborted {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
@@ -604,6 +605,7 @@ impl Cache {
                 for &row in rows {
                     if self.engine_pins.ticket_of(row) == Some(ticket) {
                         self.engine_pins.unpin(row);
+                        self.meta_mut(row).pinned = false;
                     }
                 }
             }
