@@ -235,7 +235,11 @@ impl Cache {
         if let Some(sw) = pool.swa.as_ref() {
             sw.check_room(h.n_swa as u64)?;
         }
-        let live: Vec<bool> = h.swa_live(ps).collect();
+        // Which new pages get an SWA page: only an SWA pool asks (no list to build without one).
+        let live: Vec<bool> = match pool.swa {
+            Some(_) => h.swa_live(ps).collect(),
+            None => Vec::new(),
+        };
         let row = pool.take_row().expect("a free row, checked");
         if !prefix.is_empty() {
             pool.map_held_prefix(row, prefix);

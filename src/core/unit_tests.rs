@@ -508,3 +508,141 @@ fn ids_are_written_in_one_pass() {
     assert_eq!(write_ids(&mut b, [1, 2, 3, 4]), 12, "no further than the buffer");
     assert_eq!(i32::from_ne_bytes(b[8..12].try_into().unwrap()), 3);
 }
+
+/// Hooks whose copies the test runs itself: each call's `(dst)` pages are kept.
+struct Copies(Arc<Mutex<Vec<Vec<i32>>>>);
+
+impl EngineHooks for Copies {
+    fn dec_lock_ref(&mut self, _: u64, _: u64) -> std::result::Result<(), i32> {
+        Ok(())
+    }
+    fn free_aux(&mut self, _: i64) -> std::result::Result<(), i32> {
+        Ok(())
+    }
+    fn can_copy(&self) -> bool {
+        true
+    }
+    fn copy_pages(
+        &mut self,
+        _: u64,
+        _: u32,
+        _: &[i32],
+        dst: &[i32],
+        _: usize,
+        _: usize,
+    ) -> std::result::Result<(), i32> {
+        self.0.lock().unwrap().push(dst.to_vec());
+        Ok(())
+    }
+}
+
+/// A parked slot exports its host copy's pages; a release meanwhile drains them to the ticket.
+#[test]
+fn a_parked_slot_exports_its_host_pages() {
+    let tier =
+        TierConfig { host_num_token_slots: 64 * 4, kv_layout_id: LAYOUT, swa_window: 8, ..TierConfig::default() };
+    let cfg = Config { tier, ..*owned(4, 64, 0).config() };
+    let mut c = Cache::new_owned(cfg).unwrap();
+    let copies = Arc::new(Mutex::new(Vec::new()));
+    c.set_hooks(Some(Box::new(Copies(copies.clone())))).unwrap();
+    saved(&mut c, 2, 0, 8);
+    saved(&mut c, 1, 0, 30);
+    let device = slots_of(&c, 1, false);
+    let wb = c.park(1, 0).unwrap();
+    c.ticket_done(wb, true).unwrap();
+    assert_eq!(c.slots().find(1, 0).unwrap().1.place, Place::Parked);
+    let host: Vec<i32> = copies.lock().unwrap()[0].clone();
+    assert_eq!(host.len(), 8);
+    let (unit, t) = export_vec(&mut c, 1);
+    let u = read_unit(&unit, &Destination { fingerprint: c.unit_fingerprint(), max_context_len: 4096 }).unwrap();
+    assert_eq!(u.header.flags, UNIT_FLAG_HOST_PAGES);
+    assert_eq!(u.full().collect::<Vec<_>>(), host, "the host copy's pages, not the device's");
+    assert_ne!(host[0], device[0] / 4, "device pages start past session 2's");
+    // A tier match cannot restore it under the export.
+    let mut r = Req::default();
+    assert!(
+        matches!(c.match_prefix_tier(1, 0, &mut r, 30, false), Err(Error::State(m)) if m.contains("being exported"))
+    );
+    let host_free = |c: &Cache| c.tier.as_deref().unwrap().full.free_pages();
+    let before = host_free(&c);
+    c.release_session(1).unwrap();
+    assert_eq!(host_free(&c), before, "the host pages drain while the export reads them");
+    c.ticket_done(t, true).unwrap();
+    assert_eq!(host_free(&c), before + 8);
+    clean(&c);
+}
+
+/// The cost of exporting and importing 4,096-token sessions (256 pages of 16), pages taken
+/// included: `cargo test --release --lib export_import_cost -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: run in release"]
+fn export_import_cost() {
+    let n = 1000u64;
+    let cfg = Config {
+        page_size: 16,
+        num_token_slots: (n * 256 + 1) * 16,
+        num_rows: n as u32,
+        max_context_len: 4096,
+        aligned_reuse: false,
+        swa_num_token_slots: 0,
+        tier: TierConfig { kv_layout_id: LAYOUT, ..TierConfig::default() },
+    };
+    let (mut src, mut dst) = (Cache::new_owned(cfg).unwrap(), Cache::new_owned(cfg).unwrap());
+    for s in 0..n {
+        saved(&mut src, s, 0, 4096);
+    }
+    // Filled, so that the timed loops meet no first-touch page faults.
+    let mut units = vec![1u8; n as usize * src.export_len(0, 0).unwrap()];
+    let len = units.len() / n as usize;
+    let mut tickets = Vec::with_capacity(n as usize);
+    let t0 = std::time::Instant::now();
+    for (s, buf) in units.chunks_exact_mut(len).enumerate() {
+        tickets.push(src.export(s as u64, 0, buf).unwrap().1);
+    }
+    let export = t0.elapsed();
+    let mut out = vec![-1; n as usize * 256];
+    let mut import = std::time::Duration::ZERO;
+    // The first round meets rows whose page lists were never allocated; the second, rows a
+    // released session left (an engine's steady state).
+    for round in 0..2 {
+        let t0 = std::time::Instant::now();
+        for ((s, unit), out) in units.chunks_exact(len).enumerate().zip(out.chunks_exact_mut(256)) {
+            tickets.push(dst.import(&spec(s as u64, &[]), unit, out).unwrap().1);
+        }
+        import = t0.elapsed();
+        if round == 0 {
+            let first = import.as_nanos() as f64 / n as f64;
+            eprintln!("import into never-used rows: {first:.0} ns a session");
+            for t in tickets.drain(n as usize..) {
+                dst.ticket_done(t, false).unwrap();
+            }
+        }
+    }
+    eprintln!(
+        "per 4,096-token session, 1,000 sessions: export {:.0} ns, import {:.0} ns",
+        export.as_nanos() as f64 / n as f64,
+        import.as_nanos() as f64 / n as f64
+    );
+    assert_eq!(dst.stats().unwrap().free_pages, 0);
+    for t in tickets.drain(..n as usize) {
+        src.ticket_done(t, true).unwrap();
+    }
+    // Warm: one session exported again and again, and imported and dropped again and again
+    // (each ticket completed untimed).
+    let (mut exports, mut imports, reps) = (std::time::Duration::ZERO, std::time::Duration::ZERO, 10_000);
+    for t in tickets.drain(..).take(1) {
+        dst.ticket_done(t, false).unwrap();
+    }
+    for _ in 0..reps {
+        let t0 = std::time::Instant::now();
+        let t = src.export(0, 0, &mut units[..len]).unwrap().1;
+        exports += t0.elapsed();
+        src.ticket_done(t, true).unwrap();
+        let t0 = std::time::Instant::now();
+        let t = dst.import(&spec(0, &[]), &units[..len], &mut out[..256]).unwrap().1;
+        imports += t0.elapsed();
+        dst.ticket_done(t, false).unwrap();
+    }
+    let per = |d: std::time::Duration| d.as_nanos() as f64 / reps as f64;
+    eprintln!("warm, one session again: export {:.0} ns, import {:.0} ns", per(exports), per(imports));
+}
