@@ -394,6 +394,7 @@ impl Bed {
             max_context_len: 2 * TOKENS,
             flags: 0,
             swa_num_token_slots: swa_pages * u64::from(PS),
+            ..Default::default()
         };
         if events && !has_entry(std::mem::offset_of!(skv::skv_api, events_drain)) {
             return None;

@@ -165,6 +165,7 @@ impl Bed {
             // A turn maps its SWA pages before its window step gives any back: as many as
             // full-side pages.
             swa_num_token_slots: if hybrid { slots } else { 0 },
+            ..Default::default()
         };
         let mut cache: *mut skv_cache = std::ptr::null_mut();
         // SAFETY: cfg and cache are locals.

@@ -109,6 +109,61 @@
 #define SKV_EVENTS_FROM_PAGE_ZERO 1
 
 /**
+ * copy_pages' direction: device pages to host pages (a write-back).
+ */
+#define SKV_COPY_TO_HOST 1
+
+/**
+ * copy_pages' direction: host pages to device pages (a restore).
+ */
+#define SKV_COPY_TO_DEVICE 2
+
+/**
+ * skv_tier_evict: never start a copy (a slot without a clean host copy is released).
+ */
+#define SKV_EVICT_NO_COPY 1
+
+/**
+ * skv_where.place: no slot.
+ */
+#define SKV_PLACE_NONE 0
+
+/**
+ * skv_where.place: on the device only.
+ */
+#define SKV_PLACE_DEVICE 1
+
+/**
+ * skv_where.place: on the device, with a clean host copy beside it.
+ */
+#define SKV_PLACE_BOTH 2
+
+/**
+ * skv_where.place: parked: in the host tier only.
+ */
+#define SKV_PLACE_HOST 3
+
+/**
+ * skv_where.state: restored into a running request.
+ */
+#define SKV_WHERE_IN_FLIGHT 1
+
+/**
+ * skv_where.state: a ticket's copy of its pages is open.
+ */
+#define SKV_WHERE_COPYING 2
+
+/**
+ * skv_where.state: its restore's copy failed (hand the request back or abort it).
+ */
+#define SKV_WHERE_FAILED 4
+
+/**
+ * skv_where.state: it parks when its write-back completes.
+ */
+#define SKV_WHERE_LEAVING 8
+
+/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -174,8 +229,8 @@ typedef struct skv_cache skv_cache;
 typedef struct skv_cache_config {
   /**
    * sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
-   * 40 from ABI 3 (swa_num_token_slots). Accepted from 32 up; see "Versioned structs" at
-   * the top of this header.
+   * 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted
+   * from 32 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -207,6 +262,40 @@ typedef struct skv_cache_config {
    * struct_size is 32.
    */
   uint64_t swa_num_token_slots;
+  /**
+   * Owned mode: the host tier's pool in token slots (same rules as num_token_slots); 0 = no
+   * host tier (docs/tiers.md). Must be 0 in external mode. Fields from here on are 0 when
+   * struct_size is 32 or 40.
+   */
+  uint64_t host_num_token_slots;
+  /**
+   * The host tier's SWA pool in token slots: non-zero exactly when there are both an SWA
+   * pool and a host tier.
+   */
+  uint64_t host_swa_num_token_slots;
+  /**
+   * The engine's id of its KV byte layout (dtype, layers, heads): part of an exported
+   * unit's fingerprint; any value.
+   */
+  uint64_t kv_layout_id;
+  /**
+   * The sliding window in tokens, for the fingerprint (0 = not stated); not enforced.
+   */
+  uint32_t swa_window;
+  /**
+   * Host tier: a finished session is written back once idle this many skv_tier_step calls.
+   */
+  uint32_t tier_idle_steps;
+  /**
+   * Host tier: sessions holding fewer tokens past their protected prefix are never written
+   * back by the policy (0 = one page): the recompute break-even (docs/tiers.md#break-even).
+   */
+  uint32_t tier_min_tokens;
+  /**
+   * Host tier: pages a skv_tier_step starts writing back, at most (0 = none in the
+   * background).
+   */
+  uint32_t tier_pages_per_step;
 } skv_cache_config;
 
 /**
@@ -410,7 +499,8 @@ typedef struct skv_match {
  */
 typedef struct skv_held {
   /**
-   * Sum over idle slots of ceil_align(allocated) - protected.
+   * Sum over idle slots of ceil_align(allocated) - protected (a parked slot's are in the host
+   * tier: 0 here).
    */
   uint64_t full_tokens;
   /**
@@ -490,7 +580,8 @@ typedef struct skv_admission {
   /**
    * Pages skv_alloc_extend would take from the free list to grow the request from
    * prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
-   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer). A
+   * parked session's hit (skv_match_prefix_tier) also counts the pages its restore maps.
    */
   uint64_t pages_needed;
   /**
@@ -597,14 +688,31 @@ typedef struct skv_check_report {
 } skv_check_report;
 
 /**
+ * Enqueue the copies of `ticket`, returning 0, or enqueue nothing and return non-zero (the
+ * libskv call then fails with SKV_ERR_CALLBACK and changes nothing). Copy whole pages, every
+ * layer: `src[i]` to `dst[i]`, the first `n_full` pairs in the full pools, the next `n_swa` in
+ * the SWA pools; `direction` is SKV_COPY_TO_HOST (src device pages, dst host pages) or
+ * SKV_COPY_TO_DEVICE. The arrays are readable during the call only. Once the copies ran, call
+ * skv_ticket_done (never from inside this callback).
+ */
+typedef int (*skv_copy_pages_fn)(void *user_data,
+                                 uint64_t ticket,
+                                 uint32_t direction,
+                                 const int32_t *src,
+                                 const int32_t *dst,
+                                 size_t n_full,
+                                 size_t n_swa);
+
+/**
  * Owned mode's engine callbacks: a released session's prefix-tree lock and aux state go
  * here (release, aborted finish, aligned-reuse release). Either may be NULL. They run as
  * skv_pool_ops' callbacks do (docs/external-mode.md#what-a-callback-may-call).
  */
 typedef struct skv_engine_hooks {
   /**
-   * sizeof(skv_engine_hooks) of the header the caller was built with: 24 so far (ABI 1
-   * to 3). Accepted from 24 up; see "Versioned structs" at the top of this header.
+   * sizeof(skv_engine_hooks) of the header the caller was built with: 24 in ABI 1 to 3, 32
+   * from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of
+   * this header.
    */
   uint32_t struct_size;
   /**
@@ -616,6 +724,11 @@ typedef struct skv_engine_hooks {
    * `aux_state`, `aux_track[0]`, `aux_track[1]` (docs/recurrent-state.md).
    */
   skv_free_aux_fn free_aux;
+  /**
+   * The host tier's copies (docs/tiers.md#copy_pages); NULL: no host-tier move can run.
+   * NULL when struct_size is 24.
+   */
+  skv_copy_pages_fn copy_pages;
 } skv_engine_hooks;
 
 /**
@@ -649,6 +762,157 @@ typedef struct skv_events_config {
    */
   const char *topic;
 } skv_events_config;
+
+/**
+ * What skv_match_prefix_tier found: skv_match_prefix's answer, and what a parked session's
+ * restore (or an arriving import) still copies.
+ */
+typedef struct skv_tier_match {
+  /**
+   * sizeof(skv_tier_match) of the caller's header: 24 (0.4). Set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * 1: a session slot was restored into the req (as skv_match_prefix's hit).
+   */
+  uint32_t hit;
+  /**
+   * Tokens restored (0 on a miss).
+   */
+  uint32_t prefix_len;
+  /**
+   * Device pages the hit took for a parked session's KV (0 for one already on the device).
+   */
+  uint32_t restored_pages;
+  /**
+   * The ticket whose copies must run before the forward pass reads the KV: the restore's,
+   * or an import's still open; 0 when the KV is already there.
+   */
+  uint64_t ticket;
+} skv_tier_match;
+
+/**
+ * What skv_tier_evict did.
+ */
+typedef struct skv_tier_evicted {
+  /**
+   * sizeof(skv_tier_evicted) of the caller's header: 40 (0.4). Set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Sessions parked now (their host copy was clean).
+   */
+  uint32_t parked;
+  /**
+   * Sessions released (dropped whole: short, or no host room, or SKV_EVICT_NO_COPY).
+   */
+  uint32_t released;
+  /**
+   * Sessions whose device pages go when their write-back completes.
+   */
+  uint32_t copying;
+  /**
+   * Device pages freed now.
+   */
+  uint64_t freed_pages;
+  /**
+   * Device pages that go free when their ticket completes.
+   */
+  uint64_t draining_pages;
+  /**
+   * The write-back this call started (0: none).
+   */
+  uint64_t ticket;
+} skv_tier_evicted;
+
+/**
+ * Where a session's KV is (skv_session_where).
+ */
+typedef struct skv_where {
+  /**
+   * sizeof(skv_where) of the caller's header: 40 (0.4). Set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * SKV_PLACE_*: NONE (no slot), DEVICE, BOTH (device, and a clean host copy), HOST
+   * (parked).
+   */
+  uint32_t place;
+  /**
+   * SKV_WHERE_* bits: IN_FLIGHT, COPYING (a ticket is open on it), FAILED (its restore
+   * failed), LEAVING (it parks when its write-back completes).
+   */
+  uint32_t state;
+  /**
+   * Tokens the slot holds (its kv_allocated_len as last recorded).
+   */
+  uint32_t tokens;
+  /**
+   * Device pages its row maps (the protected prefix's included).
+   */
+  uint64_t device_pages;
+  /**
+   * Host pages its host copy holds, both pools.
+   */
+  uint64_t host_pages;
+  /**
+   * The ticket open on it, 0 when none.
+   */
+  uint64_t ticket;
+} skv_where;
+
+/**
+ * The host tier and the tickets (skv_cache_tier_stats); without a host tier only the ticket
+ * fields are filled.
+ */
+typedef struct skv_tier_stats {
+  /**
+   * sizeof(skv_tier_stats) of the caller's header: 144 (0.4). Set by the caller.
+   */
+  uint32_t struct_size;
+  /**
+   * Tickets issued and not yet done.
+   */
+  uint32_t open_tickets;
+  /**
+   * The policy's clock: skv_tier_step calls so far.
+   */
+  uint64_t clock;
+  /**
+   * Host pool pages, page 0 included; free; draining (a released slot's, still copied).
+   */
+  uint64_t host_total_pages;
+  uint64_t host_free_pages;
+  uint64_t host_draining_pages;
+  /**
+   * The same of the host SWA pool (0 without one).
+   */
+  uint64_t host_swa_total_pages;
+  uint64_t host_swa_free_pages;
+  uint64_t host_swa_draining_pages;
+  /**
+   * Device pages freed while a ticket copied them, back when it completes (full, SWA).
+   */
+  uint64_t draining_pages;
+  uint64_t swa_draining_pages;
+  /**
+   * Sessions parked now.
+   */
+  uint64_t parked_sessions;
+  /**
+   * Parks, restores, completed write-backs, host copies dropped for room, failed copies.
+   */
+  uint64_t parks;
+  uint64_t unparks;
+  uint64_t writebacks;
+  uint64_t host_evictions;
+  uint64_t failed_copies;
+  /**
+   * Pages whose copy was asked for, each way (both pools).
+   */
+  uint64_t pages_to_host;
+  uint64_t pages_to_device;
+} skv_tier_stats;
 
 /**
  * Every exported function, for engines that dlopen libskv: one field per function, named
@@ -965,6 +1229,49 @@ typedef struct skv_api {
                                   size_t cap,
                                   size_t *len,
                                   uint64_t *seq);
+  /**
+   * Same as skv_match_prefix_tier.
+   */
+  enum skv_status (*match_prefix_tier)(struct skv_cache *c,
+                                       uint64_t session_id,
+                                       uint64_t branch_id,
+                                       struct skv_req *req,
+                                       uint32_t key_len,
+                                       uint32_t pre_aborted,
+                                       struct skv_tier_match *out);
+  /**
+   * Same as skv_ticket_done.
+   */
+  enum skv_status (*ticket_done)(struct skv_cache *c, uint64_t ticket, int32_t status);
+  /**
+   * Same as skv_session_park.
+   */
+  enum skv_status (*session_park)(struct skv_cache *c,
+                                  uint64_t session_id,
+                                  uint64_t branch_id,
+                                  uint64_t *ticket);
+  /**
+   * Same as skv_tier_step.
+   */
+  enum skv_status (*tier_step)(struct skv_cache *c, uint64_t *pages, uint64_t *ticket);
+  /**
+   * Same as skv_tier_evict.
+   */
+  enum skv_status (*tier_evict)(struct skv_cache *c,
+                                uint64_t pages,
+                                uint32_t flags,
+                                struct skv_tier_evicted *out);
+  /**
+   * Same as skv_session_where.
+   */
+  enum skv_status (*session_where)(const struct skv_cache *c,
+                                   uint64_t session_id,
+                                   uint64_t branch_id,
+                                   struct skv_where *out);
+  /**
+   * Same as skv_cache_tier_stats.
+   */
+  enum skv_status (*cache_tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1565,6 +1872,88 @@ enum skv_status skv_events_drain(struct skv_cache *c,
                                  size_t cap,
                                  size_t *len,
                                  uint64_t *seq);
+
+/**
+ * skv_match_prefix, where a parked session is restored: new device pages for its prefix and a
+ * copy from host under `out->ticket`, which the engine orders its forward pass after (a miss
+ * when the pages do not fit: the parked slot is released). A slot an import still writes hits
+ * with the import's ticket; one already on the device hits with ticket 0.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_match_prefix_tier(struct skv_cache *c,
+                                      uint64_t session_id,
+                                      uint64_t branch_id,
+                                      struct skv_req *req,
+                                      uint32_t key_len,
+                                      uint32_t pre_aborted,
+                                      struct skv_tier_match *out);
+
+/**
+ * Completes `ticket`: its copies ran (`status` 0) or failed (non-zero). Pages freed while it
+ * copied them go back; a write-back's session is clean (and parks if an eviction asked); a
+ * failed copy loses nothing (docs/tiers.md#completing-a-ticket).
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_ticket_done(struct skv_cache *c, uint64_t ticket, int32_t status);
+
+/**
+ * Owned mode with a host tier: parks the idle slot of (session_id, branch_id): its device
+ * pages past the protected prefix go now if its host copy is clean (`*ticket` 0), else once
+ * the write-back this starts completes (`*ticket`).
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_session_park(struct skv_cache *c,
+                                 uint64_t session_id,
+                                 uint64_t branch_id,
+                                 uint64_t *ticket);
+
+/**
+ * Owned mode with a host tier: one tick of the policy's clock. Idle sessions past
+ * tier_idle_steps start writing back, at most tier_pages_per_step pages (the first session
+ * always); `*pages` receives the pages queued and `*ticket` their ticket (0: none).
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_tier_step(struct skv_cache *c, uint64_t *pages, uint64_t *ticket);
+
+/**
+ * Owned mode with a host tier: frees device pages, least recently finished idle sessions
+ * first, until `pages` are freed or draining (docs/tiers.md#eviction). `flags`:
+ * SKV_EVICT_NO_COPY or 0. `*out` says what went and the write-back's ticket.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_tier_evict(struct skv_cache *c,
+                               uint64_t pages,
+                               uint32_t flags,
+                               struct skv_tier_evicted *out);
+
+/**
+ * Where the KV of (session_id, branch_id) is: `*out` (place SKV_PLACE_NONE when it has no
+ * slot). Changes nothing.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+ */
+enum skv_status skv_session_where(const struct skv_cache *c,
+                                  uint64_t session_id,
+                                  uint64_t branch_id,
+                                  struct skv_where *out);
+
+/**
+ * The host tier's pools and counters, and the open tickets (both modes; without a host tier
+ * the host fields are 0). Changes nothing.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+ */
+enum skv_status skv_cache_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -65,6 +65,7 @@ fn cache_paged(engine: &mut Engine, page_size: u32, flags: u32) -> *mut skv_cach
         max_context_len: COLS,
         flags,
         swa_num_token_slots: 0,
+        ..Default::default()
     };
     let ops = skv_pool_ops {
         struct_size: std::mem::size_of::<skv_pool_ops>() as u32,

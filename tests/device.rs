@@ -22,6 +22,7 @@ fn device_copy_equals_the_host_rows() {
         max_context_len: 512,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     };
     let mut reqs = [skv_req::default(); 3];
     // SAFETY: c is created here and freed once on every way out; the reqs, dptr, stride, copy

@@ -424,6 +424,7 @@ impl Engine {
             max_context_len: 512,
             flags: 0,
             swa_num_token_slots: 0,
+            ..Default::default()
         };
         let mut c = null_mut();
         // SAFETY: valid pointers.

@@ -95,6 +95,7 @@ fn config(rows: u32, pages: u64, max_context_len: u32) -> skv_cache_config {
         max_context_len,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     }
 }
 

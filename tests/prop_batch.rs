@@ -23,6 +23,7 @@ fn new_cache(ps: u32, pages: u64) -> *mut skv_cache {
         max_context_len: MAX_CTX,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     };
     let mut c = std::ptr::null_mut();
     // SAFETY: cfg and c are locals.

@@ -491,6 +491,7 @@ impl Sim {
             max_context_len: cfg.max_ctx,
             flags: if cfg.aligned { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: 0,
+            ..Default::default()
         };
         let ops = skv_pool_ops {
             // An ABI 2 caller (no free_kv_segment): free_kv takes every free whole, the SWA cursor

@@ -164,6 +164,7 @@ impl Sim {
             max_context_len: case.max_ctx,
             flags: if case.aligned { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: case.swa as u64 * case.ps as u64,
+            ..Default::default()
         };
         let mut cache = std::ptr::null_mut();
         // SAFETY: valid pointers.
@@ -174,6 +175,7 @@ impl Sim {
             struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
             dec_lock_ref: Some(hook_dec_lock_ref),
             free_aux: Some(hook_free_aux),
+            ..Default::default()
         };
         // SAFETY: the hooks' user data outlives the cache (Drop frees the cache first).
         let st = unsafe { skv_cache_set_hooks(cache, &h, hooks as *mut c_void) };

@@ -327,6 +327,7 @@ impl Sim {
             max_context_len: COLS,
             flags: 0,
             swa_num_token_slots: 0,
+            ..Default::default()
         };
         let ops = skv_pool_ops {
             struct_size: std::mem::size_of::<skv_pool_ops>() as u32,

@@ -45,6 +45,7 @@ fn new_cache(rows: u32, pages: u64) -> Handle {
         max_context_len: 256,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     };
     let mut c = null_mut();
     // SAFETY: valid pointers.

@@ -19,6 +19,7 @@ fn cfg() -> skv_cache_config {
         max_context_len: 64,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     }
 }
 

@@ -270,6 +270,7 @@ impl<'a> Engine<'a> {
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: swa_pages * a.page_size as u64,
+            ..Default::default()
         };
         let n = if cfg.multi { a.instances as usize } else { 1 };
         let mut inst = Vec::with_capacity(n);

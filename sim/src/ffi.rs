@@ -154,6 +154,7 @@ impl Cache {
             struct_size: size_of::<skv_engine_hooks>() as u32,
             dec_lock_ref: Some(dec_lock_ref),
             free_aux: Some(free_aux),
+            ..Default::default()
         };
         let user_data = &*cache.hooks as *const Hooks as *mut c_void;
         // SAFETY: the handle is live; `hooks` is boxed, so its address outlives the handle.

@@ -166,6 +166,7 @@ fn open(v: &Value, line: usize) -> Result<*mut skv_cache, Stop> {
         flags: if v["aligned_reuse"] == true { SKV_FLAG_ALIGNED_REUSE } else { 0 },
         // Absent from a trace written before the SWA pool existed: none.
         swa_num_token_slots: v["swa_num_token_slots"].as_u64().unwrap_or(0),
+        ..Default::default()
     };
     if v["version"].as_str() != Some(env!("CARGO_PKG_VERSION")) {
         eprintln!(
@@ -595,6 +596,7 @@ impl Call<'_> {
                         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
                         dec_lock_ref: on("dec_lock_ref").then_some(hook_lock as _),
                         free_aux: on("free_aux").then_some(hook_aux as _),
+                        ..Default::default()
                     };
                     let hp = if on("hooks") { &hooks as *const skv_engine_hooks } else { null() };
                     self.check_status(skv_cache_set_hooks(c, hp, null_mut()))?;

@@ -57,6 +57,7 @@ unsafe fn traced_cache_of(
         max_context_len,
         flags: 0,
         swa_num_token_slots: swa_slots,
+        ..Default::default()
     };
     let mut c = std::ptr::null_mut();
     // SAFETY: cfg, c and cpath are valid for the calls.

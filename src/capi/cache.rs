@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use super::external::{skv_pool_ops, ExternalPool, POOL_OPS_SIZES};
 use super::trace::{opening_line, TraceFile};
 use super::{arg, in_callback, lock, out_mut, skv_status, HandleLock};
-use crate::core::{Backend, Cache, Config, Error, Result};
+use crate::core::{Backend, Cache, Config, Error, Result, TierConfig};
 use crate::device::Device;
 
 /// One KV pool (one per tensor-parallel rank) with its session slots. Opaque; any thread
@@ -41,11 +41,11 @@ const KNOWN_FLAGS: u32 = SKV_FLAG_ALIGNED_REUSE | SKV_FLAG_PAGE_FREES;
 
 /// How a cache is laid out.
 #[repr(C)]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct skv_cache_config {
     /// sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
-    /// 40 from ABI 3 (swa_num_token_slots). Accepted from 32 up; see "Versioned structs" at
-    /// the top of this header.
+    /// 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted
+    /// from 32 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Tokens per KV page, >= 1.
     pub page_size: u32,
@@ -64,6 +64,26 @@ pub struct skv_cache_config {
     /// SWA pool (docs/hybrid.md#owned-mode-two-pools). Ignored in external mode; 0 when
     /// struct_size is 32.
     pub swa_num_token_slots: u64,
+    /// Owned mode: the host tier's pool in token slots (same rules as num_token_slots); 0 = no
+    /// host tier (docs/tiers.md). Must be 0 in external mode. Fields from here on are 0 when
+    /// struct_size is 32 or 40.
+    pub host_num_token_slots: u64,
+    /// The host tier's SWA pool in token slots: non-zero exactly when there are both an SWA
+    /// pool and a host tier.
+    pub host_swa_num_token_slots: u64,
+    /// The engine's id of its KV byte layout (dtype, layers, heads): part of an exported
+    /// unit's fingerprint; any value.
+    pub kv_layout_id: u64,
+    /// The sliding window in tokens, for the fingerprint (0 = not stated); not enforced.
+    pub swa_window: u32,
+    /// Host tier: a finished session is written back once idle this many skv_tier_step calls.
+    pub tier_idle_steps: u32,
+    /// Host tier: sessions holding fewer tokens past their protected prefix are never written
+    /// back by the policy (0 = one page): the recompute break-even (docs/tiers.md#break-even).
+    pub tier_min_tokens: u32,
+    /// Host tier: pages a skv_tier_step starts writing back, at most (0 = none in the
+    /// background).
+    pub tier_pages_per_step: u32,
 }
 
 #[cfg(test)]
@@ -77,15 +97,15 @@ impl skv_cache_config {
             num_rows: 4,
             max_context_len: 32,
             flags: 0,
-            swa_num_token_slots: 0,
+            ..Default::default()
         }
     }
 }
 
 /// Every published sizeof(skv_cache_config), oldest first; the last is this library's
 /// (`read_versioned`).
-pub(crate) const CONFIG_SIZES: [u32; 2] = [32, 40];
-const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 == CONFIG_SIZES[1]);
+pub(crate) const CONFIG_SIZES: [u32; 3] = [32, 40, 80];
+const _: () = assert!(std::mem::size_of::<skv_cache_config>() as u32 == CONFIG_SIZES[2]);
 
 /// The caller's config, read up to its struct_size.
 ///
@@ -107,7 +127,15 @@ fn config(cfg: &skv_cache_config) -> Result<Config> {
         max_context_len: cfg.max_context_len,
         aligned_reuse: cfg.flags & SKV_FLAG_ALIGNED_REUSE != 0,
         swa_num_token_slots: cfg.swa_num_token_slots,
-        tier: Default::default(),
+        tier: TierConfig {
+            host_num_token_slots: cfg.host_num_token_slots,
+            host_swa_num_token_slots: cfg.host_swa_num_token_slots,
+            kv_layout_id: cfg.kv_layout_id,
+            swa_window: cfg.swa_window,
+            idle_steps: cfg.tier_idle_steps,
+            min_tokens: cfg.tier_min_tokens,
+            pages_per_step: cfg.tier_pages_per_step,
+        },
     })
 }
 

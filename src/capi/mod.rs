@@ -76,6 +76,8 @@ mod trace;
 
 mod events;
 
+mod tier;
+
 // The session calls with their events (no exports).
 mod events_emit;
 
@@ -103,6 +105,7 @@ pub use req::*;
 pub use session::*;
 pub use stats::*;
 pub use status::*;
+pub use tier::*;
 pub(crate) use trace::traced;
 
 use crate::core::{Cache, Error, Result};

@@ -7,11 +7,14 @@
 //! sliding-window step), then owned mode: `alloc`, `swa_alloc` and `page_list` (the pools'
 //! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
-//! (what a device copy of the rows must learn); `unit` and `unit_ops` (a session's KV as a
-//! movable unit: export and import).
+//! (what a device copy of the rows must learn). Then the host tier: `tickets` and `pins`
+//! (copies in flight and the pages they hold), `tier` (its pools and policy), `tier_ops` and
+//! `owned_tier` (its calls), `audit_tier`; and a session's KV as a movable unit: `unit` (its
+//! byte form) and `unit_ops` (export and import).
 
 mod alloc;
 mod audit;
+mod audit_tier;
 mod batch;
 mod batch_prefetch;
 mod cache;
@@ -45,7 +48,7 @@ mod unit_ops;
 #[cfg(test)]
 mod unit_tests;
 
-pub use cache::{Backend, Cache};
+pub use cache::{Backend, Cache, Move};
 pub use error::{Error, Result};
 pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
@@ -56,7 +59,7 @@ pub use req::{swa_dead, swa_dead_lo, Config, FieldValue, Req, ReqField};
 pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
-pub use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST};
+pub(crate) use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST, PLACE_HOST, WHERE_LEAVING};
 pub use unit::{
     at as unit_at, read_unit, Destination, Fingerprint, Unit, UnitHeader, UNIT_BYTE_ORDER, UNIT_FLAG_ENGINE_SWA,
     UNIT_FLAG_HOST_PAGES, UNIT_HEADER_LEN, UNIT_MAGIC, UNIT_POOL_FULL, UNIT_POOL_SWA, UNIT_VERSION,

@@ -101,28 +101,11 @@ impl Cache {
         key_len: u32,
         pre_aborted: bool,
     ) -> Result<Match> {
-        if let Some((_, s)) = self.slots.find_near(session, branch, req.row()) {
-            if s.place == Place::Parked && !pre_aborted {
-                bail!(
-                    State,
-                    "session {session} branch {branch} is parked in the host tier: match it with \
-                     skv_match_prefix_tier, which restores it"
-                );
-            }
-            self.refuse_exporting(session, branch, s, pre_aborted)?;
-            if s.ticket != 0 && self.arriving(s.ticket) {
-                bail!(
-                    State,
-                    "session {session} branch {branch} is being imported (ticket {}): match it with \
-                     skv_match_prefix_tier, which names the ticket",
-                    s.ticket
-                );
-            }
-        }
-        self.hit(session, branch, req, key_len, pre_aborted)
+        self.hit(session, branch, req, key_len, pre_aborted, false)
     }
 
-    /// `match_prefix` on a slot whose KV is on the device (or arriving there).
+    /// `match_prefix`; `tiered`: the caller (`match_prefix_tier`) restored a parked slot or
+    /// hands out an import's ticket with the hit.
     pub(crate) fn hit(
         &mut self,
         session: u64,
@@ -130,10 +113,14 @@ impl Cache {
         req: &mut Req,
         key_len: u32,
         pre_aborted: bool,
+        tiered: bool,
     ) -> Result<Match> {
         self.check_req(req)?;
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()) else { return Ok(MISS) };
         let slot = *slot;
+        if !tiered && (slot.place == Place::Parked || slot.ticket != 0) && !pre_aborted {
+            self.refuse_untiered(session, branch, &slot)?;
+        }
         if pre_aborted {
             return Ok(MISS);
         }
@@ -156,6 +143,29 @@ impl Cache {
             c.tier_hit(row);
         })?;
         Ok(Match { hit: 1, prefix_len })
+    }
+
+    /// A plain match of a parked slot, or of one an import still writes or an export still
+    /// reads: refused.
+    #[cold]
+    fn refuse_untiered(&self, session: u64, branch: u64, slot: &Slot) -> Result<()> {
+        self.refuse_exporting(session, branch, slot, false)?;
+        if slot.place == Place::Parked {
+            bail!(
+                State,
+                "session {session} branch {branch} is parked in the host tier: match it with \
+                 skv_match_prefix_tier, which restores it"
+            );
+        }
+        if self.arriving(slot.ticket) {
+            bail!(
+                State,
+                "session {session} branch {branch} is being imported (ticket {}): match it with \
+                 skv_match_prefix_tier, which names the ticket",
+                slot.ticket
+            );
+        }
+        Ok(())
     }
 
     /// The prefix a match of `slot` with `key_len` reuses; `None` when aligned reuse finds
@@ -436,6 +446,13 @@ impl Cache {
             if active.binary_search(&(row as i32)).is_ok() {
                 continue;
             }
+            h.rows += 1;
+            h.aux_states += (s.aux != -1) as u64;
+            h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
+            if s.place == Place::Parked {
+                // Its KV is in the host tier: only the row and its recurrent state stay here.
+                continue;
+            }
             let end = ceil_align(s.allocated, ps);
             h.full_tokens += end - s.protected as u64;
             // sglang's kv_private_swa_tokens: the window frees only [swa_dead_lo, swa);
@@ -444,9 +461,6 @@ impl Cache {
             // length the slot recorded at the hit: such a slot holds no SWA tokens of its own.
             let window_freed = s.swa.saturating_sub(swa_dead_lo(s.protected, s.swa_floor, ps));
             h.swa_tokens += (end - s.protected as u64).saturating_sub(window_freed as u64);
-            h.rows += 1;
-            h.aux_states += (s.aux != -1) as u64;
-            h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
         }
         Ok(h)
     }

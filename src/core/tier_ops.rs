@@ -3,11 +3,11 @@
 //! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
 //! entries a walk skips (running requests, open tickets).
 
-use super::cache::{push_release, Cache};
+use super::cache::{push_release, Cache, Move};
 use super::error::{bail, Error, Result};
 use super::page::{ceil_align, pages_for};
 use super::pool::Effect;
-use super::records::{Evicted, TierMatch};
+use super::records::{Evicted, TierMatch, TierStats, Where};
 use super::req::{swa_dead, Req};
 use super::session_checks::check_claim;
 use super::slots::{Place, Slot};
@@ -15,9 +15,9 @@ use super::tickets::Kind;
 use super::tier::{HostCopy, Tier};
 
 /// `copy_pages`' direction: device pages to host pages.
-pub const COPY_TO_HOST: u32 = 1;
+pub(crate) const COPY_TO_HOST: u32 = 1;
 /// `copy_pages`' direction: host pages to device pages.
-pub const COPY_TO_DEVICE: u32 = 2;
+pub(crate) const COPY_TO_DEVICE: u32 = 2;
 
 /// The copies one call asks for: pairs in the full pools, then in the SWA pools.
 #[derive(Default)]
@@ -51,11 +51,13 @@ struct Plan {
     copies: Copies,
     /// Where `host_lru`'s walk for victims stands.
     lru_at: usize,
+    /// Rows the call parks or releases itself: never victims.
+    used: Vec<u32>,
 }
 
 impl Plan {
     fn has(&self, row: u32) -> bool {
-        self.writes.iter().any(|w| w.row == row) || self.victims.iter().any(|v| v.0 == row)
+        self.writes.iter().any(|w| w.row == row) || self.victims.iter().any(|v| v.0 == row) || self.used.contains(&row)
     }
 }
 
@@ -201,6 +203,7 @@ impl Cache {
                 c.tier_mut().drop_copy(row);
                 c.tier_mut().counts.host_evictions += 1;
                 if release {
+                    c.log_move(row, Move::Released);
                     c.slots.remove(row);
                     c.sync_idle(row);
                 }
@@ -258,7 +261,10 @@ impl Cache {
 
     /// `row`'s slot is parked (its device pages were freed by `push_park`'s effect).
     fn mark_parked(&mut self, row: u32) {
-        self.slots.of_row_mut(row).expect("slot").place = Place::Parked;
+        let s = self.slots.of_row_mut(row).expect("slot");
+        s.place = Place::Parked;
+        let protected = s.protected;
+        self.log_move(row, Move::Parked { protected });
         let t = self.tier_mut();
         t.copies[row as usize].leaving = false;
         t.counts.parks += 1;
@@ -275,8 +281,13 @@ impl Cache {
         let mut plan = Plan::default();
         let mut at = 0;
         let mut pages = 0;
-        while budget > 0 {
-            let Some(&(fin, row)) = self.tier_ref()?.writeback.get(at) else { break };
+        if budget > 0 {
+            self.require_copy()?;
+        }
+        // With no budget, nothing is written back in the background.
+        let queue_len = if budget > 0 { self.tier_ref()?.writeback.len() } else { 0 };
+        while at < queue_len {
+            let (fin, row) = self.tier_ref()?.writeback[at];
             let t = self.tier_ref()?;
             let s = match self.idle_on_device(row) {
                 Some(s) if s.finished_at == fin && s.ticket == 0 && !t.copies[row as usize].exists() => s,
@@ -298,15 +309,9 @@ impl Cache {
             if s.allocated - s.protected < min {
                 continue;
             }
-            if !self.require_copy().is_ok() {
-                break;
-            }
             if self.plan_write(&mut plan, row, &s, false) {
                 pages += n as usize;
             }
-        }
-        if !plan.writes.is_empty() {
-            self.require_copy()?;
         }
         self.effects.clear();
         let queued = (plan.taken_full + plan.taken_swa) as u64;
@@ -375,13 +380,16 @@ impl Cache {
         while out.freed_pages + out.draining_pages < pages {
             let Some(&(fin, row)) = self.tier_ref()?.device_lru.get(at) else { break };
             at += 1;
-            let Some(s) = self.idle_on_device(row).filter(|s| s.finished_at == fin) else { continue };
+            let Some(s) = self.idle_on_device(row).filter(|s| s.finished_at == fin && !plan.has(row)) else {
+                continue;
+            };
             let n = (pages_for(self.pool.mapped_len(row).unwrap_or(0), ps) - pages_for(s.protected, ps)) as u64;
             let c = &self.tier_ref()?.copies[row as usize];
             if c.leaving {
                 continue;
             }
             if c.clean && c.ticket == 0 {
+                plan.used.push(row);
                 parks.push((row, s));
                 out.parked += 1;
                 out.freed_pages += n;
@@ -398,6 +406,7 @@ impl Cache {
                 out.copying += 1;
                 out.draining_pages += n;
             } else {
+                plan.used.push(row);
                 releases.push((row, s));
                 out.released += 1;
                 out.freed_pages += n;
@@ -418,6 +427,7 @@ impl Cache {
                 c.tier_mut().copies[row as usize].leaving = true;
             }
             for &(row, _) in &releases {
+                c.log_move(row, Move::Released);
                 c.tier_mut().drop_copy(row);
                 c.slots.remove(row);
                 c.sync_idle(row);
@@ -446,7 +456,7 @@ impl Cache {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
         let arriving = self.tickets.get(slot.ticket).is_some_and(|p| p.kind == Kind::Import);
-        let m = self.hit(session, branch, req, key_len, pre_aborted)?;
+        let m = self.hit(session, branch, req, key_len, pre_aborted, true)?;
         let ticket = if m.hit == 1 && arriving { slot.ticket } else { 0 };
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })
     }
@@ -465,6 +475,7 @@ impl Cache {
         let ps = self.cfg.page_size;
         let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {
             self.release_rows(&[row])?;
+            self.moves.push((session, branch, Move::Released));
             return Ok(TierMatch::default());
         };
         let first = pages_for(slot.protected, ps);
@@ -478,6 +489,7 @@ impl Cache {
         if (p.allocator().free_pages() as usize) < n as usize || swa_short {
             // No cascade of parks inside a match: the parked slot goes, and the match misses.
             self.release_rows(&[row])?;
+            self.moves.push((session, branch, Move::Released));
             return Ok(TierMatch::default());
         }
         let p = self.pool.owned_mut().expect("owned");
@@ -512,11 +524,12 @@ impl Cache {
         p.pin_row(row, t);
         let s = self.slots.of_row_mut(row).expect("slot");
         (s.place, s.allocated, s.committed, s.ticket) = (Place::Device, len, s.committed.min(len), t);
+        self.moves.push((session, branch, Move::Restored));
         let tier = self.tier_mut();
         tier.copies[row as usize].ticket = t;
         tier.counts.unparks += 1;
         tier.counts.pages_to_device += moved;
-        let m = self.hit(session, branch, req, key_len, false)?;
+        let m = self.hit(session, branch, req, key_len, false, true)?;
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, restored_pages: n, ticket: t, ..TierMatch::default() })
     }
 
@@ -534,8 +547,8 @@ impl Cache {
             let Some(s) = mine(self, row) else { continue };
             match kind {
                 Kind::WriteBack if ok => {
-                    let c = &self.tier_ref()?.copies[row as usize];
-                    if c.ticket == ticket && c.leaving {
+                    let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
+                    if copy.is_some_and(|c| c.ticket == ticket && c.leaving) {
                         parks.push(row);
                     }
                 }
@@ -578,7 +591,11 @@ impl Cache {
                     (Kind::Unpark, true) => tier.drop_copy(row),
                     (Kind::Unpark, false) => {
                         tier.counts.failed_copies += 1;
-                        c.slots.of_row_mut(row).expect("slot").place = Place::Failed;
+                        let s = c.slots.of_row_mut(row).expect("slot");
+                        s.place = Place::Failed;
+                        // Its KV is still only in the host tier.
+                        let (key, protected) = ((s.session, s.branch), s.protected);
+                        c.moves.push((key.0, key.1, Move::Parked { protected }));
                     }
                     _ => {}
                 }
@@ -587,6 +604,7 @@ impl Cache {
                 c.mark_parked(row);
             }
             for &(row, _) in &releases {
+                c.log_move(row, Move::Released);
                 c.slots.remove(row);
                 c.sync_idle(row);
             }
@@ -595,6 +613,12 @@ impl Cache {
             }
             c.tickets.close(ticket);
         })
+    }
+
+    /// Notes a move of the slot holding `row` (`Cache::moves`).
+    fn log_move(&mut self, row: u32, m: Move) {
+        let s = self.slots.of_row(row).expect("a slot moves");
+        self.moves.push((s.session, s.branch, m));
     }
 
     /// Ends `ticket`'s pins; owned mode's drained device pages go free.
@@ -659,5 +683,66 @@ impl Cache {
         if let Some(t) = self.tier.as_deref_mut() {
             t.drop_copy(row);
         }
+    }
+}
+
+/// `skv_where`'s places and state bits.
+pub(crate) const PLACE_DEVICE: u32 = 1;
+pub(crate) const PLACE_BOTH: u32 = 2;
+pub(crate) const PLACE_HOST: u32 = 3;
+pub(crate) const WHERE_IN_FLIGHT: u32 = 1;
+pub(crate) const WHERE_COPYING: u32 = 2;
+pub(crate) const WHERE_FAILED: u32 = 4;
+pub(crate) const WHERE_LEAVING: u32 = 8;
+
+impl Cache {
+    /// `skv_session_where`: where a session slot's KV is; place 0 (none) when there is no slot.
+    pub fn where_is(&self, session: u64, branch: u64) -> Where {
+        let Some((row, s)) = self.slots.find(session, branch) else { return Where::default() };
+        let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
+        let host = copy.map_or(0, |c| c.full.len() + c.swa.iter().filter(|&&p| p != 0).count());
+        let place = match (s.place, copy.is_some_and(|c| c.clean)) {
+            (Place::Parked, _) => PLACE_HOST,
+            (_, true) => PLACE_BOTH,
+            _ => PLACE_DEVICE,
+        };
+        let mut state = 0;
+        state |= WHERE_IN_FLIGHT * s.in_flight as u32;
+        state |= WHERE_COPYING * (s.ticket != 0) as u32;
+        state |= WHERE_FAILED * (s.place == Place::Failed) as u32;
+        state |= WHERE_LEAVING * copy.is_some_and(|c| c.leaving) as u32;
+        let device_pages = self.pool.mapped_len(row).map_or(0, |n| pages_for(n, self.cfg.page_size)) as u64;
+        Where {
+            place,
+            state,
+            tokens: s.allocated,
+            device_pages,
+            host_pages: host as u64,
+            ticket: s.ticket,
+            ..Where::default()
+        }
+    }
+
+    /// `skv_tier_stats`.
+    pub fn tier_stats(&self) -> TierStats {
+        let mut st = TierStats { open_tickets: self.tickets.count() as u32, ..TierStats::default() };
+        if let Some(p) = self.pool.owned() {
+            (st.draining_pages, st.swa_draining_pages) = p.pins.draining();
+        }
+        let Some(t) = self.tier.as_deref() else { return st };
+        let (hd, hsd) = t.draining();
+        st.clock = t.clock;
+        (st.host_total_pages, st.host_free_pages, st.host_draining_pages) =
+            (t.full.total_pages() as u64, t.full.free_pages() as u64, hd);
+        if let Some(s) = t.swa.as_ref() {
+            (st.host_swa_total_pages, st.host_swa_free_pages, st.host_swa_draining_pages) =
+                (s.total_pages() as u64, s.free_pages() as u64, hsd);
+        }
+        st.parked_sessions = self.slots.iter().filter(|(_, s)| s.place == Place::Parked).count() as u64;
+        let c = t.counts;
+        (st.parks, st.unparks, st.writebacks, st.host_evictions, st.failed_copies) =
+            (c.parks, c.unparks, c.writebacks, c.host_evictions, c.failed_copies);
+        (st.pages_to_host, st.pages_to_device) = (c.pages_to_host, c.pages_to_device);
+        st
     }
 }

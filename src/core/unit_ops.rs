@@ -129,7 +129,7 @@ impl Cache {
                 let Some(c) = c else {
                     bail!(State, "session {session} branch {branch} is parked without a complete host copy");
                 };
-                (Source::Host, UNIT_FLAG_HOST_PAGES, c.full.len(), c.pages().1)
+                (Source::Host, UNIT_FLAG_HOST_PAGES, c.full.len(), c.swa.iter().filter(|&&p| p != 0).count())
             }
             (Place::Failed, _) => {
                 bail!(State, "session {session} branch {branch}'s KV never arrived (a failed restore)")

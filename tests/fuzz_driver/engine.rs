@@ -461,5 +461,6 @@ pub fn hooks() -> skv_engine_hooks {
         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
         dec_lock_ref: Some(dec_lock_ref),
         free_aux: Some(free_aux),
+        ..Default::default()
     }
 }

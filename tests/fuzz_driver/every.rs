@@ -72,6 +72,7 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
         dec_lock_ref: None,
         free_aux: None,
+        ..Default::default()
     };
     let events = skv_events_config {
         struct_size: std::mem::size_of::<skv_events_config>() as u32,

@@ -53,6 +53,7 @@ fn cfg() -> skv_cache_config {
         max_context_len: 32,
         flags: 0,
         swa_num_token_slots: 0,
+        ..Default::default()
     }
 }
 
@@ -66,6 +67,7 @@ unsafe fn handle_with_lock(link: *mut Link) -> *mut skv_cache {
         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
         dec_lock_ref: Some(chain_dec_lock_ref),
         free_aux: None,
+        ..Default::default()
     };
     let mut r = skv_req::default();
     // SAFETY: c, hooks and r are locals; link is valid for as long as the handle by this

@@ -250,6 +250,7 @@ fn config(rng: &mut Rng) -> skv_cache_config {
         max_context_len: ps * (2 + rng.below(12) as u32) + rng.below(ps as u64) as u32,
         flags: rng.pick(&[0, 0, SKV_FLAG_ALIGNED_REUSE]),
         swa_num_token_slots: 0,
+        ..Default::default()
     }
 }
 
@@ -1440,7 +1441,8 @@ impl World {
                 return self.short_hooks(s);
             }
             3 => {
-                big.h.struct_size = size - 8;
+                // Below the first published size (24), and between two published sizes.
+                big.h.struct_size = if self.rng.below(2) == 0 { 16 } else { size - 4 };
                 ("short struct_size", Expect::Is(SKV_ERR_INVALID_ARG))
             }
             _ => ("full", Expect::Is(SKV_OK)),

@@ -1,0 +1,284 @@
+//! The host tier and tickets (docs/tiers.md): park idle sessions in host memory, restore
+//! them on a match, complete the copies' tickets, and ask where a session's KV is.
+
+use super::req::on_req;
+use super::{disjoint, events_emit, lock, out_mut, skv_cache, skv_status, Span};
+use crate::core::{Error, Req, Result};
+
+/// The Rust names of the C records (one definition each, in `core`).
+pub use crate::core::{
+    Evicted as skv_tier_evicted, TierMatch as skv_tier_match, TierStats as skv_tier_stats, Where as skv_where,
+};
+
+/// copy_pages' direction: device pages to host pages (a write-back).
+pub const SKV_COPY_TO_HOST: u32 = 1;
+/// copy_pages' direction: host pages to device pages (a restore).
+pub const SKV_COPY_TO_DEVICE: u32 = 2;
+/// skv_tier_evict: never start a copy (a slot without a clean host copy is released).
+pub const SKV_EVICT_NO_COPY: u32 = 1;
+/// skv_where.place: no slot.
+pub const SKV_PLACE_NONE: u32 = 0;
+/// skv_where.place: on the device only.
+pub const SKV_PLACE_DEVICE: u32 = 1;
+/// skv_where.place: on the device, with a clean host copy beside it.
+pub const SKV_PLACE_BOTH: u32 = 2;
+/// skv_where.place: parked: in the host tier only.
+pub const SKV_PLACE_HOST: u32 = 3;
+/// skv_where.state: restored into a running request.
+pub const SKV_WHERE_IN_FLIGHT: u32 = 1;
+/// skv_where.state: a ticket's copy of its pages is open.
+pub const SKV_WHERE_COPYING: u32 = 2;
+/// skv_where.state: its restore's copy failed (hand the request back or abort it).
+pub const SKV_WHERE_FAILED: u32 = 4;
+/// skv_where.state: it parks when its write-back completes.
+pub const SKV_WHERE_LEAVING: u32 = 8;
+
+const _: () =
+    assert!(SKV_COPY_TO_HOST == crate::core::COPY_TO_HOST && SKV_COPY_TO_DEVICE == crate::core::COPY_TO_DEVICE);
+const _: () = assert!(SKV_PLACE_HOST == crate::core::PLACE_HOST && SKV_WHERE_LEAVING == crate::core::WHERE_LEAVING);
+
+/// The caller's out-struct, whose `struct_size` (its first field, set by the caller) must be
+/// at least `size`, this library's sizeof; the answer keeps it.
+///
+/// # Safety
+/// `p` must be NULL or point at a struct of its struct_size writable bytes.
+unsafe fn versioned_out<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
+    // SAFETY: NULL or valid by contract; out_mut refuses NULL and misalignment.
+    let out = unsafe { out_mut(p, name) }?;
+    // SAFETY: out is a valid T, whose first field is a u32 struct_size.
+    let size = unsafe { (out as *mut T).cast::<u32>().read() };
+    let full = std::mem::size_of::<T>() as u32;
+    if size < full {
+        return Err(Error::InvalidArg(format!("{name}->struct_size {size} < {full}, the first published size")));
+    }
+    Ok(out)
+}
+
+/// Writes `v` to `out` keeping the caller's struct_size.
+fn answer<T: Copy>(out: &mut T, v: T) {
+    // SAFETY: both are valid Ts whose first field is a u32 struct_size.
+    unsafe {
+        let size = (out as *mut T).cast::<u32>().read();
+        *out = v;
+        (out as *mut T).cast::<u32>().write(size);
+    }
+}
+
+/// skv_match_prefix, where a parked session is restored: new device pages for its prefix and a
+/// copy from host under `out->ticket`, which the engine orders its forward pass after (a miss
+/// when the pages do not fit: the parked slot is released). A slot an import still writes hits
+/// with the import's ticket; one already on the device hits with ticket 0.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_match_prefix_tier(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    req: *mut Req,
+    key_len: u32,
+    pre_aborted: u32,
+    out: *mut crate::core::TierMatch,
+) -> skv_status {
+    export!(
+        skv_match_prefix_tier,
+        c,
+        |t| {
+            t.num("session_id", session_id).num("branch_id", branch_id).req("req", req);
+            t.num("key_len", key_len).num("pre_aborted", pre_aborted);
+        },
+        // SAFETY: c, req and out are NULL or valid (the contract above); versioned_out and
+        // on_req refuse NULL.
+        || unsafe {
+            disjoint(&[Span::of(req, 1, "req"), Span::of(out, 1, "out")])?;
+            let out = versioned_out(out, "out")?;
+            let key = (session_id, branch_id);
+            on_req(
+                c,
+                req,
+                |cache, r| {
+                    let pre = pre_aborted != 0;
+                    let (m, lens) = events_emit::tier(
+                        c,
+                        cache,
+                        |cache| {
+                            let m = cache.match_prefix_tier(session_id, branch_id, r, key_len, pre)?;
+                            Ok((m, (r.kv_allocated_len, r.kv_committed_len)))
+                        },
+                        // The hit's own answer, as skv_match_prefix's (after the restore's move).
+                        |_, (m, (held, committed))| (m.hit == 1).then_some((key, *held, *committed)),
+                    )?;
+                    let _ = lens;
+                    Ok(m)
+                },
+                |m| answer(out, m),
+            )
+        },
+        |t| {
+            t.req("req_out", req);
+        },
+    )
+}
+
+/// Completes `ticket`: its copies ran (`status` 0) or failed (non-zero). Pages freed while it
+/// copied them go back; a write-back's session is clean (and parks if an eviction asked); a
+/// failed copy loses nothing (docs/tiers.md#completing-a-ticket).
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_ticket_done(c: *mut skv_cache, ticket: u64, status: i32) -> skv_status {
+    export!(
+        skv_ticket_done,
+        c,
+        |t| t.num("ticket", ticket).num("status", status),
+        // SAFETY: c is NULL or a live handle (the contract above); lock refuses NULL.
+        || unsafe {
+            let mut cache = lock(c)?;
+            events_emit::tier(c, &mut cache, |cache| cache.ticket_done(ticket, status == 0), |_, _| None)?;
+            cache.take_deferred()
+        },
+        |_| {},
+    )
+}
+
+/// Owned mode with a host tier: parks the idle slot of (session_id, branch_id): its device
+/// pages past the protected prefix go now if its host copy is clean (`*ticket` 0), else once
+/// the write-back this starts completes (`*ticket`).
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_session_park(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    ticket: *mut u64,
+) -> skv_status {
+    export!(
+        skv_session_park,
+        c,
+        |t| t.num("session_id", session_id).num("branch_id", branch_id),
+        // SAFETY: c and ticket are NULL or valid (the contract above); lock and out_mut refuse NULL.
+        || unsafe {
+            let ticket = out_mut(ticket, "ticket")?;
+            let mut cache = lock(c)?;
+            *ticket = events_emit::tier(c, &mut cache, |cache| cache.park(session_id, branch_id), |_, _| None)?;
+            cache.take_deferred()
+        },
+        |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
+            t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
+        },
+    )
+}
+
+/// Owned mode with a host tier: one tick of the policy's clock. Idle sessions past
+/// tier_idle_steps start writing back, at most tier_pages_per_step pages (the first session
+/// always); `*pages` receives the pages queued and `*ticket` their ticket (0: none).
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_tier_step(c: *mut skv_cache, pages: *mut u64, ticket: *mut u64) -> skv_status {
+    export!(
+        skv_tier_step,
+        c,
+        |_t| {},
+        // SAFETY: c, pages and ticket are NULL or valid (the contract above); lock and out_mut
+        // refuse NULL.
+        || unsafe {
+            disjoint(&[Span::of(pages, 1, "pages"), Span::of(ticket, 1, "ticket")])?;
+            let (pages, ticket) = (out_mut(pages, "pages")?, out_mut(ticket, "ticket")?);
+            let mut cache = lock(c)?;
+            (*pages, *ticket) = events_emit::tier(c, &mut cache, |cache| cache.tier_step(), |_, _| None)?;
+            cache.take_deferred()
+        },
+        |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
+            t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
+        },
+    )
+}
+
+/// Owned mode with a host tier: frees device pages, least recently finished idle sessions
+/// first, until `pages` are freed or draining (docs/tiers.md#eviction). `flags`:
+/// SKV_EVICT_NO_COPY or 0. `*out` says what went and the write-back's ticket.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_tier_evict(
+    c: *mut skv_cache,
+    pages: u64,
+    flags: u32,
+    out: *mut crate::core::Evicted,
+) -> skv_status {
+    export!(
+        skv_tier_evict,
+        c,
+        |t| t.num("pages", pages).num("flags", flags),
+        // SAFETY: c and out are NULL or valid (the contract above); lock and versioned_out
+        // refuse NULL.
+        || unsafe {
+            let out = versioned_out(out, "out")?;
+            if flags & !SKV_EVICT_NO_COPY != 0 {
+                return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits")));
+            }
+            let mut cache = lock(c)?;
+            let no_copy = flags & SKV_EVICT_NO_COPY != 0;
+            let e = events_emit::tier(c, &mut cache, |cache| cache.tier_evict(pages, no_copy), |_, _| None)?;
+            answer(out, e);
+            cache.take_deferred()
+        },
+        |_| {},
+    )
+}
+
+/// Where the KV of (session_id, branch_id) is: `*out` (place SKV_PLACE_NONE when it has no
+/// slot). Changes nothing.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+#[no_mangle]
+pub unsafe extern "C" fn skv_session_where(
+    c: *const skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    out: *mut crate::core::Where,
+) -> skv_status {
+    export!(
+        skv_session_where,
+        c,
+        |t| t.num("session_id", session_id).num("branch_id", branch_id),
+        // SAFETY: c and out are NULL or valid (the contract above); lock and versioned_out
+        // refuse NULL.
+        || unsafe {
+            let out = versioned_out(out, "out")?;
+            answer(out, lock(c)?.where_is(session_id, branch_id));
+            Ok(())
+        },
+        |_| {},
+    )
+}
+
+/// The host tier's pools and counters, and the open tickets (both modes; without a host tier
+/// the host fields are 0). Changes nothing.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+#[no_mangle]
+pub unsafe extern "C" fn skv_cache_tier_stats(c: *const skv_cache, out: *mut crate::core::TierStats) -> skv_status {
+    export!(
+        skv_cache_tier_stats,
+        c,
+        |_t| {},
+        // SAFETY: c and out are NULL or valid (the contract above); lock and versioned_out
+        // refuse NULL.
+        || unsafe {
+            let out = versioned_out(out, "out")?;
+            answer(out, lock(c)?.tier_stats());
+            Ok(())
+        },
+        |_| {},
+    )
+}
