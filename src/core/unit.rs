@@ -208,6 +208,12 @@ pub fn read_unit<'a>(bytes: &'a [u8], dest: &Destination) -> Result<Unit<'a>> {
         bail!(InvalidArg, "unit of {len} bytes is shorter than its {UNIT_HEADER_LEN}-byte header");
     }
     let magic = get32(bytes, at::MAGIC);
+    if magic == UNIT_MAGIC.swap_bytes() {
+        bail!(
+            InvalidArg,
+            "unit magic {magic:#010x}: written on a machine of the other byte order (units are never swapped)"
+        );
+    }
     if magic != UNIT_MAGIC {
         bail!(InvalidArg, "unit magic {magic:#010x} is not {UNIT_MAGIC:#010x} : not a libskv session unit");
     }
@@ -425,6 +431,23 @@ mod tests {
         assert_eq!(u.full().collect::<Vec<_>>(), [11, 12, 13, 14, 15, 16]);
         assert_eq!(u.swa().collect::<Vec<_>>(), [21, 22, 23, 24]);
         assert_eq!(u.header.swa_live(4).collect::<Vec<_>>(), [false, false, true, true, true, true]);
+    }
+
+    /// A unit written on a machine of the other byte order: every field swapped.
+    #[test]
+    fn a_foreign_unit_is_refused_never_swapped() {
+        let mut b = unit();
+        let fields32 = (0..UNIT_HEADER_LEN).step_by(4).filter(|&a| a != at::VERSION);
+        for a in fields32.chain((UNIT_HEADER_LEN..b.len()).step_by(4)) {
+            b[a..a + 4].reverse();
+        }
+        b[at::VERSION..at::VERSION + 2].reverse();
+        b[at::HEADER_LEN..at::HEADER_LEN + 2].reverse();
+        assert!(refused(&b).contains("other byte order"));
+        // A unit whose magic alone is right still names its byte order.
+        let mut b = unit();
+        b[at::BYTE_ORDER..at::BYTE_ORDER + 4].reverse();
+        assert!(refused(&b).contains("byte_order 0x04030201: written on a machine of the other byte order"));
     }
 
     #[test]
