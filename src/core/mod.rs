@@ -9,7 +9,8 @@
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
 //! (what a device copy of the rows must learn). Then the host tier: `tickets` and `pins`
 //! (copies in flight and the pages they hold), `tier` (its pools and policy), `tier_ops` and
-//! `owned_tier` (its calls), `audit_tier`.
+//! `owned_tier` (its calls), `audit_tier`; and a session's KV as a movable unit: `unit` (its
+//! byte form) and `unit_ops` (export and import).
 
 mod alloc;
 mod audit;
@@ -42,6 +43,10 @@ mod test_caches;
 mod tickets;
 mod tier;
 mod tier_ops;
+mod unit;
+mod unit_ops;
+#[cfg(test)]
+mod unit_tests;
 
 pub use cache::{Backend, Cache, Move};
 pub use error::{Error, Result};
@@ -55,6 +60,11 @@ pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
 pub(crate) use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST, PLACE_HOST, WHERE_LEAVING};
+pub use unit::{
+    at as unit_at, read_unit, Destination, Fingerprint, Unit, UnitHeader, UNIT_BYTE_ORDER, UNIT_FLAG_ENGINE_SWA,
+    UNIT_FLAG_HOST_PAGES, UNIT_HEADER_LEN, UNIT_MAGIC, UNIT_POOL_FULL, UNIT_POOL_SWA, UNIT_VERSION,
+};
+pub use unit_ops::ImportSpec;
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

@@ -146,9 +146,11 @@ impl Cache {
         Ok(Match { hit: 1, prefix_len })
     }
 
-    /// A plain match of a parked slot, or of one an import still writes: refused.
+    /// A plain match of a parked slot, or of one an import still writes or an export still
+    /// reads: refused.
     #[cold]
     fn refuse_untiered(&self, session: u64, branch: u64, row: u32, slot: &Slot) -> Result<()> {
+        self.refuse_exporting(session, branch, row, false)?;
         if slot.place == Place::Parked {
             bail!(
                 State,

@@ -451,6 +451,7 @@ impl Cache {
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s)) else {
             return Ok(TierMatch::default());
         };
+        self.refuse_exporting(session, branch, row, pre_aborted)?;
         if slot.place == Place::Parked && !pre_aborted {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
