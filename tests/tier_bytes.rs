@@ -231,11 +231,10 @@ impl World {
             assert_eq!(st, SKV_ERR_OUT_OF_MEMORY, "{}", last_error());
             let mut e =
                 skv_tier_evicted { struct_size: std::mem::size_of::<skv_tier_evicted>() as u32, ..Default::default() };
+            let pages = 2 * (to - from) as u64 / self.ps as u64 + 2;
             // SAFETY: as above.
-            assert_eq!(
-                unsafe { skv_tier_evict(self.c, 2 * (to - from) as u64 / self.ps as u64 + 2, 0, &mut e) },
-                SKV_OK
-            );
+            let st = unsafe { skv_tier_evict(self.c, pages, 0, &mut e) };
+            assert_eq!(st, SKV_OK, "{}", last_error());
             if e.freed_pages + e.draining_pages == 0 && self.queue.borrow().pending.is_empty() {
                 // Nothing left to evict: this turn is dropped.
                 // SAFETY: as above.

@@ -40,13 +40,13 @@ mod swa;
 mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
+#[cfg(test)]
+mod test_unit;
 mod tickets;
 mod tier;
 mod tier_ops;
 mod unit;
 mod unit_ops;
-#[cfg(test)]
-mod unit_tests;
 
 pub use cache::{Backend, Cache, Move};
 pub use error::{Error, Result};

@@ -744,15 +744,7 @@ impl Cache {
         state |= WHERE_FAILED * (s.place == Place::Failed) as u32;
         state |= WHERE_LEAVING * copy.is_some_and(|c| c.leaving) as u32;
         let device_pages = self.pool.mapped_len(row).map_or(0, |n| pages_for(n, self.cfg.page_size)) as u64;
-        Where {
-            place,
-            state,
-            tokens: s.allocated,
-            device_pages,
-            host_pages: host as u64,
-            ticket,
-            ..Where::default()
-        }
+        Where { place, state, tokens: s.allocated, device_pages, host_pages: host as u64, ticket, ..Where::default() }
     }
 
     /// `skv_tier_stats`.

@@ -7,7 +7,7 @@
 //! other order): a 96-byte header, then `n_full` then `n_swa` i32 page ids.
 //!
 //! ```text
-//!  0 u32 magic 0x554B5653                         4 u32 byte_order 0x01020304   8 u16 version
+//!  0 u32 magic 0x55564B53                         4 u32 byte_order 0x01020304   8 u16 version
 //! 10 u16 header_len     12 u32 flags              16 u32 page_size             20 u32 pools
 //! 24 u32 swa_window     28 u32 reserved (0)       32 u64 kv_layout_id          40 u64 session_id
 //! 48 u64 branch_id      56 u32 committed          60 u32 allocated             64 u32 protected
@@ -23,8 +23,8 @@ use super::error::{bail, Result};
 use super::page::{is_aligned, pages_for};
 use super::req::swa_dead;
 
-/// The unit's first field (the bytes "SVKU" on a little-endian machine).
-pub const UNIT_MAGIC: u32 = 0x554B_5653;
+/// The unit's first field: the bytes "SKVU" on a little-endian machine.
+pub const UNIT_MAGIC: u32 = 0x5556_4B53;
 /// Written as a native u32: a reader of the other byte order sees it swapped.
 pub const UNIT_BYTE_ORDER: u32 = 0x0102_0304;
 /// The version this library writes and reads.
@@ -423,9 +423,9 @@ mod tests {
     fn a_written_unit_reads_back() {
         let b = unit();
         assert_eq!(b.len(), 96 + 40);
-        assert_eq!(u32::from_le_bytes(*b"SVKU"), UNIT_MAGIC);
+        assert_eq!(u32::from_le_bytes(*b"SKVU"), UNIT_MAGIC);
         #[cfg(target_endian = "little")]
-        assert_eq!(&b[..4], b"SVKU", "the magic reads as text on a little-endian machine");
+        assert_eq!(&b[..4], b"SKVU", "the magic reads as text on a little-endian machine");
         let u = read_unit(&b, &dest()).unwrap();
         assert_eq!((u.header.session, u.header.branch, u.header.committed, u.header.aux_mask), (5, 6, 29, 0b101));
         assert_eq!(u.full().collect::<Vec<_>>(), [11, 12, 13, 14, 15, 16]);
@@ -469,7 +469,7 @@ mod tests {
             refused(&b)
         };
         assert!(refused(&unit()[..95]).contains("95 bytes"));
-        assert!(set32(at::MAGIC, 0x554B5654).contains("magic 0x554b5654"));
+        assert!(set32(at::MAGIC, 0x5556_4B54).contains("magic 0x55564b54"));
         assert!(set32(at::BYTE_ORDER, 0x04030201).contains("other byte order"));
         assert!(set32(at::BYTE_ORDER, 7).contains("byte_order 0x00000007"));
         let mut b = unit();

@@ -215,7 +215,8 @@ impl Cache {
             let live = h.swa_live(ps).filter(|&l| l).count();
             bail!(
                 InvalidArg,
-                "unit flags {:#x}: its SWA side stayed with the engine that wrote it, but this SWA pool needs                  its {live} SWA pages' ids",
+                "unit flags {:#x}: its SWA side stayed with the engine that wrote it, but this SWA pool needs \
+                 its {live} SWA pages' ids",
                 h.flags
             );
         }
