@@ -9,6 +9,10 @@
 //!   host pages taken, the copy asked for, the row pinned.
 //! - `park`: `skv_ticket_done` of that write-back: the host copy is clean and the session
 //!   parks, its 256 device pages freed.
+//! - `export`: `skv_session_export` of a session on the device: its 1,120-byte unit written,
+//!   its row pinned under a new ticket.
+//! - `import`: `skv_session_import` of that unit into a second handle: a row and 256 pages
+//!   taken, their ids written out, the slot recorded under a new ticket.
 //!
 //! Between passes, untimed: each restore's ticket completes and its request is handed back.
 //! `cargo bench --bench tier` runs 1,000 and 100,000 sessions (`SKV_BENCH_SESSIONS` lists
@@ -45,6 +49,22 @@ extern "C" fn copy_pages(
     0
 }
 
+/// A 4,096-token session's unit: the 96-byte header and 256 page ids.
+const UNIT_BYTES: usize = 96 + 4 * PAGES as usize;
+
+/// Room for `n` sessions on the device and in the host tier.
+fn config(n: usize) -> skv_cache_config {
+    skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: PS,
+        num_token_slots: (n as u64 * PAGES + 2) * PS as u64,
+        num_rows: n as u32,
+        max_context_len: TOKENS,
+        host_num_token_slots: (n as u64 * PAGES + 2) * PS as u64,
+        ..Default::default()
+    }
+}
+
 struct Bed {
     c: *mut skv_cache,
     copied: Box<u64>,
@@ -53,18 +73,9 @@ struct Bed {
 
 impl Bed {
     fn new(n: usize) -> Bed {
-        let cfg = skv_cache_config {
-            struct_size: std::mem::size_of::<skv_cache_config>() as u32,
-            page_size: PS,
-            num_token_slots: (n as u64 * PAGES + 2) * PS as u64,
-            num_rows: n as u32,
-            max_context_len: TOKENS,
-            host_num_token_slots: (n as u64 * PAGES + 2) * PS as u64,
-            ..Default::default()
-        };
         let mut c = null_mut();
         // SAFETY: valid pointers.
-        check(unsafe { skv_cache_new(&cfg, &mut c) }, "skv_cache_new");
+        check(unsafe { skv_cache_new(&config(n), &mut c) }, "skv_cache_new");
         let mut copied = Box::new(0u64);
         let hooks = skv_engine_hooks {
             struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
@@ -90,6 +101,48 @@ impl Bed {
         let tickets: Vec<u64> = (0..n).map(|s| bed.park(s)).collect();
         tickets.into_iter().for_each(|t| bed.done(t));
         bed
+    }
+
+    /// A handle as `new`'s, with no session.
+    fn empty(n: usize) -> Bed {
+        let mut c = null_mut();
+        // SAFETY: valid pointers.
+        check(unsafe { skv_cache_new(&config(n), &mut c) }, "skv_cache_new");
+        Bed { c, copied: Box::new(0), reqs: Vec::new() }
+    }
+
+    fn export(&mut self, s: usize, unit: &mut Vec<u8>) -> u64 {
+        unit.resize(UNIT_BYTES, 0);
+        let (mut len, mut t) = (0usize, 0u64);
+        // SAFETY: a live handle; unit holds UNIT_BYTES bytes.
+        let st = unsafe { skv_session_export(self.c, s as u64, 0, 0, unit.as_mut_ptr(), unit.len(), &mut len, &mut t) };
+        check(st, "export");
+        assert_eq!(len, UNIT_BYTES);
+        t
+    }
+
+    fn import(&mut self, s: usize, unit: &[u8]) -> u64 {
+        let spec = skv_import {
+            struct_size: std::mem::size_of::<skv_import>() as u32,
+            flags: 0,
+            session_id: s as u64,
+            branch_id: 0,
+            row: -1,
+            n_prefix: 0,
+            prefix_indices: std::ptr::null(),
+            lock_node: 0,
+            lock_receipt: 0,
+            aux_state: -1,
+            aux_track: [-1, -1],
+        };
+        let mut out = [0i32; PAGES as usize];
+        let (mut n, mut t) = (0usize, 0u64);
+        // SAFETY: a live handle; unit and out hold what their lengths say.
+        let st = unsafe {
+            skv_session_import(self.c, &spec, unit.as_ptr(), unit.len(), out.as_mut_ptr(), out.len(), &mut n, &mut t)
+        };
+        check(st, "import");
+        t
     }
 
     fn park(&mut self, s: usize) -> u64 {
@@ -155,7 +208,9 @@ fn main() {
     for n in sizes {
         let mut bed = Bed::new(n);
         let rounds = if bench { (400_000 / n).clamp(3, 40) } else { 2 };
-        let mut all: [Vec<u64>; 3] = Default::default();
+        let mut all: [Vec<u64>; 5] = Default::default();
+        let mut dst = Bed::empty(n);
+        let mut units = vec![Vec::new(); n];
         for _ in 0..rounds {
             let (t, tickets) = pass(&mut bed, n, overhead, |b, s| b.restore(s));
             all[0].extend(t);
@@ -167,8 +222,26 @@ fn main() {
             all[1].extend(t);
             let (t, _) = pass(&mut bed, n, overhead, |b, s| b.done(tickets[s]));
             all[2].extend(t);
+            // Export every session (restored to the device first, untimed), import each unit
+            // into the second handle, then put both handles back as they were.
+            for (s, t) in (0..n).map(|s| (s, bed.restore(s))).collect::<Vec<_>>() {
+                bed.done(t);
+                bed.hand_back(s);
+            }
+            let (t, tickets) = pass(&mut bed, n, overhead, |b, s| b.export(s, &mut units[s]));
+            all[3].extend(t);
+            tickets.into_iter().for_each(|t| bed.done(t));
+            let (t, tickets) = pass(&mut dst, n, overhead, |b, s| b.import(s, &units[s]));
+            all[4].extend(t);
+            for (s, t) in tickets.into_iter().enumerate() {
+                dst.done(t);
+                // SAFETY: a live handle.
+                check(unsafe { skv_release_session(dst.c, s as u64) }, "release");
+            }
+            let tickets: Vec<u64> = (0..n).map(|s| bed.park(s)).collect();
+            tickets.into_iter().for_each(|t| bed.done(t));
         }
-        for (name, mut v) in ["restore", "write-back", "park"].into_iter().zip(all) {
+        for (name, mut v) in ["restore", "write-back", "park", "export", "import"].into_iter().zip(all) {
             v.sort_unstable();
             let (p50, p99) = (v[v.len() / 2], v[v.len() * 99 / 100]);
             println!("{name:<12} {n:>9} {p50:>8} {p99:>8} {:>10.2}", p50 as f64 / PAGES as f64);
@@ -177,6 +250,7 @@ fn main() {
         // SAFETY: a live handle and a local.
         check(unsafe { skv_cache_check(bed.c, &mut rep) }, "check");
         assert_eq!(rep.violations, 0, "{}", rep.first_violation_text());
-        assert_eq!(*bed.copied, 2 * PAGES * n as u64 * (rounds as u64 + 1) - PAGES * n as u64, "pages copied");
+        // Per round each session is restored twice and written back twice; once more to start.
+        assert_eq!(*bed.copied, PAGES * n as u64 * (4 * rounds as u64 + 1), "pages copied");
     }
 }
