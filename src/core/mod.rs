@@ -60,10 +60,6 @@ pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
 pub(crate) use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST, PLACE_HOST, WHERE_LEAVING};
-pub use unit::{
-    at as unit_at, read_unit, Destination, Fingerprint, Unit, UnitHeader, UNIT_BYTE_ORDER, UNIT_FLAG_ENGINE_SWA,
-    UNIT_FLAG_HOST_PAGES, UNIT_HEADER_LEN, UNIT_MAGIC, UNIT_POOL_FULL, UNIT_POOL_SWA, UNIT_VERSION,
-};
 pub use unit_ops::ImportSpec;
 
 impl Cache {

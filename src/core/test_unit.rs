@@ -3,7 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::unit::{at, write_ids};
+use super::unit::{
+    at, read_unit, write_ids, Destination, UNIT_FLAG_ENGINE_SWA, UNIT_FLAG_HOST_PAGES, UNIT_POOL_FULL, UNIT_POOL_SWA,
+};
 use super::*;
 
 const LAYOUT: u64 = 0xC0FFEE;

@@ -24,47 +24,47 @@ use super::page::{is_aligned, pages_for};
 use super::req::swa_dead;
 
 /// The unit's first field: the bytes "SKVU" on a little-endian machine.
-pub const UNIT_MAGIC: u32 = 0x5556_4B53;
+pub(crate) const UNIT_MAGIC: u32 = 0x5556_4B53;
 /// Written as a native u32: a reader of the other byte order sees it swapped.
-pub const UNIT_BYTE_ORDER: u32 = 0x0102_0304;
+pub(crate) const UNIT_BYTE_ORDER: u32 = 0x0102_0304;
 /// The version this library writes and reads.
-pub const UNIT_VERSION: u16 = 1;
+pub(crate) const UNIT_VERSION: u16 = 1;
 /// Bytes before the page ids in version 1.
-pub const UNIT_HEADER_LEN: usize = 96;
+pub(crate) const UNIT_HEADER_LEN: usize = 96;
 /// `flags`: the ids are host-tier pages (the slot was parked), not device pages.
-pub const UNIT_FLAG_HOST_PAGES: u32 = 1;
+pub(crate) const UNIT_FLAG_HOST_PAGES: u32 = 1;
 /// `flags`: the SWA side stays the engine's (external mode with SWA frees): the engine's rows
 /// name its SWA slots, libskv does not, so the unit carries no SWA ids (`n_swa` 0) and the
 /// engine's copy carries that side with its own indices.
-pub const UNIT_FLAG_ENGINE_SWA: u32 = 2;
+pub(crate) const UNIT_FLAG_ENGINE_SWA: u32 = 2;
 /// `pools`: the full-attention pool.
-pub const UNIT_POOL_FULL: u32 = 1;
+pub(crate) const UNIT_POOL_FULL: u32 = 1;
 /// `pools`: a sliding-window pool beside it.
-pub const UNIT_POOL_SWA: u32 = 2;
+pub(crate) const UNIT_POOL_SWA: u32 = 2;
 
 /// The byte offset of each header field.
-pub mod at {
-    pub const MAGIC: usize = 0;
-    pub const BYTE_ORDER: usize = 4;
-    pub const VERSION: usize = 8;
-    pub const HEADER_LEN: usize = 10;
-    pub const FLAGS: usize = 12;
-    pub const PAGE_SIZE: usize = 16;
-    pub const POOLS: usize = 20;
-    pub const SWA_WINDOW: usize = 24;
-    pub const RESERVED: usize = 28;
-    pub const KV_LAYOUT_ID: usize = 32;
-    pub const SESSION: usize = 40;
-    pub const BRANCH: usize = 48;
-    pub const COMMITTED: usize = 56;
-    pub const ALLOCATED: usize = 60;
-    pub const PROTECTED: usize = 64;
-    pub const SWA_CURSOR: usize = 68;
-    pub const SWA_FLOOR: usize = 72;
-    pub const AUX_MASK: usize = 76;
-    pub const N_FULL: usize = 80;
-    pub const N_SWA: usize = 84;
-    pub const TOTAL_LEN: usize = 88;
+pub(crate) mod at {
+    pub(crate) const MAGIC: usize = 0;
+    pub(crate) const BYTE_ORDER: usize = 4;
+    pub(crate) const VERSION: usize = 8;
+    pub(crate) const HEADER_LEN: usize = 10;
+    pub(crate) const FLAGS: usize = 12;
+    pub(crate) const PAGE_SIZE: usize = 16;
+    pub(crate) const POOLS: usize = 20;
+    pub(crate) const SWA_WINDOW: usize = 24;
+    pub(crate) const RESERVED: usize = 28;
+    pub(crate) const KV_LAYOUT_ID: usize = 32;
+    pub(crate) const SESSION: usize = 40;
+    pub(crate) const BRANCH: usize = 48;
+    pub(crate) const COMMITTED: usize = 56;
+    pub(crate) const ALLOCATED: usize = 60;
+    pub(crate) const PROTECTED: usize = 64;
+    pub(crate) const SWA_CURSOR: usize = 68;
+    pub(crate) const SWA_FLOOR: usize = 72;
+    pub(crate) const AUX_MASK: usize = 76;
+    pub(crate) const N_FULL: usize = 80;
+    pub(crate) const N_SWA: usize = 84;
+    pub(crate) const TOTAL_LEN: usize = 88;
 }
 
 /// What a unit must share with the cache that imports it.

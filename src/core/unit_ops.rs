@@ -46,7 +46,7 @@ enum Source {
 
 impl Cache {
     /// This cache's unit fingerprint: what an imported unit must carry.
-    pub fn unit_fingerprint(&self) -> Fingerprint {
+    pub(crate) fn unit_fingerprint(&self) -> Fingerprint {
         let swa = match &self.pool {
             Backend::Owned(p) => p.swa.is_some(),
             Backend::Engine(p) => p.frees_swa().is_ok(),
