@@ -164,35 +164,6 @@
 #define SKV_WHERE_LEAVING 8
 
 /**
- * `copy_pages`' direction: device pages to host pages.
- */
-#define COPY_TO_HOST 1
-
-/**
- * `copy_pages`' direction: host pages to device pages.
- */
-#define COPY_TO_DEVICE 2
-
-/**
- * `skv_where`'s places and state bits.
- */
-#define PLACE_NONE 0
-
-#define PLACE_DEVICE 1
-
-#define PLACE_BOTH 2
-
-#define PLACE_HOST 3
-
-#define WHERE_IN_FLIGHT 1
-
-#define WHERE_COPYING 2
-
-#define WHERE_FAILED 4
-
-#define WHERE_LEAVING 8
-
-/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -258,8 +229,8 @@ typedef struct skv_cache skv_cache;
 typedef struct skv_cache_config {
   /**
    * sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
-   * 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted from 32 up; see "Versioned structs" at
-   * the top of this header.
+   * 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted
+   * from 32 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -528,7 +499,8 @@ typedef struct skv_match {
  */
 typedef struct skv_held {
   /**
-   * Sum over idle slots of ceil_align(allocated) - protected.
+   * Sum over idle slots of ceil_align(allocated) - protected (a parked slot's are in the host
+   * tier: 0 here).
    */
   uint64_t full_tokens;
   /**
@@ -608,7 +580,8 @@ typedef struct skv_admission {
   /**
    * Pages skv_alloc_extend would take from the free list to grow the request from
    * prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
-   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer). A
+   * parked session's hit (skv_match_prefix_tier) also counts the pages its restore maps.
    */
   uint64_t pages_needed;
   /**
@@ -738,7 +711,8 @@ typedef int (*skv_copy_pages_fn)(void *user_data,
 typedef struct skv_engine_hooks {
   /**
    * sizeof(skv_engine_hooks) of the header the caller was built with: 24 in ABI 1 to 3, 32
-   * from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of this header.
+   * from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of
+   * this header.
    */
   uint32_t struct_size;
   /**
@@ -888,7 +862,7 @@ typedef struct skv_where {
 } skv_where;
 
 /**
- * The host tier and the tickets (skv_tier_stats); without a host tier only the ticket
+ * The host tier and the tickets (skv_cache_tier_stats); without a host tier only the ticket
  * fields are filled.
  */
 typedef struct skv_tier_stats {
@@ -939,6 +913,43 @@ typedef struct skv_tier_stats {
   uint64_t pages_to_host;
   uint64_t pages_to_device;
 } skv_tier_stats;
+
+/**
+ * What a session's import needs besides its unit: the destination's key, row and handles.
+ */
+typedef struct skv_import {
+  /**
+   * sizeof(skv_import) of the header the caller was built with: 80 (0.4). See "Versioned
+   * structs" at the top of this header.
+   */
+  uint32_t struct_size;
+  /**
+   * 0.
+   */
+  uint32_t flags;
+  uint64_t session_id;
+  uint64_t branch_id;
+  /**
+   * External mode: the engine's row, already mapping the unit's `[0, allocated)`; owned
+   * mode: -1 (libskv takes a row).
+   */
+  int32_t row;
+  /**
+   * Owned mode: the token slots of the destination tree's prefix, `n_prefix` of them (the
+   * unit's protected length; skv_map_prefix's rules); 0 and NULL when it protects nothing,
+   * and in external mode.
+   */
+  uint32_t n_prefix;
+  const int32_t *prefix_indices;
+  /**
+   * The destination's prefix-tree lock (0: none) and recurrent-state handles: not -1 exactly
+   * where the source held one (docs/tiers.md#export-and-import).
+   */
+  uint64_t lock_node;
+  uint64_t lock_receipt;
+  int64_t aux_state;
+  int64_t aux_track[2];
+} skv_import;
 
 /**
  * Every exported function, for engines that dlopen libskv: one field per function, named
@@ -1295,9 +1306,31 @@ typedef struct skv_api {
                                    uint64_t branch_id,
                                    struct skv_where *out);
   /**
-   * Same as skv_tier_stats.
+   * Same as skv_cache_tier_stats.
    */
-  enum skv_status (*tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
+  enum skv_status (*cache_tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
+  /**
+   * Same as skv_session_export.
+   */
+  enum skv_status (*session_export)(struct skv_cache *c,
+                                    uint64_t session_id,
+                                    uint64_t branch_id,
+                                    uint32_t flags,
+                                    uint8_t *buf,
+                                    size_t cap,
+                                    size_t *len,
+                                    uint64_t *ticket);
+  /**
+   * Same as skv_session_import.
+   */
+  enum skv_status (*session_import)(struct skv_cache *c,
+                                    const struct skv_import *in_,
+                                    const uint8_t *unit,
+                                    size_t len,
+                                    int32_t *out_pages,
+                                    size_t out_cap,
+                                    size_t *n_pages,
+                                    uint64_t *ticket);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1900,6 +1933,47 @@ enum skv_status skv_events_drain(struct skv_cache *c,
                                  uint64_t *seq);
 
 /**
+ * Writes the unit of the idle slot of (session_id, branch_id) into `buf` (`cap` bytes; NULL
+ * and 0 ask the size) and pins its pages under `*ticket` until the engine's copy of them
+ * completes (docs/tiers.md#export-and-import). `*len` receives the unit's size, also when
+ * `cap` is short. `flags`: 0.
+ *
+ * The caller must pass buf holding cap bytes.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED, SKV_ERR_BUFFER
+ */
+enum skv_status skv_session_export(struct skv_cache *c,
+                                   uint64_t session_id,
+                                   uint64_t branch_id,
+                                   uint32_t flags,
+                                   uint8_t *buf,
+                                   size_t cap,
+                                   size_t *len,
+                                   uint64_t *ticket);
+
+/**
+ * Records the session a unit describes as an idle slot whose KV arrives under `*ticket`
+ * (docs/tiers.md#export-and-import). Owned mode: takes a row and the unit's pages, writing
+ * their ids to `out_pages` (full pages, then SWA pages: the copy's destinations; `*n_pages`
+ * receives how many); external mode: adopts `in->row`, `*n_pages` 0. Until the ticket
+ * completes, only skv_match_prefix_tier matches it.
+ *
+ * The caller must pass unit holding len bytes and out_pages holding out_cap values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_session_import(struct skv_cache *c,
+                                   const struct skv_import *in_,
+                                   const uint8_t *unit,
+                                   size_t len,
+                                   int32_t *out_pages,
+                                   size_t out_cap,
+                                   size_t *n_pages,
+                                   uint64_t *ticket);
+
+/**
  * skv_match_prefix, where a parked session is restored: new device pages for its prefix and a
  * copy from host under `out->ticket`, which the engine orders its forward pass after (a miss
  * when the pages do not fit: the parked slot is released). A slot an import still writes hits
@@ -1979,7 +2053,7 @@ enum skv_status skv_session_where(const struct skv_cache *c,
  *
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
-enum skv_status skv_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
+enum skv_status skv_cache_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -411,6 +411,20 @@ fn the_header_s_doc_links_resolve_and_its_comments_fit_100_columns() {
     assert!(long.is_empty(), "include/skv.h comment lines past 100 columns:\n  {}", long.join("\n  "));
 }
 
+/// Every name the header defines is libskv's: a macro without the `SKV_` prefix would collide
+/// with an including program's own (`SESSION`, `PAGE_SIZE`, ...).
+#[test]
+fn every_macro_the_header_defines_is_prefixed() {
+    let header = repo().read(Path::new("include/skv.h")).expect("include/skv.h");
+    let bare: Vec<&str> = header
+        .lines()
+        .filter_map(|l| l.strip_prefix("#define "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| !name.starts_with("SKV_"))
+        .collect();
+    assert!(bare.is_empty(), "include/skv.h defines names without the SKV_ prefix: {bare:?}");
+}
+
 // The checks themselves, on the repository's texts with one thing broken.
 
 /// The repository with some files' texts replaced.

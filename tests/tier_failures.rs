@@ -141,7 +141,7 @@ impl H {
     fn tier(&self) -> skv_tier_stats {
         let mut t = skv_tier_stats { struct_size: std::mem::size_of::<skv_tier_stats>() as u32, ..Default::default() };
         // SAFETY: a live handle and a local.
-        assert_eq!(unsafe { skv_tier_stats(self.c, &mut t) }, SKV_OK);
+        assert_eq!(unsafe { skv_cache_tier_stats(self.c, &mut t) }, SKV_OK);
         t
     }
 

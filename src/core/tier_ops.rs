@@ -3,7 +3,7 @@
 //! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
 //! entries a walk skips (running requests, open tickets).
 
-use super::cache::{push_release, Cache};
+use super::cache::{push_release, Cache, Move};
 use super::error::{bail, Error, Result};
 use super::page::{ceil_align, pages_for};
 use super::pool::Effect;
@@ -15,9 +15,9 @@ use super::tickets::Kind;
 use super::tier::{HostCopy, Tier};
 
 /// `copy_pages`' direction: device pages to host pages.
-pub const COPY_TO_HOST: u32 = 1;
+pub(crate) const COPY_TO_HOST: u32 = 1;
 /// `copy_pages`' direction: host pages to device pages.
-pub const COPY_TO_DEVICE: u32 = 2;
+pub(crate) const COPY_TO_DEVICE: u32 = 2;
 
 /// The copies one call asks for: pairs in the full pools, then in the SWA pools.
 #[derive(Default)]
@@ -203,6 +203,7 @@ impl Cache {
                 c.tier_mut().drop_copy(row);
                 c.tier_mut().counts.host_evictions += 1;
                 if release {
+                    c.log_move(row, Move::Released);
                     c.slots.remove(row);
                     c.sync_idle(row);
                 }
@@ -234,7 +235,6 @@ impl Cache {
                 let tier = c.tier_mut();
                 tier.copies[w.row as usize] = copy;
                 tier.touch(w.row);
-                c.slots.of_row_mut(w.row).expect("planned slot").ticket = t;
                 c.pool.owned_mut().expect("owned").pin_row(w.row, t);
             }
             extra(c);
@@ -260,7 +260,10 @@ impl Cache {
 
     /// `row`'s slot is parked (its device pages were freed by `push_park`'s effect).
     fn mark_parked(&mut self, row: u32) {
-        self.slots.of_row_mut(row).expect("slot").place = Place::Parked;
+        let s = self.slots.of_row_mut(row).expect("slot");
+        s.place = Place::Parked;
+        let protected = s.protected;
+        self.log_move(row, Move::Parked { protected });
         let t = self.tier_mut();
         t.copies[row as usize].leaving = false;
         t.counts.parks += 1;
@@ -287,7 +290,10 @@ impl Cache {
             let t = self.tier_ref()?;
             let s = match self.idle_on_device(row) {
                 Some(s)
-                    if s.finished_at == fin && s.ticket == 0 && !t.copies[row as usize].exists() && !plan.has(row) =>
+                    if s.finished_at == fin
+                        && self.ticket_of(row) == 0
+                        && !t.copies[row as usize].exists()
+                        && !plan.has(row) =>
                 {
                     s
                 }
@@ -331,7 +337,7 @@ impl Cache {
         let Some((row, s)) = self.slots.find(session, branch).map(|(r, s)| (r, *s)) else {
             bail!(NotFound, "session {session} branch {branch} has no slot to park");
         };
-        self.check_movable(session, branch, &s)?;
+        self.check_movable(session, branch, row, &s)?;
         self.effects.clear();
         if self.tier_ref()?.copies[row as usize].clean {
             self.push_park(row, &s);
@@ -353,12 +359,13 @@ impl Cache {
     }
 
     /// Refuses a park or export of a slot that is running, parked or already being copied.
-    pub(crate) fn check_movable(&self, session: u64, branch: u64, s: &Slot) -> Result<()> {
+    pub(crate) fn check_movable(&self, session: u64, branch: u64, row: u32, s: &Slot) -> Result<()> {
         if s.in_flight {
             bail!(State, "session {session} branch {branch} is in flight: finish or hand back its request first");
         }
-        if s.ticket != 0 {
-            bail!(State, "session {session} branch {branch} is being copied (ticket {}): complete it first", s.ticket);
+        let t = self.ticket_of(row);
+        if t != 0 {
+            bail!(State, "session {session} branch {branch} is being copied (ticket {t}): complete it first");
         }
         if s.place == Place::Parked {
             bail!(State, "session {session} branch {branch} is already parked");
@@ -399,7 +406,7 @@ impl Cache {
                 out.copying += 1;
                 out.draining_pages += n;
             } else if !no_copy
-                && s.ticket == 0
+                && self.ticket_of(row) == 0
                 && s.allocated - s.protected >= min
                 && self.require_copy().is_ok()
                 && self.plan_write(&mut plan, row, &s, true)
@@ -428,6 +435,7 @@ impl Cache {
                 c.tier_mut().copies[row as usize].leaving = true;
             }
             for &(row, _) in &releases {
+                c.log_move(row, Move::Released);
                 c.tier_mut().drop_copy(row);
                 c.slots.remove(row);
                 c.sync_idle(row);
@@ -451,12 +459,14 @@ impl Cache {
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s)) else {
             return Ok(TierMatch::default());
         };
+        self.refuse_exporting(session, branch, row, pre_aborted)?;
         if slot.place == Place::Parked && !pre_aborted {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
-        let arriving = self.tickets.get(slot.ticket).is_some_and(|p| p.kind == Kind::Import);
-        let m = self.hit(session, branch, req, key_len, pre_aborted)?;
-        let ticket = if m.hit == 1 && arriving { slot.ticket } else { 0 };
+        let t = self.ticket_of(row);
+        let arriving = self.arriving(t);
+        let m = self.hit(session, branch, req, key_len, pre_aborted, true)?;
+        let ticket = if m.hit == 1 && arriving { t } else { 0 };
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })
     }
 
@@ -482,6 +492,7 @@ impl Cache {
         let ps = self.cfg.page_size;
         let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {
             self.release_rows(&[row])?;
+            self.moves.push((session, branch, Move::Released));
             return Ok(TierMatch::default());
         };
         let first = pages_for(slot.protected, ps);
@@ -495,6 +506,7 @@ impl Cache {
         if (p.allocator().free_pages() as usize) < n as usize || swa_short {
             // No cascade of parks inside a match: the parked slot goes, and the match misses.
             self.release_rows(&[row])?;
+            self.moves.push((session, branch, Move::Released));
             return Ok(TierMatch::default());
         }
         let p = self.pool.owned_mut().expect("owned");
@@ -528,12 +540,13 @@ impl Cache {
         p.mapped(row, slot.protected, len);
         p.pin_row(row, t);
         let s = self.slots.of_row_mut(row).expect("slot");
-        (s.place, s.allocated, s.committed, s.ticket) = (Place::Device, len, s.committed.min(len), t);
+        (s.place, s.allocated, s.committed) = (Place::Device, len, s.committed.min(len));
+        self.moves.push((session, branch, Move::Restored));
         let tier = self.tier_mut();
         tier.copies[row as usize].ticket = t;
         tier.counts.unparks += 1;
         tier.counts.pages_to_device += moved;
-        let m = self.hit(session, branch, req, key_len, false)?;
+        let m = self.hit(session, branch, req, key_len, false, true)?;
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, restored_pages: n, ticket: t, ..TierMatch::default() })
     }
 
@@ -542,13 +555,15 @@ impl Cache {
     pub fn ticket_done(&mut self, ticket: u64, ok: bool) -> Result<()> {
         let p = self.tickets.check(ticket)?;
         let (kind, rows) = (p.kind, p.rows.clone());
+        let p_rows = rows.clone();
         let ps = self.cfg.page_size;
-        let mine = |c: &Cache, row: u32| c.slots.of_row(row).filter(|s| s.ticket == ticket).copied();
+        // The rows whose slots the ticket still copies (a slot released since is not).
+        let rows: Vec<u32> = rows.into_iter().filter(|&r| self.ticket_of(r) == ticket).collect();
         self.effects.clear();
         let mut parks = Vec::new();
         let mut releases = Vec::new();
         for &row in &rows {
-            let Some(s) = mine(self, row) else { continue };
+            let s = *self.slots.of_row(row).expect("a pinned row's slot");
             match kind {
                 Kind::WriteBack if ok => {
                     let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
@@ -561,7 +576,7 @@ impl Cache {
             }
         }
         // The pins end first, so the parks below free their pages rather than drain them.
-        self.unpin_all(ticket, &rows);
+        self.unpin_all(ticket, &p_rows);
         for &row in &parks {
             let s = *self.slots.of_row(row).expect("slot");
             self.push_park(row, &s);
@@ -571,10 +586,6 @@ impl Cache {
         }
         self.run_effects(|c| {
             for &row in &rows {
-                if mine(c, row).is_none() {
-                    continue;
-                }
-                c.slots.of_row_mut(row).expect("slot").ticket = 0;
                 let Some(tier) = c.tier.as_deref_mut() else { continue };
                 let copy = &mut tier.copies[row as usize];
                 if copy.ticket != ticket {
@@ -595,7 +606,11 @@ impl Cache {
                     (Kind::Unpark, true) => tier.drop_copy(row),
                     (Kind::Unpark, false) => {
                         tier.counts.failed_copies += 1;
-                        c.slots.of_row_mut(row).expect("slot").place = Place::Failed;
+                        let s = c.slots.of_row_mut(row).expect("slot");
+                        s.place = Place::Failed;
+                        // Its KV is still only in the host tier.
+                        let (key, protected) = ((s.session, s.branch), s.protected);
+                        c.moves.push((key.0, key.1, Move::Parked { protected }));
                     }
                     _ => {}
                 }
@@ -604,6 +619,7 @@ impl Cache {
                 c.mark_parked(row);
             }
             for &(row, _) in &releases {
+                c.log_move(row, Move::Released);
                 c.slots.remove(row);
                 c.sync_idle(row);
             }
@@ -614,6 +630,12 @@ impl Cache {
         })
     }
 
+    /// Notes a move of the slot holding `row` (`Cache::moves`).
+    fn log_move(&mut self, row: u32, m: Move) {
+        let s = self.slots.of_row(row).expect("a slot moves");
+        self.moves.push((s.session, s.branch, m));
+    }
+
     /// Ends `ticket`'s pins; owned mode's drained device pages go free.
     fn unpin_all(&mut self, ticket: u64, rows: &[u32]) {
         match self.pool.owned_mut() {
@@ -622,10 +644,35 @@ impl Cache {
                 for &row in rows {
                     if self.engine_pins.ticket_of(row) == Some(ticket) {
                         self.engine_pins.unpin(row);
+                        self.meta_mut(row).pinned = false;
                     }
                 }
             }
         }
+    }
+
+    /// Pins `row` for `ticket` in either mode (`pins`).
+    pub(crate) fn pin(&mut self, row: u32, ticket: u64) {
+        match self.pool.owned_mut() {
+            Some(p) => p.pin_row(row, ticket),
+            None => {
+                self.engine_pins.pin(row, ticket);
+                self.meta_mut(row).pinned = true;
+            }
+        }
+    }
+
+    /// The open ticket copying `row`'s pages (its pin), 0 when none.
+    #[inline]
+    pub(crate) fn ticket_of(&self, row: u32) -> u64 {
+        if !self.meta(row).is_some_and(|m| m.pinned) {
+            return 0;
+        }
+        let pins = match self.pool.owned() {
+            Some(p) => &p.pins,
+            None => &self.engine_pins,
+        };
+        pins.ticket_of(row).unwrap_or(0)
     }
 
     /// A hand-back of a slot whose restore failed parks it again (its host copy is intact).
@@ -646,17 +693,23 @@ impl Cache {
 
     /// The tier's part of a hit on a device slot: a host copy no longer matches what the
     /// request will write (unless the copy is the restore's own, which its completion drops).
+    #[inline]
     pub(crate) fn tier_hit(&mut self, row: u32) {
-        let unparking = self
-            .slots
-            .of_row(row)
-            .is_some_and(|s| s.ticket != 0 && self.tickets.get(s.ticket).is_some_and(|p| p.kind == Kind::Unpark));
-        if let (Some(t), false) = (self.tier.as_deref_mut(), unparking) {
-            t.drop_copy(row);
+        if self.tier.is_some() {
+            self.tier_hit_copy(row);
+        }
+    }
+
+    #[inline(never)]
+    fn tier_hit_copy(&mut self, row: u32) {
+        let unparking = self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Unpark);
+        if !unparking {
+            self.tier_mut().drop_copy(row);
         }
     }
 
     /// The tier's part of a finished turn.
+    #[inline]
     pub(crate) fn tier_finished(&mut self, row: u32, finished_at: u64) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.finished(row, finished_at);
@@ -664,6 +717,7 @@ impl Cache {
     }
 
     /// The tier's part of a hand-back: the slot is idle again, to be written back.
+    #[inline]
     pub(crate) fn tier_handed_back(&mut self, row: u32, finished_at: u64) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.writeback.push_back((finished_at, row));
@@ -671,6 +725,7 @@ impl Cache {
     }
 
     /// The tier's part of a released slot: its host copy goes (or drains).
+    #[inline]
     pub(crate) fn tier_released(&mut self, row: u32) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.drop_copy(row);
@@ -679,17 +734,16 @@ impl Cache {
 }
 
 /// `skv_where`'s places and state bits.
-pub const PLACE_NONE: u32 = 0;
-pub const PLACE_DEVICE: u32 = 1;
-pub const PLACE_BOTH: u32 = 2;
-pub const PLACE_HOST: u32 = 3;
-pub const WHERE_IN_FLIGHT: u32 = 1;
-pub const WHERE_COPYING: u32 = 2;
-pub const WHERE_FAILED: u32 = 4;
-pub const WHERE_LEAVING: u32 = 8;
+pub(crate) const PLACE_DEVICE: u32 = 1;
+pub(crate) const PLACE_BOTH: u32 = 2;
+pub(crate) const PLACE_HOST: u32 = 3;
+pub(crate) const WHERE_IN_FLIGHT: u32 = 1;
+pub(crate) const WHERE_COPYING: u32 = 2;
+pub(crate) const WHERE_FAILED: u32 = 4;
+pub(crate) const WHERE_LEAVING: u32 = 8;
 
 impl Cache {
-    /// `skv_session_where`: where a session slot's KV is; `PLACE_NONE` when there is no slot.
+    /// `skv_session_where`: where a session slot's KV is; place 0 (none) when there is no slot.
     pub fn where_is(&self, session: u64, branch: u64) -> Where {
         let Some((row, s)) = self.slots.find(session, branch) else { return Where::default() };
         let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
@@ -701,19 +755,12 @@ impl Cache {
         };
         let mut state = 0;
         state |= WHERE_IN_FLIGHT * s.in_flight as u32;
-        state |= WHERE_COPYING * (s.ticket != 0) as u32;
+        let ticket = self.ticket_of(row);
+        state |= WHERE_COPYING * (ticket != 0) as u32;
         state |= WHERE_FAILED * (s.place == Place::Failed) as u32;
         state |= WHERE_LEAVING * copy.is_some_and(|c| c.leaving) as u32;
         let device_pages = self.pool.mapped_len(row).map_or(0, |n| pages_for(n, self.cfg.page_size)) as u64;
-        Where {
-            place,
-            state,
-            tokens: s.allocated,
-            device_pages,
-            host_pages: host as u64,
-            ticket: s.ticket,
-            ..Where::default()
-        }
+        Where { place, state, tokens: s.allocated, device_pages, host_pages: host as u64, ticket, ..Where::default() }
     }
 
     /// `skv_tier_stats`.

@@ -23,7 +23,7 @@ fn call_export_is_harmless(k: usize) -> bool {
             | "skv_branch_usage"
             | "skv_checkpoint"
             | "skv_session_where"
-            | "skv_tier_stats"
+            | "skv_cache_tier_stats"
     )
 }
 

@@ -54,7 +54,7 @@ pub const HANDLE_EXPORTS: [&str; 47] = [
     "skv_tier_step",
     "skv_tier_evict",
     "skv_session_where",
-    "skv_tier_stats",
+    "skv_cache_tier_stats",
 ];
 
 /// `HANDLE_EXPORTS[k]` on handle `c`, every other argument honest: a fresh req, outputs and
@@ -146,7 +146,7 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             43 => skv_tier_step(c, ip2, up2),
             44 => skv_tier_evict(c, 1, 0, &mut ev),
             45 => skv_session_where(c, 0, 0, &mut wh),
-            _ => skv_tier_stats(c, &mut ts),
+            _ => skv_cache_tier_stats(c, &mut ts),
         }
     }
 }

@@ -224,7 +224,12 @@ impl World {
         let (mut slots, mut idle) = (0u64, 0u64);
         for sid in (0..SESSIONS).chain(HOSTILE_SESSIONS) {
             let u = self.usage(s, sid, None);
-            (slots, idle) = (slots + u.slots, idle + u.slots - u.in_flight);
+            // A parked slot is not on the device: the idle list leaves it out.
+            let parked = [0, 1, u64::MAX]
+                .into_iter()
+                .filter(|&b| super::tier::where_of(c, sid, b).place == SKV_PLACE_HOST)
+                .count() as u64;
+            (slots, idle) = (slots + u.slots, idle + u.slots - u.in_flight - parked);
         }
         let held = self.sides[s].snap().held;
         if held.sessions != slots {

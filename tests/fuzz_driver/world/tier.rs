@@ -58,7 +58,7 @@ pub(super) fn where_of(c: *const skv_cache, sid: u64, b: u64) -> skv_where {
 pub(super) fn snap(c: *const skv_cache) -> (skv_tier_stats, Vec<skv_where>) {
     let mut st = tier_stats0();
     // SAFETY: a live handle and a local.
-    assert_eq!(unsafe { skv_tier_stats(c, &mut st) }, SKV_OK, "snapshot: skv_tier_stats");
+    assert_eq!(unsafe { skv_cache_tier_stats(c, &mut st) }, SKV_OK, "snapshot: skv_tier_stats");
     (st, sessions().map(|(s, b)| where_of(c, s, b)).collect())
 }
 
@@ -438,7 +438,9 @@ impl World {
             skv_session_where(c, sid, b, wp)
         });
         // SAFETY: c is the side's live handle; tp is NULL or ts.
-        let st2 = self.call(s, "skv_tier_stats".into(), null(), Expect::Is(want), || unsafe { skv_tier_stats(c, tp) });
+        let st2 = self.call(s, "skv_cache_tier_stats".into(), null(), Expect::Is(want), || unsafe {
+            skv_cache_tier_stats(c, tp)
+        });
         if want == SKV_OK {
             let host = ts.host_total_pages + ts.host_swa_total_pages + ts.parks + ts.clock + ts.pages_to_host;
             if w.place > SKV_PLACE_HOST || (!self.has_tier(s) && host != 0) {
