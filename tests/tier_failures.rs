@@ -925,3 +925,51 @@ fn tensor_parallel_ranks_stay_in_lockstep_hybrid() {
     (cfg.swa_num_token_slots, cfg.host_swa_num_token_slots, cfg.tier_min_tokens) = (48 * 4, 20 * 4, 8);
     lockstep(cfg, 8, 20_000);
 }
+
+#[test]
+fn a_failed_restore_of_a_request_handed_back_first_parks_again() {
+    let mut h = H::new(config(48));
+    four_clean(&mut h);
+    assert_eq!(h.park(1), (SKV_OK, 0));
+    let mut r = common::fresh_req();
+    let (st, m) = h.match_tier(1, 20, &mut r);
+    assert_eq!((st, m.hit), (SKV_OK, 1));
+    let first = h.e.borrow().log.last().cloned().unwrap();
+    // The request is dropped before its forward (and before the copy ran).
+    // SAFETY: a live handle and a local.
+    assert_eq!(unsafe { skv_hand_back(h.c, 1, 0, &mut r) }, SKV_OK, "{}", last_error());
+    h.complete(m.ticket, 1);
+    let w = h.at(1);
+    assert_eq!((w.place, w.state, w.host_pages, w.device_pages), (SKV_PLACE_HOST, 0, 5, 0), "{w:?}");
+    h.audit();
+    // The next turn restores it from the same host pages.
+    let mut r = common::fresh_req();
+    let (st, m) = h.match_tier(1, 20, &mut r);
+    assert_eq!((st, m.hit, m.restored_pages), (SKV_OK, 1, 5));
+    assert_eq!(h.e.borrow().log.last().unwrap().2, first.2);
+    h.complete(m.ticket, 0);
+    h.extend_finish(1, &mut r, 1);
+    h.audit();
+}
+
+#[test]
+fn a_failed_restore_shortened_before_its_hand_back_keeps_what_it_holds() {
+    let (mut h, mut r, first) = failed_restore();
+    let used = h.host_used();
+    // The request frees its tail past 8 tokens, then is handed back.
+    // SAFETY: a live handle and a local.
+    assert_eq!(unsafe { skv_free_tail(h.c, &mut r, 8) }, SKV_OK, "{}", last_error());
+    // SAFETY: as above.
+    assert_eq!(unsafe { skv_hand_back(h.c, 1, 0, &mut r) }, SKV_OK, "{}", last_error());
+    let w = h.at(1);
+    assert_eq!((w.place, w.tokens, w.host_pages), (SKV_PLACE_HOST, 8, 2), "{w:?}");
+    assert_eq!(h.host_used(), used - 3, "the copy's pages past 8 tokens went free");
+    h.audit();
+    let mut r = common::fresh_req();
+    let (st, m) = h.match_tier(1, 20, &mut r);
+    assert_eq!((st, m.hit, m.prefix_len, m.restored_pages), (SKV_OK, 1, 8, 2));
+    assert_eq!(h.e.borrow().log.last().unwrap().2, first.2[..2]);
+    h.complete(m.ticket, 0);
+    h.extend_finish(1, &mut r, 1);
+    h.audit();
+}

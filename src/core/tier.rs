@@ -237,6 +237,17 @@ impl Tier {
         }
     }
 
+    /// Keeps the first `n` pages of `row`'s host copy (no ticket copies it); the rest go free.
+    pub(crate) fn trim_copy(&mut self, row: u32, n: usize) {
+        let c = &mut self.copies[row as usize];
+        if c.full.len() <= n {
+            return;
+        }
+        let full = c.full.split_off(n);
+        let swa = c.swa.split_off(n.min(c.swa.len()));
+        self.give(&full, &swa);
+    }
+
     /// Host pages back on their stacks.
     pub(crate) fn give(&mut self, full: &[u32], swa: &[u32]) {
         self.full.give(full);

@@ -562,9 +562,12 @@ impl Cache {
         self.effects.clear();
         let mut parks = Vec::new();
         let mut releases = Vec::new();
+        // Failed restores whose request was handed back or aborted already: parked again.
+        let mut reparks = Vec::new();
         for &row in &rows {
             let s = *self.slots.of_row(row).expect("a pinned row's slot");
             match kind {
+                Kind::Unpark if !ok && !s.in_flight => reparks.push(row),
                 Kind::WriteBack if ok => {
                     let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
                     if copy.is_some_and(|c| c.ticket == ticket && c.leaving) {
@@ -577,7 +580,7 @@ impl Cache {
         }
         // The pins end first, so the parks below free their pages rather than drain them.
         self.unpin_all(ticket, &p_rows);
-        for &row in &parks {
+        for &row in parks.iter().chain(&reparks) {
             let s = *self.slots.of_row(row).expect("slot");
             self.push_park(row, &s);
         }
@@ -607,7 +610,9 @@ impl Cache {
                     (Kind::Unpark, false) => {
                         tier.counts.failed_copies += 1;
                         let s = c.slots.of_row_mut(row).expect("slot");
-                        s.place = Place::Failed;
+                        // An idle slot (its request gone before the copy ran) parks again: its
+                        // device pages were never written, its host copy is intact.
+                        s.place = if reparks.contains(&row) { Place::Parked } else { Place::Failed };
                         // Its KV is still only in the host tier.
                         let (key, protected) = ((s.session, s.branch), s.protected);
                         c.moves.push((key.0, key.1, Move::Parked { protected }));
@@ -617,6 +622,10 @@ impl Cache {
             }
             for &row in &parks {
                 c.mark_parked(row);
+            }
+            for &row in &reparks {
+                c.trim_host_copy(row);
+                c.sync_idle(row);
             }
             for &(row, _) in &releases {
                 c.log_move(row, Move::Released);
@@ -682,8 +691,20 @@ impl Cache {
         self.run_effects(|c| {
             let slot = c.slots.of_row_mut(row).expect("slot");
             (slot.place, slot.in_flight) = (Place::Parked, false);
+            c.trim_host_copy(row);
             c.sync_idle(row);
         })
+    }
+
+    /// A slot parked again after its restore failed keeps the host pages of what it still
+    /// holds: its request may have shortened it (the record follows the row) before it went.
+    fn trim_host_copy(&mut self, row: u32) {
+        let ps = self.cfg.page_size;
+        let s = *self.slots.of_row(row).expect("slot");
+        let n = (pages_for(s.allocated, ps) - pages_for(s.protected, ps)) as usize;
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.trim_copy(row, n);
+        }
     }
 
     /// Whether `ticket` is an import's (its slot's KV is still arriving).
