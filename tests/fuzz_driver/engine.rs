@@ -174,7 +174,10 @@ impl Engine {
         if self.reenter_rate == 0 || self.rng.below(1000) >= self.reenter_rate {
             return;
         }
-        let k = self.rng.below(HANDLE_EXPORTS.len() as u64) as usize;
+        // Round-robin over the exports (one cycle for the whole run), so that a short run
+        // reaches every one's refusal from inside a callback.
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % HANDLE_EXPORTS.len();
         let st = call_export(k, self.me);
         self.reentered.push((HANDLE_EXPORTS[k], st));
         if st != skv_status::SKV_ERR_STATE {

@@ -7,7 +7,7 @@ use std::ptr::{null, null_mut};
 use skv::*;
 
 /// The exports `call_export` makes, by index.
-pub const HANDLE_EXPORTS: [&str; 47] = [
+pub const HANDLE_EXPORTS: [&str; 49] = [
     "skv_cache_set_trace",
     "skv_match_prefix",
     "skv_cache_finished_req",
@@ -55,6 +55,8 @@ pub const HANDLE_EXPORTS: [&str; 47] = [
     "skv_tier_evict",
     "skv_session_where",
     "skv_cache_tier_stats",
+    "skv_session_export",
+    "skv_session_import",
 ];
 
 /// `HANDLE_EXPORTS[k]` on handle `c`, every other argument honest: a fresh req, outputs and
@@ -68,6 +70,19 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
     let mut tm = skv_tier_match { struct_size: std::mem::size_of::<skv_tier_match>() as u32, ..Default::default() };
     let mut ev = skv_tier_evicted { struct_size: std::mem::size_of::<skv_tier_evicted>() as u32, ..Default::default() };
     let mut wh = skv_where { struct_size: std::mem::size_of::<skv_where>() as u32, ..Default::default() };
+    let imp = skv_import {
+        struct_size: std::mem::size_of::<skv_import>() as u32,
+        flags: 0,
+        session_id: 0,
+        branch_id: 0,
+        row: -1,
+        n_prefix: 0,
+        prefix_indices: null(),
+        lock_node: 0,
+        lock_receipt: 0,
+        aux_state: -1,
+        aux_track: [-1, -1],
+    };
     let mut ts = skv_tier_stats { struct_size: std::mem::size_of::<skv_tier_stats>() as u32, ..Default::default() };
     // SAFETY: these are plain integers: all zero is a valid value.
     let (mut held, mut stats, mut rep, mut usage, mut adm) = unsafe {
@@ -146,7 +161,9 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             43 => skv_tier_step(c, ip2, up2),
             44 => skv_tier_evict(c, 1, 0, &mut ev),
             45 => skv_session_where(c, 0, 0, &mut wh),
-            _ => skv_cache_tier_stats(c, &mut ts),
+            46 => skv_cache_tier_stats(c, &mut ts),
+            47 => skv_session_export(c, 0, 0, 0, null_mut(), 0, &mut n, ip2),
+            _ => skv_session_import(c, &imp, u64s.as_ptr().cast(), 8, ip, 8, &mut n, ip2),
         }
     }
 }

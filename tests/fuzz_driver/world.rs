@@ -21,6 +21,7 @@ mod hybrid;
 mod misc;
 mod sched;
 mod tier;
+mod unit;
 
 use hybrid::dead_lo;
 
@@ -95,6 +96,8 @@ struct Side {
     top: u64,
     /// Whether the hooks installed last carry `copy_pages`.
     copy_hook: bool,
+    /// The last units skv_session_export wrote.
+    units: Vec<Vec<u8>>,
 }
 
 pub struct World {
@@ -328,6 +331,7 @@ impl World {
                 done: Default::default(),
                 top: 0,
                 copy_hook: owned,
+                units: Vec::new(),
             }
         };
         let sides = [mk(&mut rng, true), mk(&mut rng, false)];
@@ -621,6 +625,7 @@ impl World {
             80..=84 => return self.op_misc(s),
             85..=264 if self.sides[s].cfg.host_num_token_slots > 0 => return self.op_tier(s),
             85..=94 => return self.op_tier(s),
+            265..=289 => return self.op_unit(s),
             _ => {}
         }
         let k = self.rng.below(1000);
