@@ -21,13 +21,16 @@ use crate::ffi::{Cache, SHARED_NODE};
 use crate::workload::{Rng, TurnPlan};
 
 mod audit;
+mod copies;
 mod mamba;
 #[cfg(feature = "router")]
 mod multi;
+mod tier;
 mod window;
 
 #[cfg(feature = "router")]
 pub use multi::RouterMetrics;
+pub use tier::TierMetrics;
 
 use mamba::{handles_of, real, Track};
 
@@ -99,6 +102,8 @@ pub struct Metrics {
     /// The router's figures (multi-instance runs).
     #[cfg(feature = "router")]
     pub router: RouterMetrics,
+    /// The host tier's figures and the modelled time (`--host-pool-tokens`).
+    pub tier: TierMetrics,
 }
 
 struct Branch {
@@ -123,6 +128,10 @@ struct Branch {
     inst: usize,
     /// The conversation's token ids, `history` of them (multi-instance runs only).
     tokens: Vec<u32>,
+    /// The host tier's tag mirror: who wrote the slot's positions, and where the running
+    /// turn's writes start and its writer.
+    writes: copies::Writes,
+    turn_writes: (u32, u64),
 }
 
 impl Branch {
@@ -140,6 +149,8 @@ impl Branch {
             slot_seq: 0,
             inst: 0,
             tokens: Vec::new(),
+            writes: Vec::new(),
+            turn_writes: (0, 0),
         }
     }
 }
@@ -213,6 +224,9 @@ pub struct Engine<'a> {
     /// The router and its state (multi-instance runs).
     #[cfg(feature = "router")]
     fleet: Option<multi::Fleet>,
+    /// The host tier's side (`--host-pool-tokens`), and the modelled clock.
+    tier: Option<Box<tier::TierSim>>,
+    clock: tier::Clock,
     pub m: Metrics,
     bar: ProgressBar,
 }
@@ -270,12 +284,15 @@ impl<'a> Engine<'a> {
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: swa_pages * a.page_size as u64,
+            host_num_token_slots: cfg.host_pages * a.page_size as u64,
+            tier_idle_steps: if cfg.host_pages > 0 { a.tier_idle_steps } else { 0 },
+            tier_pages_per_step: if cfg.host_pages > 0 { a.tier_pages_per_step } else { 0 },
             ..Default::default()
         };
         let n = if cfg.multi { a.instances as usize } else { 1 };
         let mut inst = Vec::with_capacity(n);
         for _ in 0..n {
-            let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
+            let cache = Cache::new(&c, cfg.host_pages > 0).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
             inst.push(Instance {
                 cache,
                 shared: Vec::new(),
@@ -304,6 +321,8 @@ impl<'a> Engine<'a> {
             slots_created: 0,
             #[cfg(feature = "router")]
             fleet: None,
+            tier: (cfg.host_pages > 0).then(|| Box::new(tier::TierSim::new(pages, cfg.host_pages, a))),
+            clock: tier::Clock::default(),
             m: Metrics { total_pages: pages * n as u64, swa_total_pages: swa_pages * n as u64, ..Metrics::default() },
             bar,
         };
@@ -334,6 +353,7 @@ impl<'a> Engine<'a> {
         self.m.elapsed = start.elapsed();
         self.m.batched_requests = self.inst.iter().map(|i| i.cache.batched_requests).sum();
         r?;
+        self.tier_close()?;
         self.close_out()?;
         #[cfg(feature = "router")]
         if self.fleet.is_some() {
@@ -351,12 +371,14 @@ impl<'a> Engine<'a> {
                     .map_err(|s| unexpected("skv_pool_alloc(shared prefix)", s))?;
             }
         }
+        self.tier_start();
         loop {
             self.arrive();
             if self.open.is_empty() {
                 return Ok(());
             }
             self.tick += 1;
+            self.step_begin()?;
             for k in 0..self.inst.len() {
                 if self.inst[k].live {
                     self.cur = k;
@@ -373,6 +395,7 @@ impl<'a> Engine<'a> {
             }
             #[cfg(not(feature = "router"))]
             self.admit()?;
+            self.step_end()?;
             if self.m.turns >= self.next_audit {
                 self.audit()?;
                 self.next_audit = self.m.turns + self.cfg.args.check_every;
@@ -436,7 +459,8 @@ impl<'a> Engine<'a> {
                     return Ok(true);
                 }
                 SKV_ERR_OUT_OF_MEMORY => {
-                    if !self.evict_one()? {
+                    let evicted = if self.tier.is_some() { self.tier_evict(1)? } else { self.evict_one()? };
+                    if !evicted {
                         return Ok(false);
                     }
                 }
@@ -543,6 +567,9 @@ impl<'a> Engine<'a> {
     }
 
     fn do_match(&mut self, i: usize, b: usize, req: &mut skv_req, key_len: u32) -> Result<bool, Fault> {
+        if self.tier.is_some() {
+            return self.do_match_tier(i, b, req, key_len);
+        }
         let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
         let (want_hit, want_len) = self.expected_match(&self.open[i].branches[b], key_len);
         let mut out = skv_match { hit: 0, prefix_len: 0 };
@@ -648,6 +675,7 @@ impl<'a> Engine<'a> {
         expect_ok("skv_commit(prefill)", self.inst[self.cur].cache.commit(&mut req, n))?;
         self.m.prefilled += n as u64;
         self.m.prompt_tokens += origin as u64;
+        self.tier_prefilled(i, b, hit, origin - n);
         #[cfg(feature = "router")]
         if self.fleet.is_some() {
             // The prefill's one chunk: its tokens, from where the reuse ended (0 on a miss:
@@ -755,6 +783,9 @@ impl<'a> Engine<'a> {
                 let origin = t.req.origin_input_len;
                 self.hand_tokens(i, t.branch, &t.req, origin, target)?;
             }
+        }
+        if !aborted {
+            self.tier_finishing(i, t.branch, &t.req, target)?;
         }
         let before = self.free_pages()?;
         let what = format!("skv_cache_finished_req(session {sid}, branch {bid}, aborted {})", aborted as u32);

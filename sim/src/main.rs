@@ -32,6 +32,45 @@ fn usage_error(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// One run of the workload (with the host tier when `cfg.host_pages` > 0).
+fn run_once(cfg: &Config, bar: &ProgressBar) -> Result<report::Run, String> {
+    let mut engine = Engine::new(cfg, None, bar.clone())?;
+    let fault = engine.run().err();
+    let lat = report::latencies(engine.latency_samples());
+    Ok(report::Run { m: std::mem::take(&mut engine.m), lat, fault })
+}
+
+/// `--host-pool-tokens`: the same workload without the host tier, then with it; the run with
+/// it reported as usual, then both side by side.
+fn run_tier(cfg: &Config, bar: ProgressBar) -> ExitCode {
+    let a = &cfg.args;
+    bar.set_length(2 * a.sessions * a.turns as u64);
+    let base_cfg = Config { host_pages: 0, ..cfg.clone() };
+    let runs = match (run_once(&base_cfg, &bar), run_once(cfg, &bar)) {
+        (Ok(without), Ok(with)) => [without, with],
+        (Err(msg), _) | (_, Err(msg)) => return usage_error(&msg),
+    };
+    bar.finish_and_clear();
+    let [without, with] = &runs;
+    if a.json {
+        let j = report::json(cfg, &with.m, &with.lat, with.fault.as_deref());
+        println!("{},{}}}", j.strip_suffix('}').expect("an object"), report::tier_json(cfg, without, with));
+    } else if a.bench {
+        println!("{}", report::bench_line(&with.m, &with.lat));
+    } else {
+        print!("{}", report::table(cfg, &with.m, &with.lat, with.fault.as_deref()));
+        print!("{}", report::tier_table(cfg, without, with));
+    }
+    let mut code = ExitCode::SUCCESS;
+    for (name, r) in [("without the host tier", without), ("with the host tier", with)] {
+        if let Some(f) = &r.fault {
+            eprintln!("skv-sim: FAIL ({name}): {f}");
+            code = ExitCode::from(1);
+        }
+    }
+    code
+}
+
 fn main() -> ExitCode {
     if let Some(code) = replay::from_args() {
         return code;
@@ -64,6 +103,9 @@ fn main() -> ExitCode {
                 .expect("valid template"),
         )
     };
+    if cfg.host_pages > 0 {
+        return run_tier(&cfg, bar);
+    }
     let mut runs = Vec::new();
     for p in policies {
         let mut engine = match Engine::new(&cfg, p, bar.clone()) {

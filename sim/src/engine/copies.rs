@@ -1,0 +1,177 @@
+//! The host tier's copies as the engine runs them (`--host-pool-tokens`): one FIFO queue per
+//! direction at the modelled bandwidth, each ticket completed (`skv_ticket_done`) at the first
+//! step boundary after its modelled finish, or when a step waits for it; and a byte-tag mirror
+//! of every device and host token slot, written by the forward passes and moved by the copies
+//! when their ticket completes, against which every reused position is checked.
+
+use std::collections::BTreeMap;
+
+use skv::{SKV_COPY_TO_DEVICE, SKV_COPY_TO_HOST};
+
+use crate::ffi::CopyCall;
+
+use super::{unexpected, Engine, Fault};
+
+/// The tag a forward pass writes at `pos` of (session, branch) in the turn `writer` (0: the
+/// shared system prompt, written once by the engine's tree). Never 0, the tag of a slot
+/// nothing wrote.
+pub(super) fn tag(sid: u64, bid: u64, pos: u32, writer: u64) -> u64 {
+    let (sid, bid) = if writer == 0 { (0, 0) } else { (sid, bid) };
+    let mut z = sid.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ bid.wrapping_mul(0xC2B2_AE3D_27D4_EB4F)
+        ^ writer.wrapping_mul(0x1656_67B1_9E37_79F9)
+        ^ pos as u64;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    (z ^ (z >> 31)) | 1
+}
+
+/// The writer of each stretch of a slot's positions: `(first position, writer)`, ascending.
+pub(super) type Writes = Vec<(u32, u64)>;
+
+/// The writer of `pos`.
+pub(super) fn writer_at(w: &Writes, pos: u32) -> u64 {
+    w.iter().rev().find(|&&(from, _)| from <= pos).map_or(u64::MAX, |&(_, id)| id)
+}
+
+/// A ticket the engine has not completed yet.
+struct Open {
+    finish: f64,
+    to_host: bool,
+    copies: Vec<CopyCall>,
+}
+
+/// The copy queues and the tag mirror.
+pub(super) struct Copies {
+    pub(super) device: Vec<u64>,
+    host: Vec<u64>,
+    ps: usize,
+    page_bytes: f64,
+    bytes_per_s: f64,
+    open: BTreeMap<u64, Open>,
+    /// When each queue (to host, to device) is next free, in modelled seconds.
+    free_at: [f64; 2],
+}
+
+impl Copies {
+    pub(super) fn new(device_pages: u64, host_pages: u64, ps: u32, kv_bytes_per_token: u64, gbps: f64) -> Copies {
+        Copies {
+            device: vec![0; (device_pages * ps as u64) as usize],
+            host: vec![0; (host_pages * ps as u64) as usize],
+            ps: ps as usize,
+            page_bytes: ps as f64 * kv_bytes_per_token as f64,
+            bytes_per_s: gbps * 1e9,
+            open: BTreeMap::new(),
+            free_at: [0.0; 2],
+        }
+    }
+
+    /// The open write-backs' last modelled finish (None: none open).
+    pub(super) fn last_to_host(&self) -> Option<f64> {
+        self.open.values().filter(|o| o.to_host).map(|o| o.finish).reduce(f64::max)
+    }
+
+    pub(super) fn finish_of(&self, ticket: u64) -> Option<f64> {
+        self.open.get(&ticket).map(|o| o.finish)
+    }
+
+    pub(super) fn open_count(&self) -> usize {
+        self.open.len()
+    }
+
+    /// Applies a completed ticket's copies to the mirror, page by page.
+    fn apply(&mut self, copies: &[CopyCall]) {
+        let ps = self.ps;
+        for c in copies {
+            for (&s, &d) in c.src.iter().zip(&c.dst) {
+                let (s, d) = (s as usize * ps, d as usize * ps);
+                if c.direction == SKV_COPY_TO_HOST {
+                    self.host[d..d + ps].copy_from_slice(&self.device[s..s + ps]);
+                } else {
+                    self.device[d..d + ps].copy_from_slice(&self.host[s..s + ps]);
+                }
+            }
+        }
+    }
+}
+
+impl Engine<'_> {
+    fn copies(&mut self) -> &mut Copies {
+        &mut self.tier.as_mut().expect("host tier").copies
+    }
+
+    /// Queues the copies `copy_pages` received for `ticket`, the ticket a libskv call just
+    /// returned (0: none); a copy under any other ticket is a fault.
+    pub(super) fn enqueue(&mut self, what: &str, ticket: u64) -> Result<(), Fault> {
+        let calls = std::mem::take(&mut *self.inst[0].cache.hooks.copies.borrow_mut());
+        if let Some(c) = calls.iter().find(|c| c.ticket != ticket || ticket == 0) {
+            return Err(format!("{what}: copy_pages for ticket {} but the call returned ticket {ticket}", c.ticket));
+        }
+        if ticket == 0 {
+            return Ok(());
+        }
+        let now = self.clock.now;
+        let c = self.copies();
+        if c.open.contains_key(&ticket) {
+            return Err(format!("{what}: returned ticket {ticket}, already open"));
+        }
+        let to_host = calls.first().is_none_or(|c| c.direction == SKV_COPY_TO_HOST);
+        if calls.iter().any(|c| c.direction != SKV_COPY_TO_HOST && c.direction != SKV_COPY_TO_DEVICE) {
+            return Err(format!("{what}: copy_pages direction outside 1..=2"));
+        }
+        let pages: usize = calls.iter().map(|c| c.src.len()).sum();
+        let q = if to_host { 0 } else { 1 };
+        let finish = c.free_at[q].max(now) + pages as f64 * c.page_bytes / c.bytes_per_s;
+        c.free_at[q] = finish;
+        c.open.insert(ticket, Open { finish, to_host, copies: calls });
+        Ok(())
+    }
+
+    /// Completes, in ticket order, every open ticket whose copies are done by `t`.
+    pub(super) fn complete_due(&mut self, t: f64) -> Result<(), Fault> {
+        let due: Vec<u64> = self.copies().open.iter().filter(|(_, o)| o.finish <= t).map(|(&k, _)| k).collect();
+        for ticket in due {
+            let o = self.copies().open.remove(&ticket).expect("due ticket");
+            self.copies().apply(&o.copies);
+            let s = self.inst[0].cache.ticket_done(ticket);
+            if s != skv::skv_status::SKV_OK {
+                return Err(unexpected(&format!("skv_ticket_done({ticket})"), s));
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the tags of positions `[from, to)` of a running request's row (its forward
+    /// passes' KV), as (session `sid`, branch `bid`, turn `writer`).
+    pub(super) fn write_tags(&mut self, row: i32, sid: u64, bid: u64, from: u32, to: u32, writer: u64) -> Result<(), Fault> {
+        if from >= to {
+            return Ok(());
+        }
+        let idx = self.inst[0].cache.row_indices(row, from, to).map_err(|s| unexpected("skv_row_indices", s))?;
+        let dev = &mut self.copies().device;
+        for (p, &x) in (from..to).zip(&idx) {
+            dev[x as usize] = tag(sid, bid, p, writer);
+        }
+        Ok(())
+    }
+
+    /// Checks positions `[0, len)` of `row` against the writers the engine recorded.
+    pub(super) fn verify_tags(&mut self, what: &str, row: i32, sid: u64, bid: u64, len: u32, w: &Writes) -> Result<(), Fault> {
+        if len == 0 {
+            return Ok(());
+        }
+        let idx = self.inst[0].cache.row_indices(row, 0, len).map_err(|s| unexpected("skv_row_indices", s))?;
+        let dev = &self.tier.as_ref().expect("host tier").copies.device;
+        for (p, &x) in (0..len).zip(&idx) {
+            let want = tag(sid, bid, p, writer_at(w, p));
+            if dev[x as usize] != want {
+                return Err(format!(
+                    "{what}: position {p} of {len} (token slot {x}) holds the KV of another write ({:#x}, expected {want:#x})",
+                    dev[x as usize]
+                ));
+            }
+        }
+        self.tier.as_mut().expect("host tier").m.verified_positions += len as u64;
+        Ok(())
+    }
+}

@@ -1,0 +1,351 @@
+//! libskv's host tier in the engine (`--host-pool-tokens`; docs/simulator.md#the-host-tier):
+//! one `skv_tier_step` per step, `skv_tier_evict` under memory pressure instead of releasing
+//! idle branches, `skv_match_prefix_tier` for every match, and the modelled time of each step.
+//!
+//! The time model: a step takes `--step-ms` of decode, then its prefill tokens at
+//! `--prefill-tokens-per-s`. Copies are enqueued at the step's start; the step's prefill
+//! waits for every restore it admitted (and for any write-back an eviction had to wait on):
+//! the time it starts past the decode is the step's stall.
+
+use skv::skv_req;
+use skv::{SKV_PLACE_HOST, SKV_PLACE_NONE};
+
+use super::copies::{Copies, Writes};
+use super::{unexpected, Engine, Fault};
+
+/// The host tier's figures (the run with the tier) and the modelled time (every run).
+#[derive(Default, Clone, Copy)]
+pub struct TierMetrics {
+    /// Modelled seconds of the whole run (its steps, stalls included).
+    pub model_s: f64,
+    /// Restores: matches that hit a parked session; matches that found it parked but missed
+    /// because its device pages did not fit (libskv released the slot).
+    pub restores: u64,
+    pub restore_misses: u64,
+    /// Slots the tier released (an eviction found no host room, or a parked copy was dropped
+    /// for room), seen by the engine.
+    pub released_by_tier: u64,
+    /// Steps whose prefill waited for a copy, requests among them that waited for their
+    /// restore, evictions that waited for a write-back, and the modelled seconds waited.
+    pub stalled_steps: u64,
+    pub stalled_restores: u64,
+    pub eviction_waits: u64,
+    pub stall_s: f64,
+    /// skv_tier_evict calls, and the sessions they parked, released, or left to park when
+    /// their write-back completes.
+    pub evict_calls: u64,
+    pub evict_parked: u64,
+    pub evict_released: u64,
+    pub evict_copying: u64,
+    /// Positions checked against the tag mirror at hits.
+    pub verified_positions: u64,
+    /// skv_tier_stats at the end.
+    pub parks: u64,
+    pub unparks: u64,
+    pub writebacks: u64,
+    pub host_evictions: u64,
+    pub failed_copies: u64,
+    pub bytes_to_host: u64,
+    pub bytes_to_device: u64,
+    pub host_pages: u64,
+}
+
+/// The modelled clock (every run).
+#[derive(Default)]
+pub(super) struct Clock {
+    /// The current step's start, in modelled seconds.
+    pub(super) now: f64,
+    last_prefilled: u64,
+    /// The time the step's prefill may start, set by the copies it waits for.
+    gate: f64,
+}
+
+/// A restored request whose reused KV is checked once its restore's ticket completes.
+struct Restored {
+    sid: u64,
+    bid: u64,
+    row: i32,
+    len: u32,
+    ticket: u64,
+    writes: Writes,
+}
+
+/// The engine's side of the host tier.
+pub(super) struct TierSim {
+    pub(super) copies: Copies,
+    pub(super) m: TierMetrics,
+    restored: Vec<Restored>,
+    writers: u64,
+    host_evictions_seen: u64,
+}
+
+impl TierSim {
+    pub(super) fn new(device_pages: u64, host_pages: u64, a: &crate::cli::Args) -> TierSim {
+        TierSim {
+            copies: Copies::new(device_pages, host_pages, a.page_size, a.kv_bytes_per_token, a.copy_gbps),
+            m: TierMetrics { host_pages, ..TierMetrics::default() },
+            restored: Vec::new(),
+            writers: 0,
+            host_evictions_seen: 0,
+        }
+    }
+}
+
+impl Engine<'_> {
+    fn sim(&mut self) -> &mut TierSim {
+        self.tier.as_mut().expect("host tier")
+    }
+
+    /// The shared system prompt's tags, written once (its pages never move).
+    pub(super) fn tier_start(&mut self) {
+        let shared = self.inst[0].shared.clone();
+        if let Some(t) = self.tier.as_mut() {
+            for (p, &x) in shared.iter().enumerate() {
+                t.copies.device[x as usize] = super::copies::tag(0, 0, p as u32, 0);
+            }
+        }
+    }
+
+    /// A step boundary: the copies done by now complete, and the policy's clock ticks.
+    pub(super) fn step_begin(&mut self) -> Result<(), Fault> {
+        self.clock.gate = self.clock.now + self.cfg.args.step_ms / 1000.0;
+        if self.tier.is_none() {
+            return Ok(());
+        }
+        self.complete_due(self.clock.now)?;
+        let (_, ticket) = self.inst[0].cache.tier_step().map_err(|s| unexpected("skv_tier_step", s))?;
+        self.enqueue("skv_tier_step", ticket)?;
+        self.note_tier_releases(0)
+    }
+
+    /// The step's forward pass: its prefill waits for the restores it admitted; the reused KV
+    /// of each is checked once its copy completed; the clock moves on.
+    pub(super) fn step_end(&mut self) -> Result<(), Fault> {
+        let decode_end = self.clock.now + self.cfg.args.step_ms / 1000.0;
+        if self.tier.is_some() {
+            let restored = std::mem::take(&mut self.sim().restored);
+            let mut waited = 0;
+            for r in &restored {
+                if let Some(f) = self.sim().copies.finish_of(r.ticket) {
+                    waited += (f > decode_end) as u64;
+                    self.clock.gate = self.clock.gate.max(f);
+                }
+            }
+            self.complete_due(self.clock.gate)?;
+            for r in &restored {
+                // A request preempted since its match let its row go; nothing reads its KV.
+                let running = self.open.iter().any(|s| {
+                    s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.req.req_pool_idx == r.row)
+                });
+                if !running {
+                    continue;
+                }
+                let what = format!("restore of session {} branch {}", r.sid, r.bid);
+                self.verify_tags(&what, r.row, r.sid, r.bid, r.len, &r.writes)?;
+            }
+            let stall = self.clock.gate - decode_end;
+            let m = &mut self.sim().m;
+            m.stalled_restores += waited;
+            if stall > 0.0 {
+                m.stalled_steps += 1;
+                m.stall_s += stall;
+            }
+        }
+        let prefilled = self.m.prefilled - self.clock.last_prefilled;
+        self.clock.last_prefilled = self.m.prefilled;
+        self.clock.now = self.clock.gate.max(decode_end) + prefilled as f64 / self.cfg.args.prefill_tokens_per_s;
+        self.m.tier.model_s = self.clock.now;
+        Ok(())
+    }
+
+    /// Frees at least `pages` device pages with skv_tier_evict (waiting for the write-backs
+    /// whose pages drain when that is all it could do). Ok(false): nothing left to evict.
+    pub(super) fn tier_evict(&mut self, pages: u64) -> Result<bool, Fault> {
+        let out = self.inst[0].cache.tier_evict(pages).map_err(|s| unexpected("skv_tier_evict", s))?;
+        self.enqueue("skv_tier_evict", out.ticket)?;
+        let m = &mut self.sim().m;
+        m.evict_calls += 1;
+        m.evict_parked += out.parked as u64;
+        m.evict_released += out.released as u64;
+        m.evict_copying += out.copying as u64;
+        self.m.evictions += (out.parked + out.released + out.copying) as u64;
+        self.m.freed_evict += out.freed_pages + out.draining_pages;
+        self.note_tier_releases(out.released as u64)?;
+        if out.freed_pages > 0 {
+            return Ok(true);
+        }
+        // Pages that drain come back when their write-back completes: the engine waits for it
+        // (in the model, its step's prefill does).
+        let Some(done) = self.sim().copies.last_to_host() else { return Ok(false) };
+        self.sim().m.eviction_waits += 1;
+        self.clock.gate = self.clock.gate.max(done);
+        self.complete_due(done)?;
+        Ok(true)
+    }
+
+    /// After a tier call that may have released slots (`released` by an eviction, or parked
+    /// copies dropped for host room): the engine's mirror forgets them, each checked with
+    /// skv_session_where.
+    fn note_tier_releases(&mut self, released: u64) -> Result<(), Fault> {
+        let st = self.inst[0].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
+        let dropped = st.host_evictions - self.sim().host_evictions_seen;
+        self.sim().host_evictions_seen = st.host_evictions;
+        if released == 0 && dropped == 0 {
+            return Ok(());
+        }
+        let mut gone = 0;
+        for i in 0..self.open.len() {
+            for b in 0..self.open[i].branches.len() {
+                let (s, br) = (&self.open[i], &self.open[i].branches[b]);
+                if !br.has_slot || s.busy == Some(b) {
+                    continue;
+                }
+                let w = self.inst[0].cache.session_where(s.id, br.id).map_err(|e| unexpected("skv_session_where", e))?;
+                if w.place == SKV_PLACE_NONE {
+                    self.open[i].branches[b].has_slot = false;
+                    gone += 1;
+                }
+            }
+        }
+        if gone < released || gone > released + dropped {
+            return Err(format!(
+                "the host tier released {gone} idle slots; its calls said {released} released and {dropped} host copies dropped"
+            ));
+        }
+        self.sim().m.released_by_tier += gone;
+        Ok(())
+    }
+
+    /// `skv_match_prefix_tier`, checked against the engine's mirror: a slot on the device hits
+    /// as skv_match_prefix would; a parked one is restored (the engine evicts first so that
+    /// its pages fit) under a ticket, its KV checked once the copy completed.
+    pub(super) fn do_match_tier(&mut self, i: usize, b: usize, req: &mut skv_req, key_len: u32) -> Result<bool, Fault> {
+        let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
+        let what = format!("skv_match_prefix_tier(session {sid}, branch {bid})");
+        let retry = req.req_pool_idx >= 0;
+        let (want_hit, want_len) = self.expected_match(&self.open[i].branches[b], key_len);
+        let w = self.inst[0].cache.session_where(sid, bid).map_err(|s| unexpected("skv_session_where", s))?;
+        let has_slot = self.open[i].branches[b].has_slot;
+        if has_slot != (w.place != SKV_PLACE_NONE) {
+            return Err(format!("{what}: skv_session_where place {}, the engine expects a slot: {has_slot}", w.place));
+        }
+        let parked = w.place == SKV_PLACE_HOST;
+        let ps = self.cfg.args.page_size;
+        let protected_pages = self.open[i].branches[b].protected.div_ceil(ps);
+        let restore_pages =
+            w.tokens.min(want_len.div_ceil(ps) * ps).div_ceil(ps).saturating_sub(protected_pages) as u64;
+        if parked && want_hit {
+            loop {
+                let free = self.free_pages()?;
+                if free >= restore_pages || !self.tier_evict(restore_pages - free)? {
+                    break;
+                }
+            }
+            // Room for another write-back may have dropped this session's host copy.
+            let now = self.inst[0].cache.session_where(sid, bid).map_err(|s| unexpected("skv_session_where", s))?;
+            if now.place == SKV_PLACE_NONE {
+                self.open[i].branches[b].has_slot = false;
+                self.sim().m.released_by_tier += 1;
+                return self.do_match_tier(i, b, req, key_len);
+            }
+        }
+        let before = self.free_pages()?;
+        let m = self.inst[0].cache.match_prefix_tier(sid, bid, req, key_len).map_err(|s| unexpected(&what, s))?;
+        self.enqueue(&what, m.ticket)?;
+        let after = self.free_pages()?;
+        let hit = m.hit == 1;
+        let short = parked && before < restore_pages;
+        let ok_hit = if short { !hit } else { hit == want_hit };
+        if !ok_hit || (hit && (m.prefix_len != want_len || req.kv_allocated_len != want_len)) {
+            return Err(format!(
+                "{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len} (parked {parked}, {before} pages free for a restore of {restore_pages})",
+                m.hit, m.prefix_len, req.kv_allocated_len, want_hit as u32
+            ));
+        }
+        let restored = parked && hit;
+        if (m.restored_pages as u64, m.ticket != 0) != (restore_pages * restored as u64, restored && restore_pages > 0) {
+            return Err(format!(
+                "{what}: restored {} pages under ticket {}, expected {} pages (parked {parked}, hit {hit}, retry {retry})",
+                m.restored_pages,
+                m.ticket,
+                restore_pages * restored as u64
+            ));
+        }
+        self.m.freed_tail += (after + m.restored_pages as u64).saturating_sub(before);
+        let br = &mut self.open[i].branches[b];
+        if br.has_slot && !hit {
+            br.has_slot = false;
+            if parked {
+                self.sim().m.restore_misses += 1;
+            } else {
+                self.m.aligned_releases += 1;
+            }
+        }
+        if !hit || retry {
+            return Ok(hit);
+        }
+        let writes = self.open[i].branches[b].writes.clone();
+        if restored {
+            self.sim().m.restores += 1;
+            let r = Restored { sid, bid, row: req.req_pool_idx, len: want_len, ticket: m.ticket, writes };
+            self.sim().restored.push(r);
+            return Ok(true);
+        }
+        self.verify_tags(&what, req.req_pool_idx, sid, bid, want_len, &writes)?;
+        Ok(true)
+    }
+
+    /// A turn's prefill committed from `from` (its reused prefix, or the shared prompt on a
+    /// miss): the turn's writer, recorded with the branch until its finish.
+    pub(super) fn tier_prefilled(&mut self, i: usize, b: usize, hit: bool, from: u32) {
+        let Some(t) = self.tier.as_mut() else { return };
+        t.writers += 1;
+        let br = &mut self.open[i].branches[b];
+        if !hit {
+            br.writes = if from > 0 { vec![(0, 0)] } else { Vec::new() };
+        }
+        br.turn_writes = (from, t.writers);
+    }
+
+    /// A finishing turn's KV, `[from, end)` of its row, written to the mirror before libskv
+    /// stores the slot.
+    pub(super) fn tier_finishing(&mut self, i: usize, b: usize, req: &skv_req, end: u32) -> Result<(), Fault> {
+        if self.tier.is_none() {
+            return Ok(());
+        }
+        let (sid, br) = (self.open[i].id, &mut self.open[i].branches[b]);
+        let (from, writer) = br.turn_writes;
+        br.writes.retain(|&(p, _)| p < from);
+        br.writes.push((from, writer));
+        let bid = br.id;
+        self.write_tags(req.req_pool_idx, sid, bid, from, end, writer)
+    }
+
+    /// After the last session closed: every copy completes and libskv has no ticket open.
+    pub(super) fn tier_close(&mut self) -> Result<(), Fault> {
+        if self.tier.is_none() {
+            return Ok(());
+        }
+        self.complete_due(f64::INFINITY)?;
+        let st = self.inst[0].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
+        if st.open_tickets != 0 || self.sim().copies.open_count() != 0 {
+            return Err(format!("{} tickets open at the end (every copy the engine ran completed)", st.open_tickets));
+        }
+        let kvb = self.cfg.args.page_size as u64 * self.cfg.args.kv_bytes_per_token;
+        let m = &mut self.sim().m;
+        (m.parks, m.unparks, m.writebacks, m.host_evictions, m.failed_copies) =
+            (st.parks, st.unparks, st.writebacks, st.host_evictions, st.failed_copies);
+        (m.bytes_to_host, m.bytes_to_device) = (st.pages_to_host * kvb, st.pages_to_device * kvb);
+        if st.host_free_pages + 1 != st.host_total_pages {
+            return Err(format!(
+                "host pool: {} of {} pages free after every session closed",
+                st.host_free_pages,
+                st.host_total_pages - 1
+            ));
+        }
+        let model_s = self.m.tier.model_s;
+        self.m.tier = self.sim().m;
+        self.m.tier.model_s = model_s;
+        Ok(())
+    }
+}
