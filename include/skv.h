@@ -528,7 +528,8 @@ typedef struct skv_match {
  */
 typedef struct skv_held {
   /**
-   * Sum over idle slots of ceil_align(allocated) - protected.
+   * Sum over idle slots of ceil_align(allocated) - protected (a parked slot's are in the host
+   * tier: 0 here).
    */
   uint64_t full_tokens;
   /**
@@ -608,7 +609,8 @@ typedef struct skv_admission {
   /**
    * Pages skv_alloc_extend would take from the free list to grow the request from
    * prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
-   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+   * prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer). A
+   * parked session's hit (skv_match_prefix_tier) also counts the pages its restore maps.
    */
   uint64_t pages_needed;
   /**
@@ -888,7 +890,7 @@ typedef struct skv_where {
 } skv_where;
 
 /**
- * The host tier and the tickets (skv_tier_stats); without a host tier only the ticket
+ * The host tier and the tickets (skv_cache_tier_stats); without a host tier only the ticket
  * fields are filled.
  */
 typedef struct skv_tier_stats {
@@ -1295,9 +1297,9 @@ typedef struct skv_api {
                                    uint64_t branch_id,
                                    struct skv_where *out);
   /**
-   * Same as skv_tier_stats.
+   * Same as skv_cache_tier_stats.
    */
-  enum skv_status (*tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
+  enum skv_status (*cache_tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1921,7 +1923,8 @@ enum skv_status skv_match_prefix_tier(struct skv_cache *c,
  * copied them go back; a write-back's session is clean (and parks if an eviction asked); a
  * failed copy loses nothing (docs/tiers.md#completing-a-ticket).
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_CALLBACK
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_ticket_done(struct skv_cache *c, uint64_t ticket, int32_t status);
 
@@ -1930,8 +1933,8 @@ enum skv_status skv_ticket_done(struct skv_cache *c, uint64_t ticket, int32_t st
  * pages past the protected prefix go now if its host copy is clean (`*ticket` 0), else once
  * the write-back this starts completes (`*ticket`).
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
- *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_session_park(struct skv_cache *c,
                                  uint64_t session_id,
@@ -1943,7 +1946,8 @@ enum skv_status skv_session_park(struct skv_cache *c,
  * tier_idle_steps start writing back, at most tier_pages_per_step pages (the first session
  * always); `*pages` receives the pages queued and `*ticket` their ticket (0: none).
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_tier_step(struct skv_cache *c, uint64_t *pages, uint64_t *ticket);
 
@@ -1952,7 +1956,8 @@ enum skv_status skv_tier_step(struct skv_cache *c, uint64_t *pages, uint64_t *ti
  * first, until `pages` are freed or draining (docs/tiers.md#eviction). `flags`:
  * SKV_EVICT_NO_COPY or 0. `*out` says what went and the write-back's ticket.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_tier_evict(struct skv_cache *c,
                                uint64_t pages,
@@ -1963,7 +1968,7 @@ enum skv_status skv_tier_evict(struct skv_cache *c,
  * Where the KV of (session_id, branch_id) is: `*out` (place SKV_PLACE_NONE when it has no
  * slot). Changes nothing.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_session_where(const struct skv_cache *c,
                                   uint64_t session_id,
@@ -1974,9 +1979,9 @@ enum skv_status skv_session_where(const struct skv_cache *c,
  * The host tier's pools and counters, and the open tickets (both modes; without a host tier
  * the host fields are 0). Changes nothing.
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
-enum skv_status skv_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
+enum skv_status skv_cache_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
 
 #ifdef __cplusplus
 }  // extern "C"

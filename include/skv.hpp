@@ -139,6 +139,14 @@ class EngineHooks {
   /// Free one engine auxiliary-state handle (e.g. a mamba pool slot or a track entry; never
   /// -1), in the order aux_state, aux_track[0], aux_track[1].
   virtual void free_aux(int64_t /*aux*/) {}
+  /// Enqueue the host tier's copies of `ticket` (skv_copy_pages_fn, docs/tiers.md): src[i] to
+  /// dst[i], n_full pairs in the full pools then n_swa in the SWA pools. The default throws: a
+  /// handle with a host tier needs an override (the libskv call then reports SKV_ERR_CALLBACK
+  /// and changes nothing).
+  virtual void copy_pages(uint64_t /*ticket*/, uint32_t /*direction*/, const int32_t * /*src*/,
+                          const int32_t * /*dst*/, std::size_t /*n_full*/, std::size_t /*n_swa*/) {
+    throw std::logic_error("skv::EngineHooks::copy_pages is not overridden");
+  }
 };
 
 /// External mode's engine pools (skv_pool_ops) as an interface, with EngineHooks' two
@@ -189,6 +197,11 @@ struct Trampolines {
   static int free_aux(void *self, int64_t aux) noexcept {
     return guarded([&] { static_cast<T *>(self)->free_aux(aux); });
   }
+  static int copy_pages(void *self, uint64_t ticket, uint32_t direction, const int32_t *src,
+                        const int32_t *dst, std::size_t n_full, std::size_t n_swa) noexcept {
+    return guarded(
+        [&] { static_cast<T *>(self)->copy_pages(ticket, direction, src, dst, n_full, n_swa); });
+  }
   static int free_kv_segment(void *self, int32_t row, uint32_t first_pos, const int32_t *indices,
                              std::size_t n, uint32_t pools) noexcept {
     return guarded(
@@ -233,6 +246,7 @@ inline skv_engine_hooks engine_hooks_for(EngineHooks & /*hooks*/) noexcept {
   c.struct_size = sizeof(skv_engine_hooks);
   c.dec_lock_ref = &T::dec_lock_ref;
   c.free_aux = &T::free_aux;
+  c.copy_pages = &T::copy_pages;
   return c;
 }
 
@@ -407,6 +421,56 @@ class Cache {
   /// A matched request that never ran goes back to its idle slot (skv_hand_back).
   void hand_back(uint64_t session_id, uint64_t branch_id, Req &req) {
     detail::call([&] { return skv_hand_back(handle_, session_id, branch_id, req.get()); });
+  }
+
+  // The host tier and tickets (docs/tiers.md; owned mode with host_num_token_slots, except
+  // ticket_done, session_where and tier_stats)
+
+  /// skv_match_prefix_tier: a parked session is restored; wait for the returned ticket
+  /// before the forward pass reads the KV.
+  skv_tier_match match_prefix_tier(uint64_t session_id, uint64_t branch_id, Req &req,
+                                   uint32_t key_len, bool pre_aborted = false) {
+    skv_tier_match out{};
+    out.struct_size = sizeof out;
+    detail::call([&] {
+      return skv_match_prefix_tier(handle_, session_id, branch_id, req.get(), key_len,
+                                   pre_aborted ? 1 : 0, &out);
+    });
+    return out;
+  }
+  /// The copies of `ticket` ran (status 0) or failed (skv_ticket_done).
+  void ticket_done(uint64_t ticket, int32_t status = 0) {
+    detail::call([&] { return skv_ticket_done(handle_, ticket, status); });
+  }
+  /// Parks an idle session (skv_session_park); returns the write-back's ticket, 0 if none.
+  uint64_t session_park(uint64_t session_id, uint64_t branch_id) {
+    uint64_t ticket = 0;
+    detail::call([&] { return skv_session_park(handle_, session_id, branch_id, &ticket); });
+    return ticket;
+  }
+  /// One tick of the policy (skv_tier_step): {pages queued, their ticket}.
+  std::pair<uint64_t, uint64_t> tier_step() {
+    uint64_t pages = 0, ticket = 0;
+    detail::call([&] { return skv_tier_step(handle_, &pages, &ticket); });
+    return {pages, ticket};
+  }
+  skv_tier_evicted tier_evict(uint64_t pages, uint32_t flags = 0) {
+    skv_tier_evicted out{};
+    out.struct_size = sizeof out;
+    detail::call([&] { return skv_tier_evict(handle_, pages, flags, &out); });
+    return out;
+  }
+  skv_where session_where(uint64_t session_id, uint64_t branch_id) const {
+    skv_where out{};
+    out.struct_size = sizeof out;
+    detail::call([&] { return skv_session_where(handle_, session_id, branch_id, &out); });
+    return out;
+  }
+  skv_tier_stats tier_stats() const {
+    skv_tier_stats out{};
+    out.struct_size = sizeof out;
+    detail::call([&] { return skv_cache_tier_stats(handle_, &out); });
+    return out;
   }
 
   // KV events (docs/events.md; a libskv built without the `events` feature throws

@@ -125,7 +125,8 @@ pub unsafe extern "C" fn skv_match_prefix_tier(
 /// copied them go back; a write-back's session is clean (and parks if an eviction asked); a
 /// failed copy loses nothing (docs/tiers.md#completing-a-ticket).
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_CALLBACK
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_ticket_done(c: *mut skv_cache, ticket: u64, status: i32) -> skv_status {
     export!(
@@ -146,8 +147,8 @@ pub unsafe extern "C" fn skv_ticket_done(c: *mut skv_cache, ticket: u64, status:
 /// pages past the protected prefix go now if its host copy is clean (`*ticket` 0), else once
 /// the write-back this starts completes (`*ticket`).
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND, SKV_ERR_STATE,
-///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_park(
     c: *mut skv_cache,
@@ -168,6 +169,7 @@ pub unsafe extern "C" fn skv_session_park(
             cache.take_deferred()
         },
         |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
             t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
         },
     )
@@ -177,7 +179,8 @@ pub unsafe extern "C" fn skv_session_park(
 /// tier_idle_steps start writing back, at most tier_pages_per_step pages (the first session
 /// always); `*pages` receives the pages queued and `*ticket` their ticket (0: none).
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_tier_step(c: *mut skv_cache, pages: *mut u64, ticket: *mut u64) -> skv_status {
     export!(
@@ -195,6 +198,7 @@ pub unsafe extern "C" fn skv_tier_step(c: *mut skv_cache, pages: *mut u64, ticke
             cache.take_deferred()
         },
         |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
             t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
         },
     )
@@ -204,7 +208,8 @@ pub unsafe extern "C" fn skv_tier_step(c: *mut skv_cache, pages: *mut u64, ticke
 /// first, until `pages` are freed or draining (docs/tiers.md#eviction). `flags`:
 /// SKV_EVICT_NO_COPY or 0. `*out` says what went and the write-back's ticket.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_tier_evict(
     c: *mut skv_cache,
@@ -236,7 +241,7 @@ pub unsafe extern "C" fn skv_tier_evict(
 /// Where the KV of (session_id, branch_id) is: `*out` (place SKV_PLACE_NONE when it has no
 /// slot). Changes nothing.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_where(
     c: *const skv_cache,
@@ -262,11 +267,11 @@ pub unsafe extern "C" fn skv_session_where(
 /// The host tier's pools and counters, and the open tickets (both modes; without a host tier
 /// the host fields are 0). Changes nothing.
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
 #[no_mangle]
-pub unsafe extern "C" fn skv_tier_stats(c: *const skv_cache, out: *mut crate::core::TierStats) -> skv_status {
+pub unsafe extern "C" fn skv_cache_tier_stats(c: *const skv_cache, out: *mut crate::core::TierStats) -> skv_status {
     export!(
-        skv_tier_stats,
+        skv_cache_tier_stats,
         c,
         |_t| {},
         // SAFETY: c and out are NULL or valid (the contract above); lock and versioned_out

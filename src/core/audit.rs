@@ -10,11 +10,12 @@ use super::owned::{OwnedPool, SwaSide};
 use super::page::pages_for;
 use super::records::Report;
 use super::req::swa_dead;
+use super::slots::Place;
 
 impl Report {
     /// Counts a violation; the first one's text goes into `first_violation`, cut to 255 bytes
     /// and NUL-terminated (the rest of the array stays 0).
-    fn violation(&mut self, what: impl FnOnce() -> String) {
+    pub(crate) fn violation(&mut self, what: impl FnOnce() -> String) {
         if self.violations == 0 {
             let text = what();
             for (t, b) in self.first_violation.iter_mut().zip(text.bytes().take(255)) {
@@ -36,9 +37,10 @@ impl Cache {
         let pool = self.owned_pool()?;
         let mut rep = Report::default();
         let (maps, owners) = count_row_maps(pool, self.cfg.page_size, &mut rep)?;
-        let on_list = check_free_list(pool.allocator(), &mut rep)?;
+        let on_list = check_free_list(pool, &mut rep)?;
         check_page_states(pool.allocator(), &maps, &owners, &on_list, &mut rep);
         self.check_slots(pool, &mut rep);
+        self.check_tier(&mut rep)?;
         self.check_slot_handles(&mut rep);
         if let Some(s) = pool.swa.as_ref() {
             check_swa(pool, s, &mut rep)?;
@@ -51,7 +53,7 @@ impl Cache {
     /// every other position past its protected prefix.
     fn check_slot_windows(&self, pool: &OwnedPool, s: &SwaSide, rep: &mut Report) {
         let ps = self.cfg.page_size;
-        for (row, slot) in self.slots.iter().filter(|(_, s)| !s.in_flight) {
+        for (row, slot) in self.slots.iter().filter(|(_, s)| !s.in_flight && s.place != Place::Parked) {
             let Some(r) = pool.in_use(row) else { continue };
             let (lo, hi) = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
             let ids = &s.rows[row as usize].ids;
@@ -109,7 +111,19 @@ impl Cache {
         for (row, s) in self.slots.iter() {
             match pool.in_use(row) {
                 None => rep.violation(|| format!("session {} branch {} holds unused row {row}", s.session, s.branch)),
-                Some(r) if !s.in_flight && (r.len != s.allocated || r.protected != s.protected) => {
+                // A parked slot's row maps its protected prefix only (its KV is in the host tier).
+                Some(r) if s.place == Place::Parked && (r.len != s.protected || r.protected != s.protected) => rep
+                    .violation(|| {
+                        format!(
+                            "parked slot of session {} records a {}-token prefix, row {row} maps {}/{}",
+                            s.session, s.protected, r.len, r.protected
+                        )
+                    }),
+                Some(r)
+                    if !s.in_flight
+                        && s.place != Place::Parked
+                        && (r.len != s.allocated || r.protected != s.protected) =>
+                {
                     rep.violation(|| {
                         format!(
                             "idle slot of session {} records {}/{} tokens, row {row} maps {}/{}",
@@ -226,10 +240,11 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
             Some(false) => {}
         }
     };
-    for &id in s.alloc.free_stack() {
-        mark(id, &|| "the SWA free list".into(), rep);
+    let drained: Vec<u32> = pool.pins.drained_pages().flat_map(|d| d.swa.iter().copied()).collect();
+    for &id in s.alloc.free_stack().chain(&drained) {
+        mark(id, &|| "the SWA free list or a drain".into(), rep);
     }
-    rep.swa_pages_free = s.alloc.free_pages() as u64;
+    rep.swa_pages_free = s.alloc.free_pages() as u64 + drained.len() as u64;
     let mut in_use = 0u64;
     for (p, &id) in s.held.iter().enumerate() {
         if pool.allocator().held_maps(p as u32).is_some() {
@@ -277,9 +292,12 @@ fn check_swa(pool: &OwnedPool, s: &SwaSide, rep: &mut Report) -> Result<()> {
 
 /// The free list holds each page at most once, and only pages in the pool past page 0 that
 /// are not engine-held; returns, per page, whether the list holds it.
-fn check_free_list(alloc: &PageAllocator, rep: &mut Report) -> Result<Vec<bool>> {
+fn check_free_list(pool: &OwnedPool, rep: &mut Report) -> Result<Vec<bool>> {
+    let alloc = pool.allocator();
     let mut on_list = try_vec(alloc.total_pages() as usize, "the audit's free-list marks", |_| false)?;
-    for &p in alloc.free_stack() {
+    // A draining page is free once its ticket completes: it counts with the free pages.
+    let drained = pool.pins.drained_pages().flat_map(|d| d.full.iter());
+    for &p in alloc.free_stack().chain(drained) {
         let ok = p != 0 && alloc.held_maps(p).is_none();
         match on_list.get_mut(p as usize) {
             Some(m) if ok && !*m => *m = true,

@@ -11,6 +11,7 @@
 
 mod alloc;
 mod audit;
+mod audit_tier;
 mod batch;
 mod batch_prefetch;
 mod cache;

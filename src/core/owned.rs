@@ -566,7 +566,7 @@ impl Pool for OwnedPool {
     fn apply(&mut self, effects: &[Effect]) -> Result<()> {
         let mut failures = Vec::new();
         for (i, e) in effects.iter().enumerate() {
-            if !self.pins.is_empty() && e.row().is_some_and(|r| self.rows[r as usize].meta.pinned) {
+            if !self.pins.is_empty() && e.freed_row().is_some_and(|r| self.rows[r as usize].meta.pinned) {
                 self.apply_pinned(e);
                 continue;
             }

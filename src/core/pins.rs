@@ -57,7 +57,7 @@ impl Pins {
     /// The first pinned row whose free `effects` name, with its ticket (external mode
     /// refuses the call).
     pub(crate) fn first_pinned(&self, effects: &[Effect]) -> Option<(u32, u64)> {
-        effects.iter().filter_map(Effect::row).find_map(|r| Some((r, self.ticket_of(r)?)))
+        effects.iter().filter_map(Effect::freed_row).find_map(|r| Some((r, self.ticket_of(r)?)))
     }
 }
 
@@ -79,7 +79,7 @@ impl OwnedPool {
     /// Host memory for the drains `effects` may fill (before anything changes).
     #[cold]
     pub(crate) fn reserve_drains(&mut self, effects: &[Effect]) -> Result<()> {
-        for row in effects.iter().filter_map(Effect::row) {
+        for row in effects.iter().filter_map(Effect::freed_row) {
             let Some(t) = self.pins.ticket_of(row) else { continue };
             let n = self.in_use(row).map_or(0, |r| r.pages.len());
             let d = self.pins.drains.entry(t).or_default();
@@ -96,7 +96,7 @@ impl OwnedPool {
     #[cold]
     #[inline(never)]
     pub(crate) fn apply_pinned(&mut self, e: &Effect) {
-        let row = e.row().expect("a pinned effect names a row");
+        let row = e.freed_row().expect("a pinned effect names a row");
         let t = self.pins.ticket_of(row).expect("the row is pinned");
         let swa_free = |p: &Self| p.swa.as_ref().map_or(0, |s| s.alloc.free_pages());
         let (full0, swa0) = (self.pages.free_pages(), swa_free(self));

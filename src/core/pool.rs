@@ -26,7 +26,7 @@ pub enum Effect {
 impl Effect {
     /// The row the effect frees from, if it frees KV.
     #[inline(always)]
-    pub fn row(&self) -> Option<u32> {
+    pub fn freed_row(&self) -> Option<u32> {
         match *self {
             Effect::FreeKv { row, .. } | Effect::FreeSwa { row, .. } | Effect::FreeRow { row } => Some(row),
             Effect::DecLockRef { .. } | Effect::FreeAux { .. } => None,

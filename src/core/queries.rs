@@ -6,7 +6,7 @@ use super::cache::Cache;
 use super::error::{bail, Result};
 use super::page::pages_for;
 use super::records::{Admission, Usage};
-use super::slots::Slot;
+use super::slots::{Place, Slot};
 
 impl Cache {
     /// What `(session, branch)` holds (`branch` None: every branch of the session).
@@ -37,13 +37,13 @@ impl Cache {
         self.pool.mapped_len(row).unwrap_or(s.allocated)
     }
 
-    /// The idle slots, least recently finished first, into `out` (up to its length); returns
-    /// how many idle slots there are.
+    /// The idle slots on the device (parked ones hold no device KV to evict), least recently
+    /// finished first, into `out` (up to its length); returns how many there are.
     pub fn idle_lru(&self, out: &mut [(u64, u64)]) -> usize {
         let mut idle: Vec<(u64, u64, u64)> = self
             .slots
             .iter()
-            .filter(|(_, s)| !s.in_flight)
+            .filter(|(_, s)| !s.in_flight && s.place != Place::Parked)
             .map(|(_, s)| (s.finished_at, s.session, s.branch))
             .collect();
         idle.sort_unstable();
@@ -77,6 +77,15 @@ impl Cache {
             );
         }
         let held = pages_for(self.held_len(row, slot), ps) as u64;
+        if slot.place == Place::Parked {
+            // A restore maps new pages past the prefix that stayed on the device; nothing is freed.
+            let hit = self.reusable_prefix(slot, key_len)?;
+            let on_device = pages_for(slot.protected, ps) as u64;
+            return Ok(match hit {
+                None => Admission { pages_needed: whole, ..Admission::default() },
+                Some(prefix_len) => Admission { hit: 1, prefix_len, pages_needed: whole - on_device, pages_freed: 0 },
+            });
+        }
         match self.reusable_prefix(slot, key_len)? {
             None => Ok(Admission {
                 pages_needed: whole,

@@ -20,7 +20,8 @@ pub struct Match {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Held {
-    /// Sum over idle slots of ceil_align(allocated) - protected.
+    /// Sum over idle slots of ceil_align(allocated) - protected (a parked slot's are in the host
+    /// tier: 0 here).
     pub full_tokens: u64,
     /// Sum over idle slots of ceil_align(allocated) - protected - max(0, swa_evicted_seqlen -
     /// swa_dead_lo): what the window freed lies in [swa_dead_lo, swa_evicted_seqlen) only
@@ -70,7 +71,8 @@ pub struct Admission {
     pub prefix_len: u32,
     /// Pages skv_alloc_extend would take from the free list to grow the request from
     /// prefix_len to total_len tokens (a miss: all of ceil(total_len / page_size); a
-    /// prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer).
+    /// prefix-tree hit through skv_map_prefix, which libskv cannot foresee, needs fewer). A
+    /// parked session's hit (skv_match_prefix_tier) also counts the pages its restore maps.
     pub pages_needed: u64,
     /// Pages the match itself would free first: a tail past the reused prefix, or the whole
     /// slot past its protected prefix when SKV_FLAG_ALIGNED_REUSE drops it.
@@ -209,7 +211,7 @@ pub struct Where {
     pub ticket: u64,
 }
 
-/// The host tier and the tickets (skv_tier_stats); without a host tier only the ticket
+/// The host tier and the tickets (skv_cache_tier_stats); without a host tier only the ticket
 /// fields are filled.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -435,6 +435,13 @@ impl Cache {
             if active.binary_search(&(row as i32)).is_ok() {
                 continue;
             }
+            h.rows += 1;
+            h.aux_states += (s.aux != -1) as u64;
+            h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
+            if s.place == Place::Parked {
+                // Its KV is in the host tier: only the row and its recurrent state stay here.
+                continue;
+            }
             let end = ceil_align(s.allocated, ps);
             h.full_tokens += end - s.protected as u64;
             // sglang's kv_private_swa_tokens: the window frees only [swa_dead_lo, swa);
@@ -443,9 +450,6 @@ impl Cache {
             // length the slot recorded at the hit: such a slot holds no SWA tokens of its own.
             let window_freed = s.swa.saturating_sub(swa_dead_lo(s.protected, s.swa_floor, ps));
             h.swa_tokens += (end - s.protected as u64).saturating_sub(window_freed as u64);
-            h.rows += 1;
-            h.aux_states += (s.aux != -1) as u64;
-            h.aux_handles += s.aux_handles().iter().filter(|&&a| a != -1).count() as u64;
         }
         Ok(h)
     }

@@ -55,11 +55,6 @@ impl Tickets {
         self.open.len()
     }
 
-    /// Every open ticket, oldest first.
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, &Pending)> + '_ {
-        self.open.iter().map(|(&t, p)| (t, p))
-    }
-
     /// The open ticket `ticket`, or why `skv_ticket_done` refuses it.
     pub(crate) fn check(&self, ticket: u64) -> Result<&Pending> {
         if ticket == 0 || ticket > self.last {

@@ -140,10 +140,6 @@ impl HostCopy {
     pub(crate) fn exists(&self) -> bool {
         !self.full.is_empty()
     }
-
-    pub(crate) fn pages(&self) -> (usize, usize) {
-        (self.full.len(), self.swa.iter().filter(|&&p| p != 0).count())
-    }
 }
 
 /// The counters `skv_tier_stats` reports.

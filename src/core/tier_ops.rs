@@ -51,11 +51,13 @@ struct Plan {
     copies: Copies,
     /// Where `host_lru`'s walk for victims stands.
     lru_at: usize,
+    /// Rows the call parks or releases itself: never victims.
+    used: Vec<u32>,
 }
 
 impl Plan {
     fn has(&self, row: u32) -> bool {
-        self.writes.iter().any(|w| w.row == row) || self.victims.iter().any(|v| v.0 == row)
+        self.writes.iter().any(|w| w.row == row) || self.victims.iter().any(|v| v.0 == row) || self.used.contains(&row)
     }
 }
 
@@ -275,8 +277,13 @@ impl Cache {
         let mut plan = Plan::default();
         let mut at = 0;
         let mut pages = 0;
-        while budget > 0 {
-            let Some(&(fin, row)) = self.tier_ref()?.writeback.get(at) else { break };
+        if budget > 0 {
+            self.require_copy()?;
+        }
+        // With no budget, nothing is written back in the background.
+        let queue_len = if budget > 0 { self.tier_ref()?.writeback.len() } else { 0 };
+        while at < queue_len {
+            let (fin, row) = self.tier_ref()?.writeback[at];
             let t = self.tier_ref()?;
             let s = match self.idle_on_device(row) {
                 Some(s) if s.finished_at == fin && s.ticket == 0 && !t.copies[row as usize].exists() => s,
@@ -298,15 +305,9 @@ impl Cache {
             if s.allocated - s.protected < min {
                 continue;
             }
-            if !self.require_copy().is_ok() {
-                break;
-            }
             if self.plan_write(&mut plan, row, &s, false) {
                 pages += n as usize;
             }
-        }
-        if !plan.writes.is_empty() {
-            self.require_copy()?;
         }
         self.effects.clear();
         let queued = (plan.taken_full + plan.taken_swa) as u64;
@@ -375,13 +376,16 @@ impl Cache {
         while out.freed_pages + out.draining_pages < pages {
             let Some(&(fin, row)) = self.tier_ref()?.device_lru.get(at) else { break };
             at += 1;
-            let Some(s) = self.idle_on_device(row).filter(|s| s.finished_at == fin) else { continue };
+            let Some(s) = self.idle_on_device(row).filter(|s| s.finished_at == fin && !plan.has(row)) else {
+                continue;
+            };
             let n = (pages_for(self.pool.mapped_len(row).unwrap_or(0), ps) - pages_for(s.protected, ps)) as u64;
             let c = &self.tier_ref()?.copies[row as usize];
             if c.leaving {
                 continue;
             }
             if c.clean && c.ticket == 0 {
+                plan.used.push(row);
                 parks.push((row, s));
                 out.parked += 1;
                 out.freed_pages += n;
@@ -398,6 +402,7 @@ impl Cache {
                 out.copying += 1;
                 out.draining_pages += n;
             } else {
+                plan.used.push(row);
                 releases.push((row, s));
                 out.released += 1;
                 out.freed_pages += n;
@@ -533,8 +538,8 @@ impl Cache {
             let Some(s) = mine(self, row) else { continue };
             match kind {
                 Kind::WriteBack if ok => {
-                    let c = &self.tier_ref()?.copies[row as usize];
-                    if c.ticket == ticket && c.leaving {
+                    let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
+                    if copy.is_some_and(|c| c.ticket == ticket && c.leaving) {
                         parks.push(row);
                     }
                 }
