@@ -292,7 +292,8 @@ impl<'a> Engine<'a> {
         let n = if cfg.multi { a.instances as usize } else { 1 };
         let mut inst = Vec::with_capacity(n);
         for _ in 0..n {
-            let cache = Cache::new(&c, cfg.host_pages > 0).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
+            let cache =
+                Cache::new(&c, cfg.host_pages > 0).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
             inst.push(Instance {
                 cache,
                 shared: Vec::new(),

@@ -150,7 +150,8 @@ extern "C" fn copy_pages(
     let h = unsafe { &*(user_data as *const Hooks) };
     let n = n_full + n_swa;
     // SAFETY: libskv passes n readable values in each array, valid for the call.
-    let (src, dst) = unsafe { (std::slice::from_raw_parts(src, n).to_vec(), std::slice::from_raw_parts(dst, n).to_vec()) };
+    let (src, dst) =
+        unsafe { (std::slice::from_raw_parts(src, n).to_vec(), std::slice::from_raw_parts(dst, n).to_vec()) };
     h.copies.borrow_mut().push(CopyCall { ticket, direction, src, dst, n_full });
     0
 }
@@ -182,13 +183,15 @@ impl Cache {
             return Err((s, skv::last_error_message()));
         }
         let cache = Cache { ptr, hooks: Box::default(), samples: vec![Vec::new(); OPS.len()], batched_requests: 0 };
-        let hooks = skv_engine_hooks {
+        let mut hooks = skv_engine_hooks {
             struct_size: size_of::<skv_engine_hooks>() as u32,
             dec_lock_ref: Some(dec_lock_ref),
             free_aux: Some(free_aux),
-            copy_pages: if copy { Some(copy_pages) } else { None },
             ..Default::default()
         };
+        if copy {
+            hooks.copy_pages = Some(copy_pages);
+        }
         let user_data = &*cache.hooks as *const Hooks as *mut c_void;
         // SAFETY: the handle is live; `hooks` is boxed, so its address outlives the handle.
         let s = unsafe { skv::skv_cache_set_hooks(cache.ptr, &hooks, user_data) };

@@ -395,6 +395,7 @@ fn tier_rows() -> Vec<Row> {
         ("sessions parked", "parks", Box::new(|m: &Metrics| m.tier.parks.to_string())),
         ("sessions restored", "unparks", Box::new(|m: &Metrics| m.tier.unparks.to_string())),
         ("restores missed", "restore_misses", Box::new(|m: &Metrics| m.tier.restore_misses.to_string())),
+        ("host copies dropped", "host_evictions", Box::new(|m: &Metrics| m.tier.host_evictions.to_string())),
         ("released by the tier", "released_by_tier", Box::new(|m: &Metrics| m.tier.released_by_tier.to_string())),
         ("GB to host", "bytes_to_host", Box::new(move |m: &Metrics| gb(m.tier.bytes_to_host))),
         ("GB to device", "bytes_to_device", Box::new(move |m: &Metrics| gb(m.tier.bytes_to_device))),

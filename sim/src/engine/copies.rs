@@ -142,8 +142,16 @@ impl Engine<'_> {
     }
 
     /// Writes the tags of positions `[from, to)` of a running request's row (its forward
-    /// passes' KV), as (session `sid`, branch `bid`, turn `writer`).
-    pub(super) fn write_tags(&mut self, row: i32, sid: u64, bid: u64, from: u32, to: u32, writer: u64) -> Result<(), Fault> {
+    /// passes' KV), as (session, branch) `slot` in turn `writer`.
+    pub(super) fn write_tags(
+        &mut self,
+        row: i32,
+        slot: (u64, u64),
+        from: u32,
+        to: u32,
+        writer: u64,
+    ) -> Result<(), Fault> {
+        let (sid, bid) = slot;
         if from >= to {
             return Ok(());
         }
@@ -155,8 +163,17 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Checks positions `[0, len)` of `row` against the writers the engine recorded.
-    pub(super) fn verify_tags(&mut self, what: &str, row: i32, sid: u64, bid: u64, len: u32, w: &Writes) -> Result<(), Fault> {
+    /// Checks positions `[0, len)` of `row`, the (session, branch) `slot`'s, against the writers
+    /// the engine recorded.
+    pub(super) fn verify_tags(
+        &mut self,
+        what: &str,
+        row: i32,
+        slot: (u64, u64),
+        len: u32,
+        w: &Writes,
+    ) -> Result<(), Fault> {
+        let (sid, bid) = slot;
         if len == 0 {
             return Ok(());
         }

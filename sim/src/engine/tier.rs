@@ -134,14 +134,15 @@ impl Engine<'_> {
             self.complete_due(self.clock.gate)?;
             for r in &restored {
                 // A request preempted since its match let its row go; nothing reads its KV.
-                let running = self.open.iter().any(|s| {
-                    s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.req.req_pool_idx == r.row)
-                });
+                let running = self
+                    .open
+                    .iter()
+                    .any(|s| s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.req.req_pool_idx == r.row));
                 if !running {
                     continue;
                 }
                 let what = format!("restore of session {} branch {}", r.sid, r.bid);
-                self.verify_tags(&what, r.row, r.sid, r.bid, r.len, &r.writes)?;
+                self.verify_tags(&what, r.row, (r.sid, r.bid), r.len, &r.writes)?;
             }
             let stall = self.clock.gate - decode_end;
             let m = &mut self.sim().m;
@@ -200,7 +201,8 @@ impl Engine<'_> {
                 if !br.has_slot || s.busy == Some(b) {
                     continue;
                 }
-                let w = self.inst[0].cache.session_where(s.id, br.id).map_err(|e| unexpected("skv_session_where", e))?;
+                let w =
+                    self.inst[0].cache.session_where(s.id, br.id).map_err(|e| unexpected("skv_session_where", e))?;
                 if w.place == SKV_PLACE_NONE {
                     self.open[i].branches[b].has_slot = false;
                     gone += 1;
@@ -263,7 +265,8 @@ impl Engine<'_> {
             ));
         }
         let restored = parked && hit;
-        if (m.restored_pages as u64, m.ticket != 0) != (restore_pages * restored as u64, restored && restore_pages > 0) {
+        if (m.restored_pages as u64, m.ticket != 0) != (restore_pages * restored as u64, restored && restore_pages > 0)
+        {
             return Err(format!(
                 "{what}: restored {} pages under ticket {}, expected {} pages (parked {parked}, hit {hit}, retry {retry})",
                 m.restored_pages,
@@ -291,7 +294,7 @@ impl Engine<'_> {
             self.sim().restored.push(r);
             return Ok(true);
         }
-        self.verify_tags(&what, req.req_pool_idx, sid, bid, want_len, &writes)?;
+        self.verify_tags(&what, req.req_pool_idx, (sid, bid), want_len, &writes)?;
         Ok(true)
     }
 
@@ -318,7 +321,7 @@ impl Engine<'_> {
         br.writes.retain(|&(p, _)| p < from);
         br.writes.push((from, writer));
         let bid = br.id;
-        self.write_tags(req.req_pool_idx, sid, bid, from, end, writer)
+        self.write_tags(req.req_pool_idx, (sid, bid), from, end, writer)
     }
 
     /// After the last session closed: every copy completes and libskv has no ticket open.

@@ -27,9 +27,8 @@ impl Cache {
         let mut out = skv_tier_match { struct_size: size_of::<skv_tier_match>() as u32, ..Default::default() };
         let c = self.ptr;
         // SAFETY: a live handle; req and out are references.
-        let s = self.timed(super::Op::Match, || unsafe {
-            skv::skv_match_prefix_tier(c, sid, bid, req, key_len, 0, &mut out)
-        });
+        let s = self
+            .timed(super::Op::Match, || unsafe { skv::skv_match_prefix_tier(c, sid, bid, req, key_len, 0, &mut out) });
         ok(s, out)
     }
 
@@ -63,7 +62,7 @@ impl Cache {
     pub fn tier_stats(&self) -> Result<skv_tier_stats, skv_status> {
         let mut out = skv_tier_stats { struct_size: size_of::<skv_tier_stats>() as u32, ..Default::default() };
         // SAFETY: a live handle; out is a reference.
-        let s = unsafe { skv::skv_tier_stats(self.ptr, &mut out) };
+        let s = unsafe { skv::skv_cache_tier_stats(self.ptr, &mut out) };
         ok(s, out)
     }
 
