@@ -135,7 +135,7 @@ pub struct Args {
     pub prefill_tokens_per_s: f64,
     /// Host tier: a finished session is written back once idle this many steps
     /// (skv_cache_config.tier_idle_steps)
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 64)]
     pub tier_idle_steps: u32,
     /// Host tier: pages a step starts writing back, at most (tier_pages_per_step)
     #[arg(long, default_value_t = 256)]

@@ -107,6 +107,9 @@ impl Engine<'_> {
         if let Some(c) = calls.iter().find(|c| c.ticket != ticket || ticket == 0) {
             return Err(format!("{what}: copy_pages for ticket {} but the call returned ticket {ticket}", c.ticket));
         }
+        if let Some(c) = calls.iter().find(|c| c.n_full != c.src.len()) {
+            return Err(format!("{what}: copy_pages with {} SWA pairs and no SWA pool", c.src.len() - c.n_full));
+        }
         if ticket == 0 {
             return Ok(());
         }

@@ -47,7 +47,6 @@ pub struct TierMetrics {
     pub failed_copies: u64,
     pub bytes_to_host: u64,
     pub bytes_to_device: u64,
-    pub host_pages: u64,
 }
 
 /// The modelled clock (every run).
@@ -83,7 +82,7 @@ impl TierSim {
     pub(super) fn new(device_pages: u64, host_pages: u64, a: &crate::cli::Args) -> TierSim {
         TierSim {
             copies: Copies::new(device_pages, host_pages, a.page_size, a.kv_bytes_per_token, a.copy_gbps),
-            m: TierMetrics { host_pages, ..TierMetrics::default() },
+            m: TierMetrics::default(),
             restored: Vec::new(),
             writers: 0,
             host_evictions_seen: 0,
