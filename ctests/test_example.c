@@ -42,9 +42,9 @@ int main(void) {
   skv_stats s;
   skv_check_report rep;
   uint32_t kept;
-  skv_cache_config cfg = {sizeof cfg, /*page_size*/ 16, /*num_token_slots*/ 1u << 16,
-                          /*num_rows*/ 64, /*max_context_len*/ 8192, /*flags*/ 0,
-                          /*swa_num_token_slots*/ 0};
+  skv_cache_config cfg = {.struct_size = sizeof cfg, .page_size = 16,
+                          .num_token_slots = 1u << 16, .num_rows = 64,
+                          .max_context_len = 8192}; /* every other field 0 */
   skv_cache *c;
   TRY(skv_cache_new(&cfg, &c));
   kept = turn(c, 42, 100, 30);              /* 100 + 30 = 130 tokens kept */

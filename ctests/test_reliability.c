@@ -61,28 +61,37 @@ static void versioned_config(void) {
   CHECK_OK(skv_cache_new(&v.s, &c));
   skv_cache_free(c);
   c = NULL;
-  /* this header's size */
+  /* the 0.3 header's size (no host tier) */
   v.s.struct_size = 40;
   CHECK_OK(skv_cache_new(&v.s, &c));
   skv_cache_free(c);
   c = NULL;
-  /* a size between two published ones would cut swa_num_token_slots in two */
+  /* this header's size */
+  v.s.struct_size = 80;
+  CHECK_OK(skv_cache_new(&v.s, &c));
+  skv_cache_free(c);
+  c = NULL;
+  /* a size between two published ones would cut a field in two */
   v.s.struct_size = 36;
   CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);
-  CHECK_MSG_HAS("struct_size 36 is no published sizeof(skv_cache_config) (32, 40)");
+  CHECK_MSG_HAS("struct_size 36 is no published sizeof(skv_cache_config) (32, 40, 80)");
+  CHECK(c == NULL);
+  v.s.struct_size = 48;
+  CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("struct_size 48 is no published sizeof(skv_cache_config)");
   CHECK(c == NULL);
   /* a newer header's longer struct whose unknown tail is zero */
-  v.s.struct_size = 48;
+  v.s.struct_size = 88;
   CHECK_OK(skv_cache_new(&v.s, &c));
   skv_cache_free(c);
   c = NULL;
   /* a field this library does not know */
-  v.bytes[44] = 1;
+  v.bytes[84] = 1;
   CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);
   CHECK_MSG_HAS("skv_cache_new");
-  CHECK_MSG_HAS("byte 44");
+  CHECK_MSG_HAS("byte 84");
   CHECK(c == NULL);
-  v.bytes[44] = 0;
+  v.bytes[84] = 0;
   /* shorter than any published struct */
   v.s.struct_size = 16;
   CHECK_STATUS(skv_cache_new(&v.s, &c), SKV_ERR_INVALID_ARG);
@@ -132,10 +141,16 @@ static void versioned_hooks(void) {
   CHECK_OK(skv_cache_set_hooks(c, &v.s, &fe));
   v.s.struct_size = 32;
   CHECK_OK(skv_cache_set_hooks(c, &v.s, &fe));
-  v.bytes[28] = 1;
+  /* between the published 24 and 32: it would cut copy_pages in two */
+  v.s.struct_size = 28;
   CHECK_STATUS(skv_cache_set_hooks(c, &v.s, &fe), SKV_ERR_INVALID_ARG);
-  CHECK_MSG_HAS("byte 28");
-  v.bytes[28] = 0;
+  CHECK_MSG_HAS("struct_size 28");
+  v.s.struct_size = 40;
+  CHECK_OK(skv_cache_set_hooks(c, &v.s, &fe));
+  v.bytes[36] = 1;
+  CHECK_STATUS(skv_cache_set_hooks(c, &v.s, &fe), SKV_ERR_INVALID_ARG);
+  CHECK_MSG_HAS("byte 36");
+  v.bytes[36] = 0;
   v.s.struct_size = 16;
   CHECK_STATUS(skv_cache_set_hooks(c, &v.s, &fe), SKV_ERR_INVALID_ARG);
   CHECK_MSG_HAS("struct_size 16");

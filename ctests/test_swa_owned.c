@@ -56,8 +56,10 @@ static skv_req turn(skv_cache *c, uint32_t origin, uint32_t len) {
 static void config_sizes(void) {
   skv_cache_config cfg;
   skv_cache *c = NULL;
-  CHECK_EQ_INT(sizeof(skv_cache_config), 40);
+  CHECK_EQ_INT(sizeof(skv_cache_config), 80);
   CHECK_EQ_INT(offsetof(skv_cache_config, swa_num_token_slots), 32);
+  CHECK_EQ_INT(offsetof(skv_cache_config, host_num_token_slots), 40);
+  CHECK_EQ_INT(offsetof(skv_cache_config, tier_pages_per_step), 76);
   CHECK_EQ_INT(sizeof(skv_stats), 88);
   memset(&cfg, 0, sizeof cfg);
   cfg.struct_size = sizeof cfg;

@@ -164,35 +164,6 @@
 #define SKV_WHERE_LEAVING 8
 
 /**
- * `copy_pages`' direction: device pages to host pages.
- */
-#define COPY_TO_HOST 1
-
-/**
- * `copy_pages`' direction: host pages to device pages.
- */
-#define COPY_TO_DEVICE 2
-
-/**
- * `skv_where`'s places and state bits.
- */
-#define PLACE_NONE 0
-
-#define PLACE_DEVICE 1
-
-#define PLACE_BOTH 2
-
-#define PLACE_HOST 3
-
-#define WHERE_IN_FLIGHT 1
-
-#define WHERE_COPYING 2
-
-#define WHERE_FAILED 4
-
-#define WHERE_LEAVING 8
-
-/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -258,8 +229,8 @@ typedef struct skv_cache skv_cache;
 typedef struct skv_cache_config {
   /**
    * sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
-   * 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted from 32 up; see "Versioned structs" at
-   * the top of this header.
+   * 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted
+   * from 32 up; see "Versioned structs" at the top of this header.
    */
   uint32_t struct_size;
   /**
@@ -740,7 +711,8 @@ typedef int (*skv_copy_pages_fn)(void *user_data,
 typedef struct skv_engine_hooks {
   /**
    * sizeof(skv_engine_hooks) of the header the caller was built with: 24 in ABI 1 to 3, 32
-   * from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of this header.
+   * from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of
+   * this header.
    */
   uint32_t struct_size;
   /**

@@ -27,6 +27,10 @@ struct Router {
     /// The sequence number the next batch should carry.
     next_seq: u64,
     gaps: u64,
+    /// The medium of each store and removal applied, in order.
+    media: Vec<String>,
+    /// The lower tiers' blocks (medium CPU), apart from the device's.
+    lower: RadixTree,
 }
 
 impl Router {
@@ -38,6 +42,8 @@ impl Router {
             next_event_id: 0,
             next_seq: 0,
             gaps: 0,
+            media: Vec::new(),
+            lower: RadixTree::new(),
         }
     }
 
@@ -53,17 +59,36 @@ impl Router {
         for raw in batch.events {
             let id = self.next_event_id;
             self.next_event_id += 1;
+            if let RawKvEvent::BlockStored { medium, .. } | RawKvEvent::BlockRemoved { medium, .. } = &raw {
+                self.media.push(medium.clone().unwrap_or_default());
+            }
             let Some(ev) = self.normalizer.normalize(raw, id, WorkerWithDpRank::new(WORKER, rank)) else {
                 panic!("an event filtered out");
             };
-            self.tree.apply_event(ev.into_router_event().expect("worker-local")).expect("the router applies the event");
+            let ev = ev.into_router_event().expect("worker-local");
+            // As Dynamo's indexer routes them: the device tier (GPU) is the primary tree; other
+            // tiers (a parked session's CPU pages) go to a lower-tier index.
+            let tree = match ev.targets_primary().expect("a supported residency") {
+                true => &mut self.tree,
+                false => &mut self.lower,
+            };
+            tree.apply_event(ev).expect("the router applies the event");
         }
     }
 
     fn score(&self, tokens: &[u32], salt: &str) -> u32 {
+        Self::score_in(&self.tree, self.ps, tokens, salt)
+    }
+
+    /// The score in the lower tiers' index (medium CPU).
+    fn score_lower(&self, tokens: &[u32], salt: &str) -> u32 {
+        Self::score_in(&self.lower, self.ps, tokens, salt)
+    }
+
+    fn score_in(tree: &RadixTree, ps: u32, tokens: &[u32], salt: &str) -> u32 {
         let opts = BlockHashOptions { cache_namespace: Some(salt), ..Default::default() };
-        let seq = compute_block_hash_for_seq(tokens, self.ps, opts);
-        self.tree.find_matches(seq, false).scores.get(&WorkerWithDpRank::new(WORKER, 0)).copied().unwrap_or(0)
+        let seq = compute_block_hash_for_seq(tokens, ps, opts);
+        tree.find_matches(seq, false).scores.get(&WorkerWithDpRank::new(WORKER, 0)).copied().unwrap_or(0)
     }
 
     /// Blocks the router holds for the worker.
@@ -150,6 +175,8 @@ struct Setup {
     ops_size: u32,
     /// External mode: free_kv_segment set (with an ops_size of 56).
     segments: bool,
+    /// Owned mode's host tier, in tokens (0: none), with a copy_pages that only queues.
+    host: u64,
 }
 
 impl Setup {
@@ -165,6 +192,7 @@ impl Setup {
             cache_flags: 0,
             ops_size: 48,
             segments: false,
+            host: 0,
         }
     }
 }
@@ -200,6 +228,7 @@ impl Engine {
             max_context_len: s.max_ctx,
             flags: s.cache_flags,
             swa_num_token_slots: s.swa,
+            host_num_token_slots: s.host,
             ..Default::default()
         };
         let pool = Box::into_raw(Box::new(Pool {
@@ -228,6 +257,12 @@ impl Engine {
             }
         };
         ok(st, "create");
+        if s.host != 0 {
+            let hooks = skv_engine_hooks { copy_pages: Some(cb_copy_pages), ..Default::default() };
+            let hooks = skv_engine_hooks { struct_size: std::mem::size_of::<skv_engine_hooks>() as u32, ..hooks };
+            // SAFETY: a live handle; the hooks use no user data.
+            ok(unsafe { skv_cache_set_hooks(c, &hooks, null_mut()) }, "skv_cache_set_hooks");
+        }
         let e = Engine {
             c,
             mode: s.mode,
@@ -501,6 +536,19 @@ fn both(f: impl Fn(Mode)) {
     for m in [Mode::Owned, Mode::External] {
         f(m);
     }
+}
+
+/// The host tier's copies are not run: these tests look at events only.
+unsafe extern "C" fn cb_copy_pages(
+    _ud: *mut c_void,
+    _ticket: u64,
+    _dir: u32,
+    _src: *const i32,
+    _dst: *const i32,
+    _n_full: usize,
+    _n_swa: usize,
+) -> c_int {
+    0
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1586,4 +1634,58 @@ fn the_routers_view_equals_libskvs_over_random_call_streams() {
     for (mode, seed) in [(Mode::Owned, 0x5eed_00e0), (Mode::External, 0x5eed_00e1)] {
         differential(mode, seed, calls);
     }
+}
+
+#[test]
+fn a_parked_session_moves_to_the_cpu_medium_and_a_restore_brings_it_back() {
+    let mut e = Engine::new(&Setup { host: 4096, ..Setup::new(Mode::Owned) });
+    let seq = e.turn(1, 0, &[], &Turn::plain(&toks(1, 22), &toks(2, 9)));
+    let other = e.turn(2, 0, &[], &Turn::plain(&toks(5, 12), &toks(6, 4)));
+    e.check(1, 0, &seq);
+    e.router.media.clear();
+    let mut t = 0;
+    // SAFETY: a live handle and a local.
+    ok(unsafe { skv_session_park(e.c, 1, 0, &mut t) }, "skv_session_park");
+    e.pump();
+    assert!(t != 0 && e.router.media.is_empty(), "a write-back publishes nothing: {:?}", e.router.media);
+    // SAFETY: a live handle.
+    ok(unsafe { skv_ticket_done(e.c, t, 0) }, "skv_ticket_done");
+    e.pump();
+    assert_eq!(e.router.media, ["GPU", "CPU"], "the park: removed from the device, stored in the host tier");
+    // Dynamo keeps the CPU blocks apart: the device score is 0, the host tier's the 7 pages.
+    assert_eq!(e.router.score(&seq, &salt_of(1)), 0, "a parked session scores nothing on the device");
+    assert_eq!(e.router.score_lower(&seq, &salt_of(1)), 7, "its pages are in the host tier");
+    e.check(2, 0, &other);
+    // The restore: removed from CPU, stored on the GPU again; then the hit's own answer.
+    e.router.media.clear();
+    let mut r = skv_req::default();
+    // SAFETY: a live handle and a local.
+    ok(unsafe { skv_req_init(&mut r) }, "skv_req_init");
+    let mut m = skv_tier_match { struct_size: std::mem::size_of::<skv_tier_match>() as u32, ..Default::default() };
+    // SAFETY: a live handle and locals.
+    ok(unsafe { skv_match_prefix_tier(e.c, 1, 0, &mut r, seq.len() as u32, 0, &mut m) }, "skv_match_prefix_tier");
+    assert!(m.hit == 1 && m.ticket != 0, "{m:?}");
+    // SAFETY: a live handle.
+    ok(unsafe { skv_ticket_done(e.c, m.ticket, 0) }, "skv_ticket_done");
+    // SAFETY: a live handle and a local.
+    ok(unsafe { skv_hand_back(e.c, 1, 0, &mut r) }, "skv_hand_back");
+    e.pump();
+    assert_eq!(e.router.media[..2], ["CPU", "GPU"], "the restore: {:?}", e.router.media);
+    e.check(1, 0, &seq);
+    assert_eq!(e.router.score(&seq, &salt_of(1)), 7);
+    assert_eq!(e.router.score_lower(&seq, &salt_of(1)), 0, "restored: nothing left in the host tier");
+    // Parked again and released for good: its CPU blocks go.
+    // SAFETY: a live handle and a local.
+    ok(unsafe { skv_session_park(e.c, 1, 0, &mut t) }, "skv_session_park");
+    // SAFETY: a live handle.
+    ok(unsafe { skv_ticket_done(e.c, t, 0) }, "skv_ticket_done");
+    e.pump();
+    e.router.media.clear();
+    // SAFETY: a live handle.
+    ok(unsafe { skv_release_session(e.c, 1) }, "skv_release_session");
+    e.pump();
+    assert_eq!(e.router.media, ["CPU"], "a parked session's release removes its CPU blocks");
+    assert_eq!(e.router.score_lower(&seq, &salt_of(1)), 0);
+    e.check(2, 0, &other);
+    assert_eq!(e.router.blocks(), 4, "only session 2's blocks are left");
 }

@@ -44,8 +44,8 @@ const KNOWN_FLAGS: u32 = SKV_FLAG_ALIGNED_REUSE | SKV_FLAG_PAGE_FREES;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct skv_cache_config {
     /// sizeof(skv_cache_config) of the header the caller was built with: 32 in ABI 1 and 2,
-    /// 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted from 32 up; see "Versioned structs" at
-    /// the top of this header.
+    /// 40 in ABI 3 (swa_num_token_slots), 80 from ABI 4 (the host tier's fields). Accepted
+    /// from 32 up; see "Versioned structs" at the top of this header.
     pub struct_size: u32,
     /// Tokens per KV page, >= 1.
     pub page_size: u32,

@@ -5,13 +5,18 @@
 //! and only while the handle's lock is held.
 
 use super::skv_cache;
+#[cfg(feature = "events")]
+use crate::core::Move;
 use crate::core::{Cache, Match, Req, Result};
 #[cfg(feature = "events")]
 use crate::{
     capi::skv_req,
     core::Error,
-    events::{HolderKey, Ledger, RowState},
+    events::{Ledger, RowState},
 };
+
+/// A holder's key: `(session_id, branch_id)`.
+pub(crate) type HolderKey = (u64, u64);
 
 /// The handle's ledger, locked.
 #[cfg(feature = "events")]
@@ -303,4 +308,40 @@ pub(crate) fn events_tokens(
     let out = l.tokens(key, rs, first_pos, &toks);
     l.close();
     out
+}
+
+/// The host tier's calls: what each did to which sessions' KV (`Cache::moves`): a parked
+/// session's pages move from medium GPU to CPU, a restored one's back, a released one's go
+/// (docs/tiers.md#kv-events). `hit` adds a tiered match's own answer for its session.
+///
+/// # Safety
+/// As `match_prefix`.
+#[inline]
+pub(crate) unsafe fn tier<T>(
+    c: *const skv_cache,
+    cache: &mut Cache,
+    op: impl FnOnce(&mut Cache) -> Result<T>,
+    hit: impl FnOnce(&Cache, &T) -> Option<(HolderKey, u32, u32)>,
+) -> Result<T> {
+    cache.moves.clear();
+    let out = op(cache)?;
+    #[cfg(feature = "events")]
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        emit(c, |l| {
+            for &(s, b, m) in &cache.moves {
+                match m {
+                    Move::Parked { protected } => l.moved((s, b), Some(protected)),
+                    Move::Restored => l.moved((s, b), None),
+                    Move::Released => l.remove((s, b)),
+                }
+            }
+            if let Some((key, held, committed)) = hit(cache, &out) {
+                l.held(key, held, committed);
+            }
+        })
+    };
+    #[cfg(not(feature = "events"))]
+    let _ = (c, hit);
+    Ok(out)
 }

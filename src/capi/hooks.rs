@@ -13,7 +13,8 @@ use crate::core::{EngineHooks, Result};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct skv_engine_hooks {
     /// sizeof(skv_engine_hooks) of the header the caller was built with: 24 in ABI 1 to 3, 32
-    /// from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of this header.
+    /// from ABI 4 (copy_pages). Accepted from 24 up; see "Versioned structs" at the top of
+    /// this header.
     pub struct_size: u32,
     /// Drop the prefix-tree lock a session inherited from its first request.
     pub dec_lock_ref: skv_dec_lock_ref_fn,

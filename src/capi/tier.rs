@@ -2,7 +2,7 @@
 //! them on a match, complete the copies' tickets, and ask where a session's KV is.
 
 use super::req::on_req;
-use super::{disjoint, lock, out_mut, skv_cache, skv_status, Span};
+use super::{disjoint, events_emit, lock, out_mut, skv_cache, skv_status, Span};
 use crate::core::{Error, Req, Result};
 
 /// The Rust names of the C records (one definition each, in `core`).
@@ -64,18 +64,6 @@ fn answer<T: Copy>(out: &mut T, v: T) {
     }
 }
 
-/// Refuses a tier call while KV events are on: the host tier's events (medium CPU) are not
-/// published yet, and a router would count a parked session's pages as on the GPU.
-fn no_events(c: *const skv_cache) -> Result<()> {
-    #[cfg(feature = "events")]
-    // SAFETY: c is a live handle (the caller locked it first).
-    if unsafe { (*c).events.get().is_some() } {
-        return Err(Error::Unsupported("KV events are on: the host tier publishes no events yet".into()));
-    }
-    let _ = c;
-    Ok(())
-}
-
 /// skv_match_prefix, where a parked session is restored: new device pages for its prefix and a
 /// copy from host under `out->ticket`, which the engine orders its forward pass after (a miss
 /// when the pages do not fit: the parked slot is released). A slot an import still writes hits
@@ -105,12 +93,24 @@ pub unsafe extern "C" fn skv_match_prefix_tier(
         || unsafe {
             disjoint(&[Span::of(req, 1, "req"), Span::of(out, 1, "out")])?;
             let out = versioned_out(out, "out")?;
+            let key = (session_id, branch_id);
             on_req(
                 c,
                 req,
                 |cache, r| {
-                    no_events(c)?;
-                    cache.match_prefix_tier(session_id, branch_id, r, key_len, pre_aborted != 0)
+                    let pre = pre_aborted != 0;
+                    let (m, lens) = events_emit::tier(
+                        c,
+                        cache,
+                        |cache| {
+                            let m = cache.match_prefix_tier(session_id, branch_id, r, key_len, pre)?;
+                            Ok((m, (r.kv_allocated_len, r.kv_committed_len)))
+                        },
+                        // The hit's own answer, as skv_match_prefix's (after the restore's move).
+                        |_, (m, (held, committed))| (m.hit == 1).then_some((key, *held, *committed)),
+                    )?;
+                    let _ = lens;
+                    Ok(m)
                 },
                 |m| answer(out, m),
             )
@@ -136,7 +136,7 @@ pub unsafe extern "C" fn skv_ticket_done(c: *mut skv_cache, ticket: u64, status:
         // SAFETY: c is NULL or a live handle (the contract above); lock refuses NULL.
         || unsafe {
             let mut cache = lock(c)?;
-            cache.ticket_done(ticket, status == 0)?;
+            events_emit::tier(c, &mut cache, |cache| cache.ticket_done(ticket, status == 0), |_, _| None)?;
             cache.take_deferred()
         },
         |_| {},
@@ -164,8 +164,7 @@ pub unsafe extern "C" fn skv_session_park(
         || unsafe {
             let ticket = out_mut(ticket, "ticket")?;
             let mut cache = lock(c)?;
-            no_events(c)?;
-            *ticket = cache.park(session_id, branch_id)?;
+            *ticket = events_emit::tier(c, &mut cache, |cache| cache.park(session_id, branch_id), |_, _| None)?;
             cache.take_deferred()
         },
         |t| {
@@ -193,8 +192,7 @@ pub unsafe extern "C" fn skv_tier_step(c: *mut skv_cache, pages: *mut u64, ticke
             disjoint(&[Span::of(pages, 1, "pages"), Span::of(ticket, 1, "ticket")])?;
             let (pages, ticket) = (out_mut(pages, "pages")?, out_mut(ticket, "ticket")?);
             let mut cache = lock(c)?;
-            no_events(c)?;
-            (*pages, *ticket) = cache.tier_step()?;
+            (*pages, *ticket) = events_emit::tier(c, &mut cache, |cache| cache.tier_step(), |_, _| None)?;
             cache.take_deferred()
         },
         |t| {
@@ -229,8 +227,8 @@ pub unsafe extern "C" fn skv_tier_evict(
                 return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits")));
             }
             let mut cache = lock(c)?;
-            no_events(c)?;
-            let e = cache.tier_evict(pages, flags & SKV_EVICT_NO_COPY != 0)?;
+            let no_copy = flags & SKV_EVICT_NO_COPY != 0;
+            let e = events_emit::tier(c, &mut cache, |cache| cache.tier_evict(pages, no_copy), |_, _| None)?;
             answer(out, e);
             cache.take_deferred()
         },

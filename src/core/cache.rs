@@ -42,6 +42,20 @@ pub struct Cache {
     pub(crate) engine_pins: Pins,
     /// The host tier, when the config sizes one (owned mode).
     pub(crate) tier: Option<Box<Tier>>,
+    /// What the host tier's call in progress did to which sessions (for KV events; the call's
+    /// export clears it first).
+    pub moves: Vec<(u64, u64, Move)>,
+}
+
+/// A session's KV changed place (`Cache::moves`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// Parked: its pages past its `protected` tokens are in the host tier only.
+    Parked { protected: u32 },
+    /// Back on the device (a match restored it).
+    Restored,
+    /// Released whole.
+    Released,
 }
 
 impl Cache {
@@ -67,6 +81,7 @@ impl Cache {
             turns_finished: 0,
             tickets: Tickets::default(),
             engine_pins: Pins::default(),
+            moves: Vec::new(),
             tier: match cfg.tier.host_num_token_slots {
                 0 => None,
                 _ => Some(Box::new(Tier::new(cfg.tier, cfg.page_size, cfg.num_rows)?)),

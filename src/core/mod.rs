@@ -41,7 +41,7 @@ mod tickets;
 mod tier;
 mod tier_ops;
 
-pub use cache::{Backend, Cache};
+pub use cache::{Backend, Cache, Move};
 pub use error::{Error, Result};
 pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
@@ -52,7 +52,7 @@ pub use req::{swa_dead, swa_dead_lo, Config, FieldValue, Req, ReqField};
 pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
-pub use tier_ops::*;
+pub(crate) use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST, PLACE_HOST, WHERE_LEAVING};
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

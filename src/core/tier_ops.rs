@@ -3,7 +3,7 @@
 //! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
 //! entries a walk skips (running requests, open tickets).
 
-use super::cache::{push_release, Cache};
+use super::cache::{push_release, Cache, Move};
 use super::error::{bail, Error, Result};
 use super::page::{ceil_align, pages_for};
 use super::pool::Effect;
@@ -15,9 +15,9 @@ use super::tickets::Kind;
 use super::tier::{HostCopy, Tier};
 
 /// `copy_pages`' direction: device pages to host pages.
-pub const COPY_TO_HOST: u32 = 1;
+pub(crate) const COPY_TO_HOST: u32 = 1;
 /// `copy_pages`' direction: host pages to device pages.
-pub const COPY_TO_DEVICE: u32 = 2;
+pub(crate) const COPY_TO_DEVICE: u32 = 2;
 
 /// The copies one call asks for: pairs in the full pools, then in the SWA pools.
 #[derive(Default)]
@@ -203,6 +203,7 @@ impl Cache {
                 c.tier_mut().drop_copy(row);
                 c.tier_mut().counts.host_evictions += 1;
                 if release {
+                    c.log_move(row, Move::Released);
                     c.slots.remove(row);
                     c.sync_idle(row);
                 }
@@ -260,7 +261,10 @@ impl Cache {
 
     /// `row`'s slot is parked (its device pages were freed by `push_park`'s effect).
     fn mark_parked(&mut self, row: u32) {
-        self.slots.of_row_mut(row).expect("slot").place = Place::Parked;
+        let s = self.slots.of_row_mut(row).expect("slot");
+        s.place = Place::Parked;
+        let protected = s.protected;
+        self.log_move(row, Move::Parked { protected });
         let t = self.tier_mut();
         t.copies[row as usize].leaving = false;
         t.counts.parks += 1;
@@ -423,6 +427,7 @@ impl Cache {
                 c.tier_mut().copies[row as usize].leaving = true;
             }
             for &(row, _) in &releases {
+                c.log_move(row, Move::Released);
                 c.tier_mut().drop_copy(row);
                 c.slots.remove(row);
                 c.sync_idle(row);
@@ -469,6 +474,7 @@ impl Cache {
         let ps = self.cfg.page_size;
         let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {
             self.release_rows(&[row])?;
+            self.moves.push((session, branch, Move::Released));
             return Ok(TierMatch::default());
         };
         let first = pages_for(slot.protected, ps);
@@ -482,6 +488,7 @@ impl Cache {
         if (p.allocator().free_pages() as usize) < n as usize || swa_short {
             // No cascade of parks inside a match: the parked slot goes, and the match misses.
             self.release_rows(&[row])?;
+            self.moves.push((session, branch, Move::Released));
             return Ok(TierMatch::default());
         }
         let p = self.pool.owned_mut().expect("owned");
@@ -516,6 +523,7 @@ impl Cache {
         p.pin_row(row, t);
         let s = self.slots.of_row_mut(row).expect("slot");
         (s.place, s.allocated, s.committed, s.ticket) = (Place::Device, len, s.committed.min(len), t);
+        self.moves.push((session, branch, Move::Restored));
         let tier = self.tier_mut();
         tier.copies[row as usize].ticket = t;
         tier.counts.unparks += 1;
@@ -582,7 +590,11 @@ impl Cache {
                     (Kind::Unpark, true) => tier.drop_copy(row),
                     (Kind::Unpark, false) => {
                         tier.counts.failed_copies += 1;
-                        c.slots.of_row_mut(row).expect("slot").place = Place::Failed;
+                        let s = c.slots.of_row_mut(row).expect("slot");
+                        s.place = Place::Failed;
+                        // Its KV is still only in the host tier.
+                        let (key, protected) = ((s.session, s.branch), s.protected);
+                        c.moves.push((key.0, key.1, Move::Parked { protected }));
                     }
                     _ => {}
                 }
@@ -591,6 +603,7 @@ impl Cache {
                 c.mark_parked(row);
             }
             for &(row, _) in &releases {
+                c.log_move(row, Move::Released);
                 c.slots.remove(row);
                 c.sync_idle(row);
             }
@@ -599,6 +612,12 @@ impl Cache {
             }
             c.tickets.close(ticket);
         })
+    }
+
+    /// Notes a move of the slot holding `row` (`Cache::moves`).
+    fn log_move(&mut self, row: u32, m: Move) {
+        let s = self.slots.of_row(row).expect("a slot moves");
+        self.moves.push((s.session, s.branch, m));
     }
 
     /// Ends `ticket`'s pins; owned mode's drained device pages go free.
@@ -666,17 +685,16 @@ impl Cache {
 }
 
 /// `skv_where`'s places and state bits.
-pub const PLACE_NONE: u32 = 0;
-pub const PLACE_DEVICE: u32 = 1;
-pub const PLACE_BOTH: u32 = 2;
-pub const PLACE_HOST: u32 = 3;
-pub const WHERE_IN_FLIGHT: u32 = 1;
-pub const WHERE_COPYING: u32 = 2;
-pub const WHERE_FAILED: u32 = 4;
-pub const WHERE_LEAVING: u32 = 8;
+pub(crate) const PLACE_DEVICE: u32 = 1;
+pub(crate) const PLACE_BOTH: u32 = 2;
+pub(crate) const PLACE_HOST: u32 = 3;
+pub(crate) const WHERE_IN_FLIGHT: u32 = 1;
+pub(crate) const WHERE_COPYING: u32 = 2;
+pub(crate) const WHERE_FAILED: u32 = 4;
+pub(crate) const WHERE_LEAVING: u32 = 8;
 
 impl Cache {
-    /// `skv_session_where`: where a session slot's KV is; `PLACE_NONE` when there is no slot.
+    /// `skv_session_where`: where a session slot's KV is; place 0 (none) when there is no slot.
     pub fn where_is(&self, session: u64, branch: u64) -> Where {
         let Some((row, s)) = self.slots.find(session, branch) else { return Where::default() };
         let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);

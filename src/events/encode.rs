@@ -8,8 +8,26 @@ use rmp::encode as mp;
 use super::key::{put_str, SessionKey};
 use crate::core::{Error, Result};
 
-/// The `medium` of every event libskv emits: session pages live in the engine's GPU pool.
+/// The `medium` of a session's pages on the device: the engine's GPU pool.
 pub const MEDIUM_GPU: &str = "GPU";
+/// The `medium` of a parked session's pages: the host tier (docs/tiers.md).
+pub const MEDIUM_CPU: &str = "CPU";
+
+/// Where the pages an event names are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Medium {
+    Gpu,
+    Cpu,
+}
+
+impl Medium {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Medium::Gpu => MEDIUM_GPU,
+            Medium::Cpu => MEDIUM_CPU,
+        }
+    }
+}
 /// The `kv_cache_spec_kind` of every store: only full-attention pages are emitted
 /// (`group_idx` 0); sliding-window pages and recurrent state never are.
 pub const KIND_FULL_ATTENTION: &str = "full_attention";
@@ -37,8 +55,10 @@ pub struct BatchEncoder {
     stored_head: Vec<u8>,
     stored_parent_key: Vec<u8>,
     stored_tokens_key: Vec<u8>,
-    stored_meta: Vec<u8>,
-    removed_head: Vec<u8>,
+    /// `block_size` through `kv_cache_spec_kind`, and `BlockRemoved`'s head, per medium
+    /// (`Medium as usize`).
+    stored_meta: [Vec<u8>; 2],
+    removed_head: [Vec<u8>; 2],
     cleared: Vec<u8>,
     /// The block-id hash's input.
     scratch: Vec<u8>,
@@ -65,28 +85,34 @@ impl BatchEncoder {
         put_str(&mut stored_parent_key, "parent_block_hash");
         let mut stored_tokens_key = Vec::new();
         put_str(&mut stored_tokens_key, "token_ids");
-        let mut stored_meta = Vec::new();
-        put_str(&mut stored_meta, "block_size");
-        mp::write_uint(&mut stored_meta, page_size.into()).expect("Vec");
-        put_str(&mut stored_meta, "lora_id");
-        mp::write_nil(&mut stored_meta).expect("Vec");
-        put_str(&mut stored_meta, "medium");
-        put_str(&mut stored_meta, MEDIUM_GPU);
-        put_str(&mut stored_meta, "lora_name");
-        mp::write_nil(&mut stored_meta).expect("Vec");
-        put_str(&mut stored_meta, "group_idx");
-        mp::write_uint(&mut stored_meta, 0).expect("Vec");
-        put_str(&mut stored_meta, "kv_cache_spec_kind");
-        put_str(&mut stored_meta, KIND_FULL_ATTENTION);
-        let mut removed_head = Vec::new();
-        mp::write_map_len(&mut removed_head, 4).expect("Vec");
-        put_str(&mut removed_head, "type");
-        put_str(&mut removed_head, "BlockRemoved");
-        put_str(&mut removed_head, "medium");
-        put_str(&mut removed_head, MEDIUM_GPU);
-        put_str(&mut removed_head, "group_idx");
-        mp::write_uint(&mut removed_head, 0).expect("Vec");
-        put_str(&mut removed_head, "block_hashes");
+        let stored_meta = [Medium::Gpu, Medium::Cpu].map(|m| {
+            let mut meta = Vec::new();
+            put_str(&mut meta, "block_size");
+            mp::write_uint(&mut meta, page_size.into()).expect("Vec");
+            put_str(&mut meta, "lora_id");
+            mp::write_nil(&mut meta).expect("Vec");
+            put_str(&mut meta, "medium");
+            put_str(&mut meta, m.as_str());
+            put_str(&mut meta, "lora_name");
+            mp::write_nil(&mut meta).expect("Vec");
+            put_str(&mut meta, "group_idx");
+            mp::write_uint(&mut meta, 0).expect("Vec");
+            put_str(&mut meta, "kv_cache_spec_kind");
+            put_str(&mut meta, KIND_FULL_ATTENTION);
+            meta
+        });
+        let removed_head = [Medium::Gpu, Medium::Cpu].map(|m| {
+            let mut head = Vec::new();
+            mp::write_map_len(&mut head, 4).expect("Vec");
+            put_str(&mut head, "type");
+            put_str(&mut head, "BlockRemoved");
+            put_str(&mut head, "medium");
+            put_str(&mut head, m.as_str());
+            put_str(&mut head, "group_idx");
+            mp::write_uint(&mut head, 0).expect("Vec");
+            put_str(&mut head, "block_hashes");
+            head
+        });
         let mut cleared = Vec::new();
         mp::write_map_len(&mut cleared, 1).expect("Vec");
         put_str(&mut cleared, "type");
@@ -155,7 +181,7 @@ impl BatchEncoder {
             ids.push(id);
             prev = Some(id);
         }
-        self.write_stored(key, parent, &ids[start..], tokens);
+        self.write_stored(key, parent, &ids[start..], tokens, Medium::Gpu);
         Ok(())
     }
 
@@ -168,6 +194,7 @@ impl BatchEncoder {
         parent: Option<u64>,
         ids: &[u64],
         tokens: &[u32],
+        medium: Medium,
     ) -> Result<()> {
         let ps = self.page_size as usize;
         if ids.is_empty() || tokens.len() != ids.len() * ps || u32::try_from(tokens.len()).is_err() {
@@ -178,17 +205,16 @@ impl BatchEncoder {
             )));
         }
         self.check_room()?;
-        self.write_stored(key, parent, ids, tokens);
+        self.write_stored(key, parent, ids, tokens, medium);
         Ok(())
     }
 
     /// Writes one `BlockStored` of checked arguments.
-    fn write_stored(&mut self, key: &SessionKey, parent: Option<u64>, ids: &[u64], tokens: &[u32]) {
+    fn write_stored(&mut self, key: &SessionKey, parent: Option<u64>, ids: &[u64], tokens: &[u32], medium: Medium) {
         let pages = ids.len();
+        let meta = &self.stored_meta[medium as usize];
         let body = &mut self.body;
-        body.reserve(
-            self.stored_head.len() + self.stored_meta.len() + key.tail.len() + 48 + 9 * pages + 5 * tokens.len(),
-        );
+        body.reserve(self.stored_head.len() + meta.len() + key.tail.len() + 48 + 9 * pages + 5 * tokens.len());
         body.extend_from_slice(&self.stored_head);
         mp::write_array_len(body, pages as u32).expect("Vec");
         for &id in ids {
@@ -204,7 +230,7 @@ impl BatchEncoder {
         for &t in tokens {
             put_uint(body, t.into());
         }
-        body.extend_from_slice(&self.stored_meta);
+        body.extend_from_slice(meta);
         body.extend_from_slice(&key.tail);
         self.events += 1;
     }
@@ -212,6 +238,11 @@ impl BatchEncoder {
     /// Appends a `BlockRemoved` of the blocks `ids` (at least one). The router drops each
     /// block and, within its tree, every block stored under it.
     pub fn block_removed(&mut self, ids: &[u64]) -> Result<()> {
+        self.block_removed_in(ids, Medium::Gpu)
+    }
+
+    /// `block_removed` of blocks in `medium`.
+    pub fn block_removed_in(&mut self, ids: &[u64], medium: Medium) -> Result<()> {
         if ids.is_empty() {
             return Err(Error::InvalidArg("block_removed: no block id".into()));
         }
@@ -219,7 +250,7 @@ impl BatchEncoder {
             return Err(Error::InvalidArg(format!("block_removed: {} block ids in one event", ids.len())));
         };
         self.check_room()?;
-        self.body.extend_from_slice(&self.removed_head);
+        self.body.extend_from_slice(&self.removed_head[medium as usize]);
         mp::write_array_len(&mut self.body, n).expect("Vec");
         for &id in ids {
             put_uint(&mut self.body, id);

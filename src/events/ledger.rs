@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use foldhash::fast::RandomState;
 use smallvec::SmallVec;
 
-use super::encode::{now_ts, BatchEncoder};
+use super::encode::{now_ts, BatchEncoder, Medium};
 use super::key::SessionKey;
 use crate::core::{Error, Result};
 
@@ -49,7 +49,7 @@ struct SessionMeta {
     /// Holders of each published block, kept while the session has two holders or more. Only
     /// a session's own branches can share a block (ids are salted per session), and a lone
     /// holder's blocks each have one: the common case touches no count at all.
-    counts: Option<HashMap<u64, u32, RandomState>>,
+    counts: Option<HashMap<(u64, Medium), u32, RandomState>>,
 }
 
 /// One session branch: the row it lives in, its first published page, the token ids it
@@ -59,6 +59,18 @@ struct Holder {
     first_page: u32,
     tokens: Vec<u32>,
     ids: Vec<u64>,
+    /// Parked: `ids[cpu_from..]` are in the host tier (medium CPU), the rest on the device.
+    cpu_from: Option<usize>,
+}
+
+impl Holder {
+    /// The medium of published page `k` (an index into `ids`).
+    fn medium(&self, k: usize) -> Medium {
+        match self.cpu_from {
+            Some(c) if k >= c => Medium::Cpu,
+            _ => Medium::Gpu,
+        }
+    }
 }
 
 /// What a request's row holds when its tokens are handed over (`Ledger::tokens`).
@@ -137,7 +149,8 @@ pub struct Ledger {
     /// Dropped batches since creation.
     dropped: u64,
     scratch: Vec<u8>,
-    removed: Vec<u64>,
+    /// A call's removed blocks, per medium (`Medium as usize`).
+    removed: [Vec<u64>; 2],
 }
 
 impl Ledger {
@@ -165,7 +178,7 @@ impl Ledger {
             overflowed: false,
             dropped: 0,
             scratch: Vec::new(),
-            removed: Vec::new(),
+            removed: [Vec::new(), Vec::new()],
         };
         l.enc.all_blocks_cleared()?;
         l.close();
@@ -250,7 +263,10 @@ impl Ledger {
         let keep = from as usize + differs.unwrap_or(overlap);
         // Checked: now change.
         if !self.holders.contains_key(&key) {
-            self.add_holder(key, Holder { row: rs.row, first_page, tokens: Vec::new(), ids: Vec::new() });
+            self.add_holder(
+                key,
+                Holder { row: rs.row, first_page, tokens: Vec::new(), ids: Vec::new(), cpu_from: None },
+            );
         }
         let h = self.holders.get_mut(&key).expect("inserted above");
         h.tokens.truncate(keep);
@@ -306,10 +322,11 @@ impl Ledger {
         m.holders += 1;
         m.branches.push(key.1);
         if m.holders == 2 {
-            let mut counts: HashMap<u64, u32, RandomState> = HashMap::default();
+            let mut counts: HashMap<(u64, Medium), u32, RandomState> = HashMap::default();
             for &b in &m.branches {
-                for &id in &holders[&(key.0, b)].ids {
-                    *counts.entry(id).or_insert(0) += 1;
+                let h = &holders[&(key.0, b)];
+                for (k, &id) in h.ids.iter().enumerate() {
+                    *counts.entry((id, h.medium(k))).or_insert(0) += 1;
                 }
             }
             m.counts = Some(counts);
@@ -371,11 +388,12 @@ impl Ledger {
         let meta = sessions.get_mut(&key.0).expect("a holder's session has its meta");
         let base = h.first_page as u64 * ps;
         let keep_pages = ((held as u64 / ps).saturating_sub(h.first_page as u64) as usize).min(h.ids.len());
-        removed.clear();
-        for id in h.ids.drain(keep_pages..) {
+        removed.iter_mut().for_each(Vec::clear);
+        for k in keep_pages..h.ids.len() {
+            let (id, medium) = (h.ids[k], h.medium(k));
             let last = match &mut meta.counts {
                 None => true,
-                Some(counts) => match counts.entry(id) {
+                Some(counts) => match counts.entry((id, medium)) {
                     Entry::Occupied(mut c) => {
                         *c.get_mut() -= 1;
                         (*c.get() == 0).then(|| c.remove()).is_some()
@@ -384,14 +402,17 @@ impl Ledger {
                 },
             };
             if last {
-                removed.push(id);
+                removed[medium as usize].push(id);
             }
         }
-        *blocks -= removed.len();
+        h.ids.truncate(keep_pages);
         // Leaves first: each block named is then a leaf of the worker's chain in the router.
-        removed.reverse();
-        if !removed.is_empty() && enc.block_removed(removed).is_err() {
-            *overflowed = true;
+        for (ids, medium) in removed.iter_mut().zip([Medium::Gpu, Medium::Cpu]).rev() {
+            *blocks -= ids.len();
+            ids.reverse();
+            if !ids.is_empty() && enc.block_removed_in(ids, medium).is_err() {
+                *overflowed = true;
+            }
         }
         if forget {
             h.tokens.truncate((held as u64).saturating_sub(base) as usize);
@@ -414,20 +435,22 @@ impl Ledger {
                 match &mut meta.counts {
                     None => true,
                     Some(counts) => {
-                        let c = counts.entry(id).or_insert(0);
+                        let c = counts.entry((id, h.medium(k))).or_insert(0);
                         *c += 1;
                         *c == 1
                     }
                 }
             };
             *blocks += fresh as usize;
-            match (run, fresh) {
+            // A run ends where the pages' medium changes, too.
+            let split = run.is_some_and(|a| k < want && h.medium(a) != h.medium(k));
+            match (run, fresh && !split) {
                 (None, true) => run = Some(k),
                 (Some(a), false) => {
                     let parent = if a == 0 { meta.first_parent } else { Some(h.ids[a - 1]) };
-                    failed |=
-                        enc.block_stored_ids(&meta.key, parent, &h.ids[a..k], &h.tokens[a * psz..k * psz]).is_err();
-                    run = None;
+                    let (ids, toks) = (&h.ids[a..k], &h.tokens[a * psz..k * psz]);
+                    failed |= enc.block_stored_ids(&meta.key, parent, ids, toks, h.medium(a)).is_err();
+                    run = (fresh && split).then_some(k);
                 }
                 _ => {}
             }
@@ -482,21 +505,22 @@ impl Ledger {
     fn encode_recovery(&mut self) -> Result<()> {
         self.enc.all_blocks_cleared()?;
         let psz = self.cfg.page_size as usize;
-        let mut done: HashSet<u64, RandomState> = HashSet::default();
+        let mut done: HashSet<(u64, Medium), RandomState> = HashSet::default();
         for (&(session, _), h) in &self.holders {
             let meta = self.sessions.get(&session).expect("a holder's session has its meta");
             let mut a = 0;
             while a < h.ids.len() {
-                if done.contains(&h.ids[a]) {
+                if done.contains(&(h.ids[a], h.medium(a))) {
                     a += 1;
                     continue;
                 }
                 let mut b = a;
-                while b < h.ids.len() && done.insert(h.ids[b]) {
+                while b < h.ids.len() && h.medium(b) == h.medium(a) && done.insert((h.ids[b], h.medium(b))) {
                     b += 1;
                 }
                 let parent = if a == 0 { meta.first_parent } else { Some(h.ids[a - 1]) };
-                self.enc.block_stored_ids(&meta.key, parent, &h.ids[a..b], &h.tokens[a * psz..b * psz])?;
+                let (ids, toks) = (&h.ids[a..b], &h.tokens[a * psz..b * psz]);
+                self.enc.block_stored_ids(&meta.key, parent, ids, toks, h.medium(a))?;
                 a = b;
             }
         }
@@ -540,6 +564,27 @@ impl Ledger {
     #[cfg(feature = "zmq")]
     pub fn publisher_endpoint(&self) -> Option<&str> {
         self.queue.publisher.as_ref().map(|p| p.endpoint())
+    }
+}
+
+impl Ledger {
+    /// Holder `key` was parked (`Some(protected)`: its pages from the first one past its
+    /// `protected` tokens moved to the host tier) or restored (`None`): those pages are removed
+    /// in their old medium, then stored in their new one, same ids, same chain.
+    pub fn moved(&mut self, key: HolderKey, parked: Option<u32>) {
+        let ps = self.cfg.page_size;
+        let Some(h) = self.holders.get(&key) else { return };
+        let cpu_from = parked.map(|p| (p.div_ceil(ps).saturating_sub(h.first_page) as usize).min(h.ids.len()));
+        if cpu_from == h.cpu_from {
+            return;
+        }
+        let n = h.ids.len();
+        let lo = cpu_from.unwrap_or(n).min(h.cpu_from.unwrap_or(n));
+        let end = (h.first_page as usize + n) as u64 * ps as u64;
+        let base = h.first_page as u64 * ps as u64;
+        self.sync(key, (base + lo as u64 * ps as u64) as u32, 0, false);
+        self.holders.get_mut(&key).expect("checked above").cpu_from = cpu_from;
+        self.sync(key, u32::MAX, end.min(u32::MAX as u64) as u32, false);
     }
 }
 

@@ -40,7 +40,7 @@ mod ledger;
 #[cfg(feature = "zmq")]
 mod publish;
 
-pub use encode::{now_ts, BatchEncoder, KIND_FULL_ATTENTION, MEDIUM_GPU};
+pub use encode::{now_ts, BatchEncoder, Medium, KIND_FULL_ATTENTION, MEDIUM_CPU, MEDIUM_GPU};
 pub use frame::Frames;
 pub use key::SessionKey;
 pub use ledger::{Drained, HolderKey, Ledger, LedgerConfig, RowState};
