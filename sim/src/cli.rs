@@ -338,7 +338,7 @@ fn check_tier(a: &Args, multi: bool) -> Result<u64, String> {
         ));
     }
     let refused = [
-        (multi, "--instances/--router (the tier runs in the single-instance engine: KV events are off)"),
+        (multi, "--instances/--router (the tier runs in the single-instance engine)"),
         (a.swa_window > 0, "--swa-window"),
         (a.mamba, "--mamba"),
     ];
