@@ -340,7 +340,6 @@ fn check_tier(a: &Args, multi: bool) -> Result<u64, String> {
     let refused = [
         (multi, "--instances/--router (the tier runs in the single-instance engine)"),
         (a.swa_window > 0, "--swa-window"),
-        (a.mamba, "--mamba"),
     ];
     if let Some((_, what)) = refused.iter().find(|r| r.0) {
         return Err(format!("--host-pool-tokens {n}: not supported with {what}"));

@@ -97,9 +97,12 @@ fn eviction_waits_for_write_backs_when_nothing_is_written_back_ahead() {
 
 #[test]
 fn a_small_host_pool_drops_parked_sessions_and_stays_exact() {
-    let j = run_json(&["--host-pool-tokens", "1024", "--tier-idle-steps", "0", "--seed", "3"]);
+    // With recurrent state: a parked session keeps its handles, a released one gives them back.
+    let j = run_json(&["--host-pool-tokens", "1024", "--tier-idle-steps", "0", "--seed", "3", "--mamba"]);
     assert_restores_and_ends_clean(&j);
-    assert!(num(&j, "host_evictions_with_tier") > 0, "the host pool was full: {j}");
+    assert!(num(&j, "host_evictions_with_tier") > 0 && num(&j, "released_by_tier_with_tier") > 0, "host full: {j}");
+    assert_eq!(num(&j, "mamba_leaked"), 0);
+    assert!(num(&j, "mamba_freed_by_libskv") > 0, "{j}");
 }
 
 #[test]
@@ -107,7 +110,7 @@ fn bad_tier_options_exit_2_with_one_line() {
     for args in [
         &["--host-pool-tokens", "16"][..],
         &["--host-pool-tokens", "8192", "--swa-window", "64"],
-        &["--host-pool-tokens", "8192", "--mamba"],
+        &["--host-pool-tokens", "8192", "--instances", "2"],
         &["--copy-gbps", "0"],
         &["--prefill-tokens-per-s", "-1"],
         &["--kv-bytes-per-token", "0"],

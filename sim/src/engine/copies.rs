@@ -136,10 +136,13 @@ impl Engine<'_> {
         for ticket in due {
             let o = self.copies().open.remove(&ticket).expect("due ticket");
             self.copies().apply(&o.copies);
+            let what = format!("skv_ticket_done({ticket})");
             let s = self.inst[0].cache.ticket_done(ticket);
             if s != skv::skv_status::SKV_OK {
-                return Err(unexpected(&format!("skv_ticket_done({ticket})"), s));
+                return Err(unexpected(&what, s));
             }
+            // A completed copy parks or frees pages; it releases no slot.
+            self.expect_handed_back(&what, [])?;
         }
         Ok(())
     }

@@ -11,6 +11,7 @@ use skv::skv_req;
 use skv::{SKV_PLACE_HOST, SKV_PLACE_NONE};
 
 use super::copies::{Copies, Writes};
+use super::mamba::{handles_of, real};
 use super::{unexpected, Engine, Fault};
 
 /// The host tier's figures (the run with the tier) and the modelled time (every run).
@@ -114,7 +115,7 @@ impl Engine<'_> {
         self.complete_due(self.clock.now)?;
         let (_, ticket) = self.inst[0].cache.tier_step().map_err(|s| unexpected("skv_tier_step", s))?;
         self.enqueue("skv_tier_step", ticket)?;
-        self.note_tier_releases(0)
+        self.note_tier_releases("skv_tier_step", 0)
     }
 
     /// The step's forward pass: its prefill waits for the restores it admitted; the reused KV
@@ -170,7 +171,7 @@ impl Engine<'_> {
         m.evict_copying += out.copying as u64;
         self.m.evictions += (out.parked + out.released + out.copying) as u64;
         self.m.freed_evict += out.freed_pages + out.draining_pages;
-        self.note_tier_releases(out.released as u64)?;
+        self.note_tier_releases("skv_tier_evict", out.released as u64)?;
         if out.freed_pages > 0 {
             return Ok(true);
         }
@@ -185,24 +186,25 @@ impl Engine<'_> {
 
     /// After a tier call that may have released slots (`released` by an eviction, or parked
     /// copies dropped for host room): the engine's mirror forgets them, each checked with
-    /// skv_session_where.
-    fn note_tier_releases(&mut self, released: u64) -> Result<(), Fault> {
+    /// skv_session_where, and their recurrent-state handles must have come back (in any
+    /// order: the tier releases by its own queues).
+    fn note_tier_releases(&mut self, what: &str, released: u64) -> Result<(), Fault> {
         let st = self.inst[0].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
         let dropped = st.host_evictions - self.sim().host_evictions_seen;
         self.sim().host_evictions_seen = st.host_evictions;
-        if released == 0 && dropped == 0 {
-            return Ok(());
-        }
+        let mut handles = Vec::new();
         let mut gone = 0;
         for i in 0..self.open.len() {
             for b in 0..self.open[i].branches.len() {
+                // An in-flight slot never goes; a parked one a match is about to restore may.
                 let (s, br) = (&self.open[i], &self.open[i].branches[b]);
-                if !br.has_slot || s.busy == Some(b) {
+                if !br.has_slot || released + dropped == 0 {
                     continue;
                 }
                 let w =
                     self.inst[0].cache.session_where(s.id, br.id).map_err(|e| unexpected("skv_session_where", e))?;
                 if w.place == SKV_PLACE_NONE {
+                    handles.extend(real(br.handles));
                     self.open[i].branches[b].has_slot = false;
                     gone += 1;
                 }
@@ -210,8 +212,15 @@ impl Engine<'_> {
         }
         if gone < released || gone > released + dropped {
             return Err(format!(
-                "the host tier released {gone} idle slots; its calls said {released} released and {dropped} host copies dropped"
+                "{what}: the host tier released {gone} idle slots; the call said {released} released and {dropped} host copies dropped"
             ));
+        }
+        let h = &self.inst[0].cache.hooks.handles;
+        let mut got = h.take_handed_back();
+        got.sort_unstable();
+        handles.sort_unstable();
+        if got != handles || !h.bad.borrow().is_empty() {
+            return Err(format!("{what}: free_aux received {got:?}, the released slots held {handles:?}"));
         }
         self.sim().m.released_by_tier += gone;
         Ok(())
@@ -243,10 +252,7 @@ impl Engine<'_> {
                 }
             }
             // Room for another write-back may have dropped this session's host copy.
-            let now = self.inst[0].cache.session_where(sid, bid).map_err(|s| unexpected("skv_session_where", s))?;
-            if now.place == SKV_PLACE_NONE {
-                self.open[i].branches[b].has_slot = false;
-                self.sim().m.released_by_tier += 1;
+            if !self.open[i].branches[b].has_slot {
                 return self.do_match_tier(i, b, req, key_len);
             }
         }
@@ -274,6 +280,11 @@ impl Engine<'_> {
             ));
         }
         self.m.freed_tail += (after + m.restored_pages as u64).saturating_sub(before);
+        let slot_handles = self.open[i].branches[b].handles;
+        self.expect_handed_back(&what, real(slot_handles).filter(|_| has_slot && !hit))?;
+        if hit && handles_of(req) != slot_handles {
+            return Err(format!("{what}: restored handles {:?}, the slot holds {slot_handles:?}", handles_of(req)));
+        }
         let br = &mut self.open[i].branches[b];
         if br.has_slot && !hit {
             br.has_slot = false;
