@@ -337,12 +337,10 @@ fn check_tier(a: &Args, multi: bool) -> Result<u64, String> {
             a.page_size
         ));
     }
-    let refused = [
-        (multi, "--instances/--router (the tier runs in the single-instance engine)"),
-        (a.swa_window > 0, "--swa-window"),
-    ];
-    if let Some((_, what)) = refused.iter().find(|r| r.0) {
-        return Err(format!("--host-pool-tokens {n}: not supported with {what}"));
+    if multi {
+        return Err(format!(
+            "--host-pool-tokens {n}: not supported with --instances/--router (the tier runs in the single-instance engine)"
+        ));
     }
     Ok(pages)
 }

@@ -129,9 +129,9 @@ struct Branch {
     /// The conversation's token ids, `history` of them (multi-instance runs only).
     tokens: Vec<u32>,
     /// The host tier's tag mirror: who wrote the slot's positions, and where the running
-    /// turn's writes start and its writer.
+    /// turn's writes start, its writer, and whether it missed (mapping the shared prompt).
     writes: copies::Writes,
-    turn_writes: (u32, u64),
+    turn_writes: (u32, u64, bool),
 }
 
 impl Branch {
@@ -150,7 +150,7 @@ impl Branch {
             inst: 0,
             tokens: Vec::new(),
             writes: Vec::new(),
-            turn_writes: (0, 0),
+            turn_writes: (0, 0, false),
         }
     }
 }
@@ -285,6 +285,7 @@ impl<'a> Engine<'a> {
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: swa_pages * a.page_size as u64,
             host_num_token_slots: cfg.host_pages * a.page_size as u64,
+            host_swa_num_token_slots: if swa_pages > 0 { cfg.host_pages * a.page_size as u64 } else { 0 },
             tier_idle_steps: if cfg.host_pages > 0 { a.tier_idle_steps } else { 0 },
             tier_pages_per_step: if cfg.host_pages > 0 { a.tier_pages_per_step } else { 0 },
             ..Default::default()
@@ -322,7 +323,10 @@ impl<'a> Engine<'a> {
             slots_created: 0,
             #[cfg(feature = "router")]
             fleet: None,
-            tier: (cfg.host_pages > 0).then(|| Box::new(tier::TierSim::new(pages, cfg.host_pages, a))),
+            tier: (cfg.host_pages > 0).then(|| {
+                let host_swa = if swa_pages > 0 { cfg.host_pages } else { 0 };
+                Box::new(tier::TierSim::new([(pages, cfg.host_pages), (swa_pages, host_swa)], a))
+            }),
             clock: tier::Clock::default(),
             m: Metrics { total_pages: pages * n as u64, swa_total_pages: swa_pages * n as u64, ..Metrics::default() },
             bar,

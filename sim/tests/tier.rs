@@ -106,10 +106,20 @@ fn a_small_host_pool_drops_parked_sessions_and_stays_exact() {
 }
 
 #[test]
+fn a_hybrid_model_restores_both_pools() {
+    // The sliding-window pages the window still holds move with the full ones; every restored
+    // window position is checked in the SWA pool.
+    let j = run_json(&["--swa-window", "48"]);
+    assert_restores_and_ends_clean(&j);
+    assert_eq!(num(&j, "leaked_swa_pages"), 0);
+    assert!(num(&j, "swa_window_steps") > 0, "{j}");
+}
+
+#[test]
 fn bad_tier_options_exit_2_with_one_line() {
     for args in [
         &["--host-pool-tokens", "16"][..],
-        &["--host-pool-tokens", "8192", "--swa-window", "64"],
+        &["--host-pool-tokens", "4294967296"],
         &["--host-pool-tokens", "8192", "--instances", "2"],
         &["--copy-gbps", "0"],
         &["--prefill-tokens-per-s", "-1"],

@@ -45,6 +45,9 @@ struct Open {
 pub(super) struct Copies {
     pub(super) device: Vec<u64>,
     host: Vec<u64>,
+    /// The SWA pools' tags (empty without an SWA pool).
+    swa_device: Vec<u64>,
+    swa_host: Vec<u64>,
     ps: usize,
     page_bytes: f64,
     bytes_per_s: f64,
@@ -53,11 +56,17 @@ pub(super) struct Copies {
     free_at: [f64; 2],
 }
 
+/// Pages of each pool: (device, host) of the full pools, then of the SWA pools (0: none).
+pub(super) type PoolPages = [(u64, u64); 2];
+
 impl Copies {
-    pub(super) fn new(device_pages: u64, host_pages: u64, ps: u32, kv_bytes_per_token: u64, gbps: f64) -> Copies {
+    pub(super) fn new(pages: PoolPages, ps: u32, kv_bytes_per_token: u64, gbps: f64) -> Copies {
+        let slots = |n: u64| vec![0; (n * ps as u64) as usize];
         Copies {
-            device: vec![0; (device_pages * ps as u64) as usize],
-            host: vec![0; (host_pages * ps as u64) as usize],
+            device: slots(pages[0].0),
+            host: slots(pages[0].1),
+            swa_device: slots(pages[1].0),
+            swa_host: slots(pages[1].1),
             ps: ps as usize,
             page_bytes: ps as f64 * kv_bytes_per_token as f64,
             bytes_per_s: gbps * 1e9,
@@ -79,19 +88,28 @@ impl Copies {
         self.open.len()
     }
 
-    /// Applies a completed ticket's copies to the mirror, page by page.
+    /// Applies a completed ticket's copies to the mirror, page by page: the first `n_full`
+    /// pairs in the full pools, the rest in the SWA pools.
     fn apply(&mut self, copies: &[CopyCall]) {
         let ps = self.ps;
         for c in copies {
-            for (&s, &d) in c.src.iter().zip(&c.dst) {
+            for (k, (&s, &d)) in c.src.iter().zip(&c.dst).enumerate() {
                 let (s, d) = (s as usize * ps, d as usize * ps);
+                let (device, host) = match k < c.n_full {
+                    true => (&mut self.device, &mut self.host),
+                    false => (&mut self.swa_device, &mut self.swa_host),
+                };
                 if c.direction == SKV_COPY_TO_HOST {
-                    self.host[d..d + ps].copy_from_slice(&self.device[s..s + ps]);
+                    host[d..d + ps].copy_from_slice(&device[s..s + ps]);
                 } else {
-                    self.device[d..d + ps].copy_from_slice(&self.host[s..s + ps]);
+                    device[d..d + ps].copy_from_slice(&host[s..s + ps]);
                 }
             }
         }
+    }
+
+    fn swa(&self) -> bool {
+        !self.swa_device.is_empty()
     }
 }
 
@@ -107,7 +125,7 @@ impl Engine<'_> {
         if let Some(c) = calls.iter().find(|c| c.ticket != ticket || ticket == 0) {
             return Err(format!("{what}: copy_pages for ticket {} but the call returned ticket {ticket}", c.ticket));
         }
-        if let Some(c) = calls.iter().find(|c| c.n_full != c.src.len()) {
+        if let Some(c) = calls.iter().find(|c| c.n_full != c.src.len() && !self.copies().swa()) {
             return Err(format!("{what}: copy_pages with {} SWA pairs and no SWA pool", c.src.len() - c.n_full));
         }
         if ticket == 0 {
@@ -166,17 +184,28 @@ impl Engine<'_> {
         for (p, &x) in (from..to).zip(&idx) {
             dev[x as usize] = tag(sid, bid, p, writer);
         }
+        if !self.copies().swa() {
+            return Ok(());
+        }
+        // The sliding-window layers' KV, at the positions the window still holds.
+        let idx =
+            self.inst[0].cache.row_swa_indices(row, from, to).map_err(|s| unexpected("skv_row_swa_indices", s))?;
+        let dev = &mut self.copies().swa_device;
+        for (p, &x) in (from..to).zip(&idx).filter(|&(_, &x)| x != 0) {
+            dev[x as usize] = tag(sid, bid, p, writer);
+        }
         Ok(())
     }
 
     /// Checks positions `[0, len)` of `row`, the (session, branch) `slot`'s, against the writers
-    /// the engine recorded.
+    /// the engine recorded; with an SWA pool, also every position the window holds (from the
+    /// SWA cursor `cursor` on, and any other still mapped).
     pub(super) fn verify_tags(
         &mut self,
         what: &str,
         row: i32,
         slot: (u64, u64),
-        len: u32,
+        (len, cursor): (u32, u32),
         w: &Writes,
     ) -> Result<(), Fault> {
         let (sid, bid) = slot;
@@ -195,6 +224,34 @@ impl Engine<'_> {
             }
         }
         self.tier.as_mut().expect("host tier").m.verified_positions += len as u64;
+        if !self.copies().swa() {
+            return Ok(());
+        }
+        let idx = self.inst[0].cache.row_swa_indices(row, 0, len).map_err(|s| unexpected("skv_row_swa_indices", s))?;
+        let dev = &self.tier.as_ref().expect("host tier").copies.swa_device;
+        for (p, &x) in (0..len).zip(&idx) {
+            let want = tag(sid, bid, p, writer_at(w, p));
+            if (x == 0 && p >= cursor) || (x != 0 && dev[x as usize] != want) {
+                let held = if x == 0 { 0 } else { dev[x as usize] };
+                return Err(format!(
+                    "{what}: position {p} of {len} (SWA cursor {cursor}, SWA token slot {x}) holds the sliding-window KV of another write ({held:#x}, expected {want:#x})"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shared system prompt's sliding-window KV, `[0, len)` of a row that mapped it (the
+    /// tree's pages: the same tags for every row).
+    pub(super) fn write_shared_swa_tags(&mut self, row: i32, len: u32) -> Result<(), Fault> {
+        if len == 0 || !self.copies().swa() {
+            return Ok(());
+        }
+        let idx = self.inst[0].cache.row_swa_indices(row, 0, len).map_err(|s| unexpected("skv_row_swa_indices", s))?;
+        let dev = &mut self.copies().swa_device;
+        for (p, &x) in (0..len).zip(&idx).filter(|&(_, &x)| x != 0) {
+            dev[x as usize] = tag(0, 0, p, 0);
+        }
         Ok(())
     }
 }

@@ -10,7 +10,7 @@
 use skv::skv_req;
 use skv::{SKV_PLACE_HOST, SKV_PLACE_NONE};
 
-use super::copies::{Copies, Writes};
+use super::copies::{Copies, PoolPages, Writes};
 use super::mamba::{handles_of, real};
 use super::{unexpected, Engine, Fault};
 
@@ -66,6 +66,7 @@ struct Restored {
     bid: u64,
     row: i32,
     len: u32,
+    cursor: u32,
     ticket: u64,
     writes: Writes,
 }
@@ -80,9 +81,9 @@ pub(super) struct TierSim {
 }
 
 impl TierSim {
-    pub(super) fn new(device_pages: u64, host_pages: u64, a: &crate::cli::Args) -> TierSim {
+    pub(super) fn new(pages: PoolPages, a: &crate::cli::Args) -> TierSim {
         TierSim {
-            copies: Copies::new(device_pages, host_pages, a.page_size, a.kv_bytes_per_token, a.copy_gbps),
+            copies: Copies::new(pages, a.page_size, a.kv_bytes_per_token, a.copy_gbps),
             m: TierMetrics::default(),
             restored: Vec::new(),
             writers: 0,
@@ -142,7 +143,7 @@ impl Engine<'_> {
                     continue;
                 }
                 let what = format!("restore of session {} branch {}", r.sid, r.bid);
-                self.verify_tags(&what, r.row, (r.sid, r.bid), r.len, &r.writes)?;
+                self.verify_tags(&what, r.row, (r.sid, r.bid), (r.len, r.cursor), &r.writes)?;
             }
             let stall = self.clock.gate - decode_end;
             let m = &mut self.sim().m;
@@ -245,9 +246,13 @@ impl Engine<'_> {
         let restore_pages =
             w.tokens.min(want_len.div_ceil(ps) * ps).div_ceil(ps).saturating_sub(protected_pages) as u64;
         if parked && want_hit {
+            // Room in both pools (the SWA pool's need is at most the full pool's).
+            let swa = self.cfg.args.swa_window > 0;
             loop {
-                let free = self.free_pages()?;
-                if free >= restore_pages || !self.tier_evict(restore_pages - free)? {
+                let st = self.inst[0].cache.stats().map_err(|s| unexpected("skv_cache_stats", s))?;
+                let short = restore_pages.saturating_sub(st.free_pages);
+                let swa_short = if swa { restore_pages.saturating_sub(st.swa_free_pages) } else { 0 };
+                if short.max(swa_short) == 0 || !self.tier_evict(short.max(swa_short))? {
                     break;
                 }
             }
@@ -261,12 +266,24 @@ impl Engine<'_> {
         self.enqueue(&what, m.ticket)?;
         let after = self.free_pages()?;
         let hit = m.hit == 1;
+        // A restore that does not fit misses: the full pool's pages are known; the SWA pool's
+        // are at most as many (the window's dead pages take none).
+        let swa_free = self.inst[0].cache.stats().map_or(0, |st| st.swa_free_pages);
+        let swa_short = self.cfg.args.swa_window > 0 && swa_free < restore_pages;
         let short = parked && before < restore_pages;
-        let ok_hit = if short { !hit } else { hit == want_hit };
-        if !ok_hit || (hit && (m.prefix_len != want_len || req.kv_allocated_len != want_len)) {
+        let ok_hit = match (short, parked && swa_short && want_hit) {
+            (true, _) => !hit,
+            (false, true) => true,
+            (false, false) => hit == want_hit,
+        };
+        let want_cursor = self.open[i].branches[b].swa_cursor.min(want_len);
+        if !ok_hit
+            || (hit && (m.prefix_len != want_len || req.kv_allocated_len != want_len))
+            || (hit && req.swa_evicted_seqlen != want_cursor)
+        {
             return Err(format!(
-                "{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len} (parked {parked}, {before} pages free for a restore of {restore_pages})",
-                m.hit, m.prefix_len, req.kv_allocated_len, want_hit as u32
+                "{what}: hit {} prefix {} allocated {} cursor {}, expected hit {} prefix {want_len} cursor {want_cursor} (parked {parked}, {before} pages free for a restore of {restore_pages})",
+                m.hit, m.prefix_len, req.kv_allocated_len, req.swa_evicted_seqlen, want_hit as u32
             ));
         }
         let restored = parked && hit;
@@ -300,11 +317,12 @@ impl Engine<'_> {
         let writes = self.open[i].branches[b].writes.clone();
         if restored {
             self.sim().m.restores += 1;
-            let r = Restored { sid, bid, row: req.req_pool_idx, len: want_len, ticket: m.ticket, writes };
+            let cursor = req.swa_evicted_seqlen;
+            let r = Restored { sid, bid, row: req.req_pool_idx, len: want_len, cursor, ticket: m.ticket, writes };
             self.sim().restored.push(r);
             return Ok(true);
         }
-        self.verify_tags(&what, req.req_pool_idx, (sid, bid), want_len, &writes)?;
+        self.verify_tags(&what, req.req_pool_idx, (sid, bid), (want_len, req.swa_evicted_seqlen), &writes)?;
         Ok(true)
     }
 
@@ -317,7 +335,7 @@ impl Engine<'_> {
         if !hit {
             br.writes = if from > 0 { vec![(0, 0)] } else { Vec::new() };
         }
-        br.turn_writes = (from, t.writers);
+        br.turn_writes = (from, t.writers, !hit);
     }
 
     /// A finishing turn's KV, `[from, end)` of its row, written to the mirror before libskv
@@ -327,10 +345,13 @@ impl Engine<'_> {
             return Ok(());
         }
         let (sid, br) = (self.open[i].id, &mut self.open[i].branches[b]);
-        let (from, writer) = br.turn_writes;
+        let (from, writer, miss) = br.turn_writes;
         br.writes.retain(|&(p, _)| p < from);
         br.writes.push((from, writer));
         let bid = br.id;
+        if miss {
+            self.write_shared_swa_tags(req.req_pool_idx, from)?;
+        }
         self.write_tags(req.req_pool_idx, (sid, bid), from, end, writer)
     }
 

@@ -73,4 +73,13 @@ impl Cache {
         let s = unsafe { skv::skv_row_indices(self.ptr, row, start, end, out.as_mut_ptr()) };
         ok(s, out)
     }
+
+    /// The SWA pool's token slots of positions `[start, end)` of `row` (0 where the window
+    /// passed).
+    pub fn row_swa_indices(&self, row: i32, start: u32, end: u32) -> Result<Vec<i32>, skv_status> {
+        let mut out = vec![0i32; (end - start) as usize];
+        // SAFETY: a live handle; out has room for end - start values.
+        let s = unsafe { skv::skv_row_swa_indices(self.ptr, row, start, end, out.as_mut_ptr()) };
+        ok(s, out)
+    }
 }
