@@ -140,6 +140,10 @@ pub struct Args {
     /// Host tier: pages a step starts writing back, at most (tier_pages_per_step)
     #[arg(long, default_value_t = 256)]
     pub tier_pages_per_step: u32,
+    /// Host tier: the chance that a ticket's copies fail (skv_ticket_done with a non-zero
+    /// status); a request whose restore failed is aborted and its turn queued again
+    #[arg(long, default_value_t = 0.0)]
+    pub copy_fail_rate: f64,
 }
 
 /// How a turn picks its instance (`--router`).
@@ -214,6 +218,7 @@ impl Config {
             ("--retry-rate", a.retry_rate),
             ("--branch-rate", a.branch_rate),
             ("--prefix-fraction", a.prefix_fraction),
+            ("--copy-fail-rate", a.copy_fail_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name} {v}: must be within [0, 1]"));

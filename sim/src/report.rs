@@ -401,6 +401,7 @@ fn tier_rows() -> Vec<Row> {
         ("GB to device", "bytes_to_device", Box::new(move |m: &Metrics| gb(m.tier.bytes_to_device))),
         ("write-backs", "writebacks", Box::new(|m: &Metrics| m.tier.writebacks.to_string())),
         ("failed copies", "failed_copies", Box::new(|m: &Metrics| m.tier.failed_copies.to_string())),
+        ("failed restores", "failed_restores", Box::new(|m: &Metrics| m.tier.failed_restores.to_string())),
         ("stalled steps", "stalled_steps", Box::new(|m: &Metrics| m.tier.stalled_steps.to_string())),
         ("stalled restores", "stalled_restores", Box::new(|m: &Metrics| m.tier.stalled_restores.to_string())),
         ("eviction waits", "eviction_waits", Box::new(|m: &Metrics| m.tier.eviction_waits.to_string())),

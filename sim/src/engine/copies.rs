@@ -4,11 +4,12 @@
 //! of every device and host token slot, written by the forward passes and moved by the copies
 //! when their ticket completes, against which every reused position is checked.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use skv::{SKV_COPY_TO_DEVICE, SKV_COPY_TO_HOST};
 
 use crate::ffi::CopyCall;
+use crate::workload::Rng;
 
 use super::{unexpected, Engine, Fault};
 
@@ -54,13 +55,19 @@ pub(super) struct Copies {
     open: BTreeMap<u64, Open>,
     /// When each queue (to host, to device) is next free, in modelled seconds.
     free_at: [f64; 2],
+    /// `--copy-fail-rate`: the chance a ticket's copies fail, drawn from a stream of its own
+    /// (the workload's stays as it is), and the tickets that failed.
+    fail_rate: f64,
+    fail_rng: Rng,
+    pub(super) failed: HashSet<u64>,
 }
 
 /// Pages of each pool: (device, host) of the full pools, then of the SWA pools (0: none).
 pub(super) type PoolPages = [(u64, u64); 2];
 
 impl Copies {
-    pub(super) fn new(pages: PoolPages, ps: u32, kv_bytes_per_token: u64, gbps: f64) -> Copies {
+    pub(super) fn new(pages: PoolPages, a: &crate::cli::Args) -> Copies {
+        let ps = a.page_size;
         let slots = |n: u64| vec![0; (n * ps as u64) as usize];
         Copies {
             device: slots(pages[0].0),
@@ -68,10 +75,13 @@ impl Copies {
             swa_device: slots(pages[1].0),
             swa_host: slots(pages[1].1),
             ps: ps as usize,
-            page_bytes: ps as f64 * kv_bytes_per_token as f64,
-            bytes_per_s: gbps * 1e9,
+            page_bytes: ps as f64 * a.kv_bytes_per_token as f64,
+            bytes_per_s: a.copy_gbps * 1e9,
             open: BTreeMap::new(),
             free_at: [0.0; 2],
+            fail_rate: a.copy_fail_rate,
+            fail_rng: Rng::new(a.seed ^ 0x636F_7079_6661_696C),
+            failed: HashSet::new(),
         }
     }
 
@@ -153,13 +163,19 @@ impl Engine<'_> {
         let due: Vec<u64> = self.copies().open.iter().filter(|(_, o)| o.finish <= t).map(|(&k, _)| k).collect();
         for ticket in due {
             let o = self.copies().open.remove(&ticket).expect("due ticket");
-            self.copies().apply(&o.copies);
-            let what = format!("skv_ticket_done({ticket})");
-            let s = self.inst[0].cache.ticket_done(ticket);
+            let c = self.copies();
+            let failed = c.fail_rate > 0.0 && c.fail_rng.chance(c.fail_rate);
+            if failed {
+                c.failed.insert(ticket);
+            } else {
+                c.apply(&o.copies);
+            }
+            let what = format!("skv_ticket_done({ticket}, failed {failed})");
+            let s = self.inst[0].cache.ticket_done(ticket, failed);
             if s != skv::skv_status::SKV_OK {
                 return Err(unexpected(&what, s));
             }
-            // A completed copy parks or frees pages; it releases no slot.
+            // A completed copy parks or frees pages, a failed one loses nothing: no slot goes.
             self.expect_handed_back(&what, [])?;
         }
         Ok(())

@@ -38,6 +38,8 @@ pub struct TierMetrics {
     pub evict_parked: u64,
     pub evict_released: u64,
     pub evict_copying: u64,
+    /// Restores whose copy failed (`--copy-fail-rate`): their request was aborted.
+    pub failed_restores: u64,
     /// Positions checked against the tag mirror at hits.
     pub verified_positions: u64,
     /// skv_tier_stats at the end.
@@ -83,7 +85,7 @@ pub(super) struct TierSim {
 impl TierSim {
     pub(super) fn new(pages: PoolPages, a: &crate::cli::Args) -> TierSim {
         TierSim {
-            copies: Copies::new(pages, a.page_size, a.kv_bytes_per_token, a.copy_gbps),
+            copies: Copies::new(pages, a),
             m: TierMetrics::default(),
             restored: Vec::new(),
             writers: 0,
@@ -138,8 +140,13 @@ impl Engine<'_> {
                 let running = self
                     .open
                     .iter()
-                    .any(|s| s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.req.req_pool_idx == r.row));
-                if !running {
+                    .position(|s| s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.req.req_pool_idx == r.row));
+                let Some(i) = running else { continue };
+                if self.sim().copies.failed.remove(&r.ticket) {
+                    // Its KV never arrived: the request cannot run, and goes back to the queue.
+                    self.sim().m.failed_restores += 1;
+                    let t = self.open[i].turn.take().expect("running");
+                    self.preempt(i, t)?;
                     continue;
                 }
                 let what = format!("restore of session {} branch {}", r.sid, r.bid);

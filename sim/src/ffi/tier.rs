@@ -32,9 +32,10 @@ impl Cache {
         ok(s, out)
     }
 
-    pub fn ticket_done(&mut self, ticket: u64) -> skv_status {
+    /// Completes `ticket`: its copies ran, or failed (`failed`).
+    pub fn ticket_done(&mut self, ticket: u64, failed: bool) -> skv_status {
         // SAFETY: a live handle.
-        unsafe { skv::skv_ticket_done(self.ptr, ticket, 0) }
+        unsafe { skv::skv_ticket_done(self.ptr, ticket, failed as i32) }
     }
 
     /// One tick of the policy's clock: the pages it queued and their ticket (0: none).
