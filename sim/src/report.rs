@@ -451,6 +451,15 @@ pub fn tier_json(cfg: &Config, without: &Run, with: &Run) -> String {
         format!("\"prefill_tokens_per_s\":{}", cfg.args.prefill_tokens_per_s),
         format!("\"verified_positions\":{}", with.m.tier.verified_positions),
     ];
+    let t = &with.m.tier;
+    for (k, v) in [
+        ("tier_evict_calls", t.evict_calls),
+        ("tier_evict_parked", t.evict_parked),
+        ("tier_evict_released", t.evict_released),
+        ("tier_evict_copying", t.evict_copying),
+    ] {
+        f.push(format!("\"{k}\":{v}"));
+    }
     for (_, name, v) in tier_rows() {
         for (side, r) in [("without_tier", without), ("with_tier", with)] {
             let val = match name {

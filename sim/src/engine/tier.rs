@@ -377,6 +377,9 @@ impl Engine<'_> {
         (m.parks, m.unparks, m.writebacks, m.host_evictions, m.failed_copies) =
             (st.parks, st.unparks, st.writebacks, st.host_evictions, st.failed_copies);
         (m.bytes_to_host, m.bytes_to_device) = (st.pages_to_host * kvb, st.pages_to_device * kvb);
+        if m.restores != st.unparks {
+            return Err(format!("libskv counts {} restores, the engine's matches restored {}", st.unparks, m.restores));
+        }
         if st.host_free_pages + 1 != st.host_total_pages {
             return Err(format!(
                 "host pool: {} of {} pages free after every session closed",
