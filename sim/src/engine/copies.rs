@@ -56,7 +56,7 @@ pub(super) struct Copies {
     /// When each queue (to host, to device) is next free, in modelled seconds.
     free_at: [f64; 2],
     /// `--copy-fail-rate`: the chance a ticket's copies fail, drawn from a stream of its own
-    /// (the workload's stays as it is), and the tickets that failed.
+    /// (the workload's stays as it is), and the restores that failed.
     fail_rate: f64,
     fail_rng: Rng,
     pub(super) failed: HashSet<u64>,
@@ -147,8 +147,9 @@ impl Engine<'_> {
             return Err(format!("{what}: returned ticket {ticket}, already open"));
         }
         let to_host = calls.first().is_none_or(|c| c.direction == SKV_COPY_TO_HOST);
-        if calls.iter().any(|c| c.direction != SKV_COPY_TO_HOST && c.direction != SKV_COPY_TO_DEVICE) {
-            return Err(format!("{what}: copy_pages direction outside 1..=2"));
+        let want = if to_host { SKV_COPY_TO_HOST } else { SKV_COPY_TO_DEVICE };
+        if let Some(c) = calls.iter().find(|c| c.direction != want) {
+            return Err(format!("{what}: copy_pages direction {} in a ticket whose copies go {want}", c.direction));
         }
         let pages: usize = calls.iter().map(|c| c.src.len()).sum();
         let q = if to_host { 0 } else { 1 };
@@ -165,9 +166,10 @@ impl Engine<'_> {
             let o = self.copies().open.remove(&ticket).expect("due ticket");
             let c = self.copies();
             let failed = c.fail_rate > 0.0 && c.fail_rng.chance(c.fail_rate);
-            if failed {
-                c.failed.insert(ticket);
-            } else {
+            if failed && !o.to_host {
+                c.failed.insert(ticket); // a restore: its request cannot run
+            }
+            if !failed {
                 c.apply(&o.copies);
             }
             let what = format!("skv_ticket_done({ticket}, failed {failed})");
