@@ -164,6 +164,90 @@
 #define SKV_WHERE_LEAVING 8
 
 /**
+ * The unit's first field: the bytes "SKVU" on a little-endian machine.
+ */
+#define UNIT_MAGIC 1431718739
+
+/**
+ * Written as a native u32: a reader of the other byte order sees it swapped.
+ */
+#define UNIT_BYTE_ORDER 16909060
+
+/**
+ * The version this library writes and reads.
+ */
+#define UNIT_VERSION 1
+
+/**
+ * Bytes before the page ids in version 1.
+ */
+#define UNIT_HEADER_LEN 96
+
+/**
+ * `flags`: the ids are host-tier pages (the slot was parked), not device pages.
+ */
+#define UNIT_FLAG_HOST_PAGES 1
+
+/**
+ * `flags`: the SWA side stays the engine's (external mode with SWA frees): the engine's rows
+ * name its SWA slots, libskv does not, so the unit carries no SWA ids (`n_swa` 0) and the
+ * engine's copy carries that side with its own indices.
+ */
+#define UNIT_FLAG_ENGINE_SWA 2
+
+/**
+ * `pools`: the full-attention pool.
+ */
+#define UNIT_POOL_FULL 1
+
+/**
+ * `pools`: a sliding-window pool beside it.
+ */
+#define UNIT_POOL_SWA 2
+
+#define MAGIC 0
+
+#define BYTE_ORDER 4
+
+#define VERSION 8
+
+#define HEADER_LEN 10
+
+#define FLAGS 12
+
+#define PAGE_SIZE 16
+
+#define POOLS 20
+
+#define SWA_WINDOW 24
+
+#define RESERVED 28
+
+#define KV_LAYOUT_ID 32
+
+#define SESSION 40
+
+#define BRANCH 48
+
+#define COMMITTED 56
+
+#define ALLOCATED 60
+
+#define PROTECTED 64
+
+#define SWA_CURSOR 68
+
+#define SWA_FLOOR 72
+
+#define AUX_MASK 76
+
+#define N_FULL 80
+
+#define N_SWA 84
+
+#define TOTAL_LEN 88
+
+/**
  * The result of every libskv call. Numbers are never reused.
  */
 typedef enum skv_status {
@@ -915,6 +999,43 @@ typedef struct skv_tier_stats {
 } skv_tier_stats;
 
 /**
+ * What a session's import needs besides its unit: the destination's key, row and handles.
+ */
+typedef struct skv_import {
+  /**
+   * sizeof(skv_import) of the header the caller was built with: 80 (0.4). See "Versioned
+   * structs" at the top of this header.
+   */
+  uint32_t struct_size;
+  /**
+   * 0.
+   */
+  uint32_t flags;
+  uint64_t session_id;
+  uint64_t branch_id;
+  /**
+   * External mode: the engine's row, already mapping the unit's `[0, allocated)`; owned
+   * mode: -1 (libskv takes a row).
+   */
+  int32_t row;
+  /**
+   * Owned mode: the token slots of the destination tree's prefix, `n_prefix` of them (the
+   * unit's protected length; skv_map_prefix's rules); 0 and NULL when it protects nothing,
+   * and in external mode.
+   */
+  uint32_t n_prefix;
+  const int32_t *prefix_indices;
+  /**
+   * The destination's prefix-tree lock (0: none) and recurrent-state handles: not -1 exactly
+   * where the source held one (docs/tiers.md#export-and-import).
+   */
+  uint64_t lock_node;
+  uint64_t lock_receipt;
+  int64_t aux_state;
+  int64_t aux_track[2];
+} skv_import;
+
+/**
  * Every exported function, for engines that dlopen libskv: one field per function, named
  * like it without the skv_ prefix (abi_version_fn is skv_abi_version). Get it with
  * skv_get_api(SKV_ABI_VERSION). Append-only within an ABI version: a function joins the
@@ -1272,6 +1393,28 @@ typedef struct skv_api {
    * Same as skv_cache_tier_stats.
    */
   enum skv_status (*cache_tier_stats)(const struct skv_cache *c, struct skv_tier_stats *out);
+  /**
+   * Same as skv_session_export.
+   */
+  enum skv_status (*session_export)(struct skv_cache *c,
+                                    uint64_t session_id,
+                                    uint64_t branch_id,
+                                    uint32_t flags,
+                                    uint8_t *buf,
+                                    size_t cap,
+                                    size_t *len,
+                                    uint64_t *ticket);
+  /**
+   * Same as skv_session_import.
+   */
+  enum skv_status (*session_import)(struct skv_cache *c,
+                                    const struct skv_import *in_,
+                                    const uint8_t *unit,
+                                    size_t len,
+                                    int32_t *out_pages,
+                                    size_t out_cap,
+                                    size_t *n_pages,
+                                    uint64_t *ticket);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1872,6 +2015,47 @@ enum skv_status skv_events_drain(struct skv_cache *c,
                                  size_t cap,
                                  size_t *len,
                                  uint64_t *seq);
+
+/**
+ * Writes the unit of the idle slot of (session_id, branch_id) into `buf` (`cap` bytes; NULL
+ * and 0 ask the size) and pins its pages under `*ticket` until the engine's copy of them
+ * completes (docs/tiers.md#export-and-import). `*len` receives the unit's size, also when
+ * `cap` is short. `flags`: 0.
+ *
+ * The caller must pass buf holding cap bytes.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+ *          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED, SKV_ERR_BUFFER
+ */
+enum skv_status skv_session_export(struct skv_cache *c,
+                                   uint64_t session_id,
+                                   uint64_t branch_id,
+                                   uint32_t flags,
+                                   uint8_t *buf,
+                                   size_t cap,
+                                   size_t *len,
+                                   uint64_t *ticket);
+
+/**
+ * Records the session a unit describes as an idle slot whose KV arrives under `*ticket`
+ * (docs/tiers.md#export-and-import). Owned mode: takes a row and the unit's pages, writing
+ * their ids to `out_pages` (full pages, then SWA pages: the copy's destinations; `*n_pages`
+ * receives how many); external mode: adopts `in->row`, `*n_pages` 0. Until the ticket
+ * completes, only skv_match_prefix_tier matches it.
+ *
+ * The caller must pass unit holding len bytes and out_pages holding out_cap values.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+ *          SKV_ERR_UNSUPPORTED
+ */
+enum skv_status skv_session_import(struct skv_cache *c,
+                                   const struct skv_import *in_,
+                                   const uint8_t *unit,
+                                   size_t len,
+                                   int32_t *out_pages,
+                                   size_t out_cap,
+                                   size_t *n_pages,
+                                   uint64_t *ticket);
 
 /**
  * skv_match_prefix, where a parked session is restored: new device pages for its prefix and a

@@ -438,6 +438,35 @@ class Cache {
     });
     return out;
   }
+  /// The unit of an idle session (skv_session_export), into `unit` (grown to fit); returns
+  /// the ticket pinning its pages until the engine's copy of them completes.
+  uint64_t session_export(uint64_t session_id, uint64_t branch_id, std::vector<uint8_t> &unit) {
+    size_t len = 0;
+    uint64_t ticket = 0;
+    skv_status s =
+        skv_session_export(handle_, session_id, branch_id, 0, unit.data(), unit.size(), &len, &ticket);
+    if (s == SKV_ERR_BUFFER) {
+      unit.resize(len);
+      s = skv_session_export(handle_, session_id, branch_id, 0, unit.data(), unit.size(), &len,
+                             &ticket);
+    }
+    detail::check(s);
+    unit.resize(len);
+    return ticket;
+  }
+  /// Records the session a unit describes (skv_session_import); `out_pages` receives the pages
+  /// to copy into (owned mode). Returns the ticket its copy completes.
+  uint64_t session_import(const skv_import &in, const std::vector<uint8_t> &unit,
+                          std::vector<int32_t> &out_pages) {
+    size_t n = 0;
+    uint64_t ticket = 0;
+    detail::call([&] {
+      return skv_session_import(handle_, &in, unit.data(), unit.size(), out_pages.data(),
+                                out_pages.size(), &n, &ticket);
+    });
+    out_pages.resize(n);
+    return ticket;
+  }
   /// The copies of `ticket` ran (status 0) or failed (skv_ticket_done).
   void ticket_done(uint64_t ticket, int32_t status = 0) {
     detail::call([&] { return skv_ticket_done(handle_, ticket, status); });

@@ -231,11 +231,10 @@ impl World {
             assert_eq!(st, SKV_ERR_OUT_OF_MEMORY, "{}", last_error());
             let mut e =
                 skv_tier_evicted { struct_size: std::mem::size_of::<skv_tier_evicted>() as u32, ..Default::default() };
+            let pages = 2 * (to - from) as u64 / self.ps as u64 + 2;
             // SAFETY: as above.
-            assert_eq!(
-                unsafe { skv_tier_evict(self.c, 2 * (to - from) as u64 / self.ps as u64 + 2, 0, &mut e) },
-                SKV_OK
-            );
+            let st = unsafe { skv_tier_evict(self.c, pages, 0, &mut e) };
+            assert_eq!(st, SKV_OK, "{}", last_error());
             if e.freed_pages + e.draining_pages == 0 && self.queue.borrow().pending.is_empty() {
                 // Nothing left to evict: this turn is dropped.
                 // SAFETY: as above.
@@ -357,4 +356,111 @@ fn bytes_survive_park_and_restore_page_size_16() {
 fn bytes_survive_park_and_restore_hybrid() {
     run(16, true);
     run(4, true);
+}
+
+/// Reads a unit's page ids (full, then SWA) from its header's counts (byte form v1).
+fn unit_ids(unit: &[u8]) -> (Vec<i32>, Vec<i32>) {
+    let u32_at = |at: usize| u32::from_ne_bytes(unit[at..at + 4].try_into().unwrap());
+    let (hlen, nf, ns) = (u16::from_ne_bytes([unit[10], unit[11]]) as usize, u32_at(80) as usize, u32_at(84) as usize);
+    let id = |k: usize| i32::from_ne_bytes(unit[hlen + 4 * k..hlen + 4 * k + 4].try_into().unwrap());
+    ((0..nf).map(id).collect(), (nf..nf + ns).map(id).collect())
+}
+
+/// Sessions move from one handle to another with their bytes: the source exports (from the
+/// device, or from the host tier when parked), the destination imports, the engine copies
+/// page by page between the two worlds' pools, both tickets complete, the source releases,
+/// and the destination's hit reads every position back.
+fn moves(ps: u32, swa: bool) {
+    let mut a = World::new(ps, swa, 7);
+    let mut b = World::new(ps, swa, 8);
+    for s in 0..6 {
+        a.turn(s, 3 * ps + s as u32);
+        a.turn(s, ps / 2 + 1);
+    }
+    // Sessions 1 and 4 parked first: their units name host pages.
+    for s in [1u64, 4] {
+        let mut t = 0;
+        // SAFETY: a live handle and a local.
+        assert_eq!(unsafe { skv_session_park(a.c, s, 0, &mut t) }, SKV_OK, "{}", last_error());
+        a.complete(t);
+    }
+    let mut moved = 0u64;
+    for s in 0..6usize {
+        let mut len = 0usize;
+        let mut t = 0u64;
+        // SAFETY: a live handle; (NULL, 0) asks the size.
+        let st = unsafe { skv_session_export(a.c, s as u64, 0, 0, null_mut(), 0, &mut len, &mut t) };
+        assert_eq!((st, t), (SKV_ERR_BUFFER, 0), "the size asked, nothing pinned");
+        let mut unit = vec![0u8; len];
+        // SAFETY: unit holds len bytes.
+        let st = unsafe { skv_session_export(a.c, s as u64, 0, 0, unit.as_mut_ptr(), len, &mut len, &mut t) };
+        assert_eq!(st, SKV_OK, "{}", last_error());
+        let parked = unit[12] & 1 == 1;
+        assert_eq!(parked, s == 1 || s == 4, "a parked session's unit names host pages");
+        let spec = skv_import {
+            struct_size: std::mem::size_of::<skv_import>() as u32,
+            flags: 0,
+            session_id: s as u64,
+            branch_id: 0,
+            row: -1,
+            n_prefix: 0,
+            prefix_indices: std::ptr::null(),
+            lock_node: 0,
+            lock_receipt: 0,
+            aux_state: -1,
+            aux_track: [-1, -1],
+        };
+        let (src_full, src_swa) = unit_ids(&unit);
+        let mut out = vec![0i32; src_full.len() + src_swa.len()];
+        let (mut n, mut ti) = (0usize, 0u64);
+        loop {
+            // SAFETY: a live handle; unit and out hold what their lengths say.
+            let st = unsafe {
+                skv_session_import(b.c, &spec, unit.as_ptr(), unit.len(), out.as_mut_ptr(), out.len(), &mut n, &mut ti)
+            };
+            if st == SKV_OK {
+                break;
+            }
+            // The destination makes room as under any pressure: parks and evictions.
+            assert_eq!(st, SKV_ERR_OUT_OF_MEMORY, "{}", last_error());
+            let mut e =
+                skv_tier_evicted { struct_size: std::mem::size_of::<skv_tier_evicted>() as u32, ..Default::default() };
+            // SAFETY: a live handle and a local.
+            assert_eq!(unsafe { skv_tier_evict(b.c, out.len() as u64, 0, &mut e) }, SKV_OK, "{}", last_error());
+            while !b.queue.borrow().pending.is_empty() {
+                b.complete_some();
+            }
+            assert!(e.parked + e.released + e.copying > 0, "the destination had room to make");
+        }
+        assert_eq!(n, out.len());
+        // The engine's copy: every layer of each page (one tag a token slot here).
+        let from = if parked { &a.host } else { &a.dev };
+        let pairs = src_full.iter().zip(&out).map(|(&x, &y)| (0, x, y));
+        let pairs = pairs.chain(src_swa.iter().zip(&out[src_full.len()..]).map(|(&x, &y)| (1, x, y)));
+        for (pool, x, y) in pairs {
+            for k in 0..ps as usize {
+                b.dev[pool][y as usize * ps as usize + k] = from[pool][x as usize * ps as usize + k];
+            }
+        }
+        a.done(t, 0);
+        b.done(ti, 0);
+        // SAFETY: a live handle: the source lets the session go once the destination has it.
+        assert_eq!(unsafe { skv_release_session(a.c, s as u64) }, SKV_OK, "{}", last_error());
+        b.len[s] = a.len[s];
+        moved += a.len[s] as u64;
+        a.len[s] = 0;
+        let before = b.checked;
+        b.turn(s, 2);
+        assert_eq!(b.checked - before, b.len[s] as u64 - 2, "the hit reused every moved position");
+    }
+    a.audit();
+    b.audit();
+    assert_eq!(b.checked, moved, "every moved position read back");
+}
+
+#[test]
+fn sessions_move_between_handles_with_their_bytes() {
+    moves(1, false);
+    moves(16, false);
+    moves(16, true);
 }

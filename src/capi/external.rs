@@ -245,6 +245,21 @@ impl ExternalPool {
 }
 
 impl Pool for ExternalPool {
+    fn read_row(&mut self, row: u32, start: u32, end: u32, out: &mut [i32]) -> Result<()> {
+        let read_row = self.ops.read_row.expect("checked at creation");
+        debug_assert_eq!(out.len(), (end - start) as usize, "the caller sized out");
+        let _scope = CallbackScope::enter();
+        // SAFETY: the engine's read_row (checked non-NULL at creation) writes end - start values
+        // into out, which holds that many.
+        let rc = unsafe { read_row(self.user_data, row as i32, start, end, out.as_mut_ptr()) };
+        if rc != 0 {
+            return Err(Error::Callback(format!(
+                "read_row(row {row}, [{start}, {end})) returned {rc}; nothing was changed"
+            )));
+        }
+        Ok(())
+    }
+
     fn prepare(&mut self, effects: &[Effect]) -> Result<()> {
         for e in effects {
             if let Effect::FreeKv { row, start, end, dead_lo, dead_hi, .. } = *e {

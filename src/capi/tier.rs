@@ -1,9 +1,10 @@
-//! The host tier and tickets (docs/tiers.md): park idle sessions in host memory, restore
-//! them on a match, complete the copies' tickets, and ask where a session's KV is.
+//! The host tier and tickets (docs/tiers.md): export and import a session as a unit, park
+//! idle sessions in host memory, restore them on a match, complete the copies' tickets, and
+//! ask where a session's KV is.
 
 use super::req::on_req;
-use super::{disjoint, events_emit, lock, out_mut, skv_cache, skv_status, Span};
-use crate::core::{Error, Req, Result};
+use super::{disjoint, events_emit, lock, out_mut, skv_cache, skv_status, slice, slice_mut, Span};
+use crate::core::{Error, ImportSpec, Req, Result};
 
 /// The Rust names of the C records (one definition each, in `core`).
 pub use crate::core::{
@@ -62,6 +63,144 @@ fn answer<T: Copy>(out: &mut T, v: T) {
         *out = v;
         (out as *mut T).cast::<u32>().write(size);
     }
+}
+
+/// What a session's import needs besides its unit: the destination's key, row and handles.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct skv_import {
+    /// sizeof(skv_import) of the header the caller was built with: 80 (0.4). See "Versioned
+    /// structs" at the top of this header.
+    pub struct_size: u32,
+    /// 0.
+    pub flags: u32,
+    pub session_id: u64,
+    pub branch_id: u64,
+    /// External mode: the engine's row, already mapping the unit's `[0, allocated)`; owned
+    /// mode: -1 (libskv takes a row).
+    pub row: i32,
+    /// Owned mode: the token slots of the destination tree's prefix, `n_prefix` of them (the
+    /// unit's protected length; skv_map_prefix's rules); 0 and NULL when it protects nothing,
+    /// and in external mode.
+    pub n_prefix: u32,
+    pub prefix_indices: *const i32,
+    /// The destination's prefix-tree lock (0: none) and recurrent-state handles: not -1 exactly
+    /// where the source held one (docs/tiers.md#export-and-import).
+    pub lock_node: u64,
+    pub lock_receipt: u64,
+    pub aux_state: i64,
+    pub aux_track: [i64; 2],
+}
+
+/// Every published sizeof(skv_import) (`read_versioned`).
+pub(crate) const IMPORT_SIZES: [u32; 1] = [80];
+const _: () = assert!(std::mem::size_of::<skv_import>() as u32 == IMPORT_SIZES[0]);
+
+/// Writes the unit of the idle slot of (session_id, branch_id) into `buf` (`cap` bytes; NULL
+/// and 0 ask the size) and pins its pages under `*ticket` until the engine's copy of them
+/// completes (docs/tiers.md#export-and-import). `*len` receives the unit's size, also when
+/// `cap` is short. `flags`: 0.
+///
+/// The caller must pass buf holding cap bytes.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_NOT_FOUND,
+///          SKV_ERR_STATE, SKV_ERR_CALLBACK, SKV_ERR_UNSUPPORTED, SKV_ERR_BUFFER
+#[no_mangle]
+pub unsafe extern "C" fn skv_session_export(
+    c: *mut skv_cache,
+    session_id: u64,
+    branch_id: u64,
+    flags: u32,
+    buf: *mut u8,
+    cap: usize,
+    len: *mut usize,
+    ticket: *mut u64,
+) -> skv_status {
+    export!(
+        skv_session_export,
+        c,
+        |t| t.num("session_id", session_id).num("branch_id", branch_id).num("flags", flags).num("cap", cap as u64),
+        // SAFETY: c is NULL or a live handle, buf NULL or cap bytes, len and ticket NULL or
+        // valid (the contract above); the helpers refuse NULL and misalignment.
+        || unsafe {
+            disjoint(&[Span::of(buf, cap, "buf"), Span::of(len, 1, "len"), Span::of(ticket, 1, "ticket")])?;
+            let (len, ticket) = (out_mut(len, "len")?, out_mut(ticket, "ticket")?);
+            let buf = slice_mut(buf, cap, "buf")?;
+            if flags != 0 {
+                return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits (0 is the only value)")));
+            }
+            let mut cache = lock(c)?;
+            *len = cache.export_len(session_id, branch_id)?;
+            (*len, *ticket) = cache.export(session_id, branch_id, buf)?;
+            Ok(())
+        },
+        |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
+            t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
+        },
+    )
+}
+
+/// Records the session a unit describes as an idle slot whose KV arrives under `*ticket`
+/// (docs/tiers.md#export-and-import). Owned mode: takes a row and the unit's pages, writing
+/// their ids to `out_pages` (full pages, then SWA pages: the copy's destinations; `*n_pages`
+/// receives how many); external mode: adopts `in->row`, `*n_pages` 0. Until the ticket
+/// completes, only skv_match_prefix_tier matches it.
+///
+/// The caller must pass unit holding len bytes and out_pages holding out_cap values.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE,
+///          SKV_ERR_UNSUPPORTED
+#[no_mangle]
+pub unsafe extern "C" fn skv_session_import(
+    c: *mut skv_cache,
+    in_: *const skv_import,
+    unit: *const u8,
+    len: usize,
+    out_pages: *mut i32,
+    out_cap: usize,
+    n_pages: *mut usize,
+    ticket: *mut u64,
+) -> skv_status {
+    export!(
+        skv_session_import,
+        c,
+        |t| t.num("len", len as u64).num("out_cap", out_cap as u64),
+        // SAFETY: c NULL or live, in_ NULL or its struct_size bytes, unit len bytes, out_pages
+        // out_cap values, n_pages and ticket NULL or valid (the contract above); the helpers
+        // refuse NULL and misalignment.
+        || unsafe {
+            disjoint(&[
+                Span::of(out_pages, out_cap, "out_pages"),
+                Span::of(n_pages, 1, "n_pages"),
+                Span::of(ticket, 1, "ticket"),
+            ])?;
+            let spec = super::read_versioned(super::arg(in_, "in")?, &IMPORT_SIZES, "in")?;
+            let (n_pages, ticket) = (out_mut(n_pages, "n_pages")?, out_mut(ticket, "ticket")?);
+            let unit = slice(unit, len, "unit")?;
+            let out = slice_mut(out_pages, out_cap, "out_pages")?;
+            if spec.flags != 0 {
+                return Err(Error::InvalidArg(format!("in->flags {:#x} has unknown bits", spec.flags)));
+            }
+            let prefix = slice(spec.prefix_indices, spec.n_prefix as usize, "in->prefix_indices")?;
+            let spec = ImportSpec {
+                session: spec.session_id,
+                branch: spec.branch_id,
+                row: spec.row,
+                prefix,
+                lock_node: spec.lock_node,
+                lock_receipt: spec.lock_receipt,
+                aux_state: spec.aux_state,
+                aux_track: spec.aux_track,
+            };
+            (*n_pages, *ticket) = lock(c)?.import(&spec, unit, out)?;
+            Ok(())
+        },
+        |t| {
+            // SAFETY: NULL or valid (the contract above), read after the body wrote it.
+            t.num("ticket", unsafe { ticket.as_ref() }.copied().unwrap_or(0));
+        },
+    )
 }
 
 /// skv_match_prefix, where a parked session is restored: new device pages for its prefix and a

@@ -11,12 +11,10 @@ use super::tier::HostPool;
 impl Cache {
     pub(crate) fn check_tier(&self, rep: &mut Report) -> Result<()> {
         for (row, s) in self.slots.iter() {
-            if s.ticket != 0 && self.tickets.get(s.ticket).is_none_or(|p| !p.rows.contains(&row)) {
+            let t = self.ticket_of(row);
+            if t != 0 && self.tickets.get(t).is_none_or(|p| !p.rows.contains(&row)) {
                 rep.violation(|| {
-                    format!(
-                        "session {} branch {} names ticket {}, which does not copy it",
-                        s.session, s.branch, s.ticket
-                    )
+                    format!("session {} branch {} is pinned by ticket {t}, which does not copy it", s.session, s.branch)
                 });
             }
         }

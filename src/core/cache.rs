@@ -186,7 +186,7 @@ impl Cache {
     }
 
     /// The row's `RowMeta`, for a row in range.
-    fn meta_mut(&mut self, row: u32) -> &mut RowMeta {
+    pub(crate) fn meta_mut(&mut self, row: u32) -> &mut RowMeta {
         match &mut self.pool {
             Backend::Owned(p) => &mut p.rows[row as usize].meta,
             Backend::Engine(_) => &mut self.engine_meta[row as usize],

@@ -7,7 +7,10 @@
 //! sliding-window step), then owned mode: `alloc`, `swa_alloc` and `page_list` (the pools'
 //! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
-//! (what a device copy of the rows must learn).
+//! (what a device copy of the rows must learn). Then the host tier: `tickets` and `pins`
+//! (copies in flight and the pages they hold), `tier` (its pools and policy), `tier_ops` and
+//! `owned_tier` (its calls), `audit_tier`; and a session's KV as a movable unit: `unit` (its
+//! byte form) and `unit_ops` (export and import).
 
 mod alloc;
 mod audit;
@@ -37,9 +40,13 @@ mod swa;
 mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
+#[cfg(test)]
+mod test_unit;
 mod tickets;
 mod tier;
 mod tier_ops;
+mod unit;
+mod unit_ops;
 
 pub use cache::{Backend, Cache, Move};
 pub use error::{Error, Result};
@@ -53,6 +60,11 @@ pub use slots::{Place, Slot};
 pub use swa::Window;
 pub use tier::TierConfig;
 pub(crate) use tier_ops::{COPY_TO_DEVICE, COPY_TO_HOST, PLACE_HOST, WHERE_LEAVING};
+pub use unit::{
+    at as unit_at, read_unit, Destination, Fingerprint, Unit, UnitHeader, UNIT_BYTE_ORDER, UNIT_FLAG_ENGINE_SWA,
+    UNIT_FLAG_HOST_PAGES, UNIT_HEADER_LEN, UNIT_MAGIC, UNIT_POOL_FULL, UNIT_POOL_SWA, UNIT_VERSION,
+};
+pub use unit_ops::ImportSpec;
 
 impl Cache {
     /// An owned-mode cache: libskv's own pool and rows.

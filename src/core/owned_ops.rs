@@ -214,27 +214,9 @@ impl Cache {
         self.check_record(req)?;
         self.guard_session_row(row)?;
         let pool = self.owned_pool_mut()?;
-        for &p in &pages {
-            if pool.pages.held_maps(p).is_none() {
-                bail!(State, "page {p} is not engine-held ({})", not_held(pool, p));
-            }
-        }
-        for &p in &pages {
-            let maps = pool.pages.held_maps(p).expect("checked engine-held");
-            pool.pages.set_held(p, maps + 1);
-        }
+        check_held(pool, &pages)?;
         let n = n as u32;
-        if let Some(s) = pool.swa.as_mut() {
-            let sr = &mut s.rows[row as usize];
-            sr.ids.clear();
-            sr.ids.extend(pages.iter().map(|&p| s.held[p as usize]));
-            sr.passed = (0, 0);
-        }
-        // The row's cursor stays (the req's, checked against it above).
-        let swa_cursor = pool.row_mut(row).swa_cursor;
-        *pool.row_mut(row) =
-            super::owned::Row { pages: super::page_list::PageList::new(pages), len: n, protected: n, swa_cursor };
-        pool.mapped(row, 0, n);
+        pool.map_held_prefix(row, pages);
         (req.kv_allocated_len, req.kv_committed_len, req.cache_protected_len) = (n, n, n);
         Ok(())
     }
@@ -433,7 +415,7 @@ fn swa_stats(pool: &OwnedPool) -> Stats {
 
 /// The pages of a prefix given as token indices: whole pages, position `k` at offset
 /// `k % ps` of its page, each page once.
-fn prefix_pages(pool: &mut OwnedPool, ps: u32, indices: &[i32]) -> Result<Vec<u32>> {
+pub(super) fn prefix_pages(pool: &mut OwnedPool, ps: u32, indices: &[i32]) -> Result<Vec<u32>> {
     let mut pages = Vec::with_capacity(indices.len() / ps as usize);
     for (pos, &i) in indices.iter().enumerate() {
         let page = page_of(pool, i)?;
@@ -455,6 +437,38 @@ fn prefix_pages(pool: &mut OwnedPool, ps: u32, indices: &[i32]) -> Result<Vec<u3
         bail!(InvalidArg, "page {p} appears twice in the prefix");
     }
     Ok(pages)
+}
+
+/// `State` unless every page of a prefix is engine-held.
+pub(super) fn check_held(pool: &OwnedPool, pages: &[u32]) -> Result<()> {
+    for &p in pages {
+        if pool.pages.held_maps(p).is_none() {
+            bail!(State, "page {p} is not engine-held ({})", not_held(pool, p));
+        }
+    }
+    Ok(())
+}
+
+impl OwnedPool {
+    /// Maps engine-held `pages` (checked by `check_held`) as the protected prefix of `row`,
+    /// which maps nothing yet; the row's SWA cursor stays.
+    pub(super) fn map_held_prefix(&mut self, row: u32, pages: Vec<u32>) {
+        for &p in &pages {
+            let maps = self.pages.held_maps(p).expect("checked engine-held");
+            self.pages.set_held(p, maps + 1);
+        }
+        let n = pages.len() as u32 * self.ps;
+        if let Some(s) = self.swa.as_mut() {
+            let sr = &mut s.rows[row as usize];
+            sr.ids.clear();
+            sr.ids.extend(pages.iter().map(|&p| s.held[p as usize]));
+            sr.passed = (0, 0);
+        }
+        let swa_cursor = self.row_mut(row).swa_cursor;
+        *self.row_mut(row) =
+            super::owned::Row { pages: super::page_list::PageList::new(pages), len: n, protected: n, swa_cursor };
+        self.mapped(row, 0, n);
+    }
 }
 
 /// The distinct pages of `indices`, ascending, into `pages`; every one must be engine-held

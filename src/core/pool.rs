@@ -110,6 +110,15 @@ pub trait Pool: Send {
     /// effects still run and the error names what failed.
     fn apply(&mut self, effects: &[Effect]) -> Result<()>;
 
+    /// Copies `req_to_token[row, start..end)` into `out` (`end - start` values): the page ids
+    /// an export of an engine's row names (`Cache::export`). A pool that cannot read its
+    /// rows refuses with `Unsupported`; on error `out` holds nothing to use.
+    fn read_row(&mut self, row: u32, start: u32, end: u32, _out: &mut [i32]) -> Result<()> {
+        Err(super::error::Error::Unsupported(format!(
+            "this pool cannot read row {row}'s indices [{start}, {end}): an export needs the engine's read_row"
+        )))
+    }
+
     /// Whether the pool can hand back the SWA side of a row alone (`FreeSwa`).
     fn frees_swa(&self) -> std::result::Result<(), String> {
         Err("this pool cannot free the SWA side alone".into())

@@ -93,6 +93,7 @@ impl Cache {
     /// `match_prefix`: restore a session's slot into the req for its next turn. A parked slot,
     /// or one an import still writes, is refused: its KV is not on the device yet
     /// (`match_prefix_tier` restores it and names the copy's ticket).
+    #[inline]
     pub fn match_prefix(
         &mut self,
         session: u64,
@@ -101,27 +102,11 @@ impl Cache {
         key_len: u32,
         pre_aborted: bool,
     ) -> Result<Match> {
-        if let Some((_, s)) = self.slots.find_near(session, branch, req.row()) {
-            if s.place == Place::Parked && !pre_aborted {
-                bail!(
-                    State,
-                    "session {session} branch {branch} is parked in the host tier: match it with \
-                     skv_match_prefix_tier, which restores it"
-                );
-            }
-            if s.ticket != 0 && self.arriving(s.ticket) {
-                bail!(
-                    State,
-                    "session {session} branch {branch} is being imported (ticket {}): match it with \
-                     skv_match_prefix_tier, which names the ticket",
-                    s.ticket
-                );
-            }
-        }
-        self.hit(session, branch, req, key_len, pre_aborted)
+        self.hit(session, branch, req, key_len, pre_aborted, false)
     }
 
-    /// `match_prefix` on a slot whose KV is on the device (or arriving there).
+    /// `match_prefix`; `tiered`: the caller (`match_prefix_tier`) restored a parked slot or
+    /// hands out an import's ticket with the hit.
     pub(crate) fn hit(
         &mut self,
         session: u64,
@@ -129,10 +114,14 @@ impl Cache {
         req: &mut Req,
         key_len: u32,
         pre_aborted: bool,
+        tiered: bool,
     ) -> Result<Match> {
         self.check_req(req)?;
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()) else { return Ok(MISS) };
         let slot = *slot;
+        if !tiered && !pre_aborted && (slot.place == Place::Parked || self.meta(row).is_some_and(|m| m.pinned)) {
+            self.refuse_untiered(session, branch, row, &slot)?;
+        }
         if pre_aborted {
             return Ok(MISS);
         }
@@ -155,6 +144,29 @@ impl Cache {
             c.tier_hit(row);
         })?;
         Ok(Match { hit: 1, prefix_len })
+    }
+
+    /// A plain match of a parked slot, or of one an import still writes or an export still
+    /// reads: refused.
+    #[cold]
+    fn refuse_untiered(&self, session: u64, branch: u64, row: u32, slot: &Slot) -> Result<()> {
+        self.refuse_exporting(session, branch, row, false)?;
+        if slot.place == Place::Parked {
+            bail!(
+                State,
+                "session {session} branch {branch} is parked in the host tier: match it with \
+                 skv_match_prefix_tier, which restores it"
+            );
+        }
+        let t = self.ticket_of(row);
+        if self.arriving(t) {
+            bail!(
+                State,
+                "session {session} branch {branch} is being imported (ticket {t}): match it with \
+                 skv_match_prefix_tier, which names the ticket"
+            );
+        }
+        Ok(())
     }
 
     /// The prefix a match of `slot` with `key_len` reuses; `None` when aligned reuse finds
@@ -216,6 +228,7 @@ impl Cache {
         self.check_floor(req)?;
         let found = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s));
         self.check_row_belongs(row, found.map(|(r, _)| r), session, branch)?;
+        let copying = found.map_or(0, |(r, _)| self.ticket_of(r));
         match found.map(|(_, s)| s) {
             Some(s) if !s.in_flight => bail!(
                 State,
@@ -227,11 +240,10 @@ impl Cache {
                 "session {session} branch {branch}'s KV never arrived (its restore's copy failed): hand the \
                  request back (the session parks again) or abort it"
             ),
-            Some(s) if s.ticket != 0 && self.tickets.get(s.ticket).is_some_and(|p| p.kind != Kind::WriteBack) => bail!(
+            Some(_) if copying != 0 && self.tickets.get(copying).is_some_and(|p| p.kind != Kind::WriteBack) => bail!(
                 State,
-                "session {session} branch {branch}'s KV is still being copied (ticket {}): complete the ticket \
-                 before the turn's forward pass",
-                s.ticket
+                "session {session} branch {branch}'s KV is still being copied (ticket {copying}): complete the \
+                 ticket before the turn's forward pass"
             ),
             // Saving a shorter record would forget the tail the running slot records.
             Some(s) if req.kv_allocated_len < s.allocated => bail!(
@@ -563,6 +575,5 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         in_flight: false,
         finished_at: 0,
         place: Place::Device,
-        ticket: 0,
     }
 }

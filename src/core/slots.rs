@@ -36,10 +36,9 @@ pub struct Slot {
     /// When the slot's last turn finished (the cache's turn counter then): orders idle slots
     /// from least to most recently used. A handed-back request leaves it as it was.
     pub finished_at: u64,
-    /// Where the slot's KV past its protected prefix is (`Place`).
+    /// Where the slot's KV past its protected prefix is (`Place`). (The open ticket copying
+    /// its pages, if any, is its row's pin: `Cache::ticket_of`.)
     pub place: Place,
-    /// The open ticket copying the slot's pages, 0 when none.
-    pub ticket: u64,
 }
 
 /// Where a slot's session-owned KV is.
@@ -171,7 +170,6 @@ mod tests {
             in_flight: false,
             finished_at: 0,
             place: Place::Device,
-            ticket: 0,
         }
     }
 

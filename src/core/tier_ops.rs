@@ -235,7 +235,6 @@ impl Cache {
                 let tier = c.tier_mut();
                 tier.copies[w.row as usize] = copy;
                 tier.touch(w.row);
-                c.slots.of_row_mut(w.row).expect("planned slot").ticket = t;
                 c.pool.owned_mut().expect("owned").pin_row(w.row, t);
             }
             extra(c);
@@ -290,7 +289,7 @@ impl Cache {
             let (fin, row) = self.tier_ref()?.writeback[at];
             let t = self.tier_ref()?;
             let s = match self.idle_on_device(row) {
-                Some(s) if s.finished_at == fin && s.ticket == 0 && !t.copies[row as usize].exists() => s,
+                Some(s) if s.finished_at == fin && self.ticket_of(row) == 0 && !t.copies[row as usize].exists() => s,
                 // Stale, in flight (its finish pushes it again), or already copied.
                 _ => {
                     at += 1;
@@ -330,7 +329,7 @@ impl Cache {
         let Some((row, s)) = self.slots.find(session, branch).map(|(r, s)| (r, *s)) else {
             bail!(NotFound, "session {session} branch {branch} has no slot to park");
         };
-        self.check_movable(session, branch, &s)?;
+        self.check_movable(session, branch, row, &s)?;
         self.effects.clear();
         if self.tier_ref()?.copies[row as usize].clean {
             self.push_park(row, &s);
@@ -352,12 +351,13 @@ impl Cache {
     }
 
     /// Refuses a park or export of a slot that is running, parked or already being copied.
-    pub(crate) fn check_movable(&self, session: u64, branch: u64, s: &Slot) -> Result<()> {
+    pub(crate) fn check_movable(&self, session: u64, branch: u64, row: u32, s: &Slot) -> Result<()> {
         if s.in_flight {
             bail!(State, "session {session} branch {branch} is in flight: finish or hand back its request first");
         }
-        if s.ticket != 0 {
-            bail!(State, "session {session} branch {branch} is being copied (ticket {}): complete it first", s.ticket);
+        let t = self.ticket_of(row);
+        if t != 0 {
+            bail!(State, "session {session} branch {branch} is being copied (ticket {t}): complete it first");
         }
         if s.place == Place::Parked {
             bail!(State, "session {session} branch {branch} is already parked");
@@ -398,7 +398,7 @@ impl Cache {
                 out.copying += 1;
                 out.draining_pages += n;
             } else if !no_copy
-                && s.ticket == 0
+                && self.ticket_of(row) == 0
                 && s.allocated - s.protected >= min
                 && self.require_copy().is_ok()
                 && self.plan_write(&mut plan, row, &s, true)
@@ -451,12 +451,14 @@ impl Cache {
         let Some((row, slot)) = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s)) else {
             return Ok(TierMatch::default());
         };
+        self.refuse_exporting(session, branch, row, pre_aborted)?;
         if slot.place == Place::Parked && !pre_aborted {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
-        let arriving = self.tickets.get(slot.ticket).is_some_and(|p| p.kind == Kind::Import);
-        let m = self.hit(session, branch, req, key_len, pre_aborted)?;
-        let ticket = if m.hit == 1 && arriving { slot.ticket } else { 0 };
+        let t = self.ticket_of(row);
+        let arriving = self.arriving(t);
+        let m = self.hit(session, branch, req, key_len, pre_aborted, true)?;
+        let ticket = if m.hit == 1 && arriving { t } else { 0 };
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })
     }
 
@@ -522,13 +524,13 @@ impl Cache {
         p.mapped(row, slot.protected, len);
         p.pin_row(row, t);
         let s = self.slots.of_row_mut(row).expect("slot");
-        (s.place, s.allocated, s.committed, s.ticket) = (Place::Device, len, s.committed.min(len), t);
+        (s.place, s.allocated, s.committed) = (Place::Device, len, s.committed.min(len));
         self.moves.push((session, branch, Move::Restored));
         let tier = self.tier_mut();
         tier.copies[row as usize].ticket = t;
         tier.counts.unparks += 1;
         tier.counts.pages_to_device += moved;
-        let m = self.hit(session, branch, req, key_len, false)?;
+        let m = self.hit(session, branch, req, key_len, false, true)?;
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, restored_pages: n, ticket: t, ..TierMatch::default() })
     }
 
@@ -537,13 +539,15 @@ impl Cache {
     pub fn ticket_done(&mut self, ticket: u64, ok: bool) -> Result<()> {
         let p = self.tickets.check(ticket)?;
         let (kind, rows) = (p.kind, p.rows.clone());
+        let p_rows = rows.clone();
         let ps = self.cfg.page_size;
-        let mine = |c: &Cache, row: u32| c.slots.of_row(row).filter(|s| s.ticket == ticket).copied();
+        // The rows whose slots the ticket still copies (a slot released since is not).
+        let rows: Vec<u32> = rows.into_iter().filter(|&r| self.ticket_of(r) == ticket).collect();
         self.effects.clear();
         let mut parks = Vec::new();
         let mut releases = Vec::new();
         for &row in &rows {
-            let Some(s) = mine(self, row) else { continue };
+            let s = *self.slots.of_row(row).expect("a pinned row's slot");
             match kind {
                 Kind::WriteBack if ok => {
                     let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
@@ -556,7 +560,7 @@ impl Cache {
             }
         }
         // The pins end first, so the parks below free their pages rather than drain them.
-        self.unpin_all(ticket, &rows);
+        self.unpin_all(ticket, &p_rows);
         for &row in &parks {
             let s = *self.slots.of_row(row).expect("slot");
             self.push_park(row, &s);
@@ -566,10 +570,6 @@ impl Cache {
         }
         self.run_effects(|c| {
             for &row in &rows {
-                if mine(c, row).is_none() {
-                    continue;
-                }
-                c.slots.of_row_mut(row).expect("slot").ticket = 0;
                 let Some(tier) = c.tier.as_deref_mut() else { continue };
                 let copy = &mut tier.copies[row as usize];
                 if copy.ticket != ticket {
@@ -628,10 +628,35 @@ impl Cache {
                 for &row in rows {
                     if self.engine_pins.ticket_of(row) == Some(ticket) {
                         self.engine_pins.unpin(row);
+                        self.meta_mut(row).pinned = false;
                     }
                 }
             }
         }
+    }
+
+    /// Pins `row` for `ticket` in either mode (`pins`).
+    pub(crate) fn pin(&mut self, row: u32, ticket: u64) {
+        match self.pool.owned_mut() {
+            Some(p) => p.pin_row(row, ticket),
+            None => {
+                self.engine_pins.pin(row, ticket);
+                self.meta_mut(row).pinned = true;
+            }
+        }
+    }
+
+    /// The open ticket copying `row`'s pages (its pin), 0 when none.
+    #[inline]
+    pub(crate) fn ticket_of(&self, row: u32) -> u64 {
+        if !self.meta(row).is_some_and(|m| m.pinned) {
+            return 0;
+        }
+        let pins = match self.pool.owned() {
+            Some(p) => &p.pins,
+            None => &self.engine_pins,
+        };
+        pins.ticket_of(row).unwrap_or(0)
     }
 
     /// A hand-back of a slot whose restore failed parks it again (its host copy is intact).
@@ -652,17 +677,23 @@ impl Cache {
 
     /// The tier's part of a hit on a device slot: a host copy no longer matches what the
     /// request will write (unless the copy is the restore's own, which its completion drops).
+    #[inline]
     pub(crate) fn tier_hit(&mut self, row: u32) {
-        let unparking = self
-            .slots
-            .of_row(row)
-            .is_some_and(|s| s.ticket != 0 && self.tickets.get(s.ticket).is_some_and(|p| p.kind == Kind::Unpark));
-        if let (Some(t), false) = (self.tier.as_deref_mut(), unparking) {
-            t.drop_copy(row);
+        if self.tier.is_some() {
+            self.tier_hit_copy(row);
+        }
+    }
+
+    #[inline(never)]
+    fn tier_hit_copy(&mut self, row: u32) {
+        let unparking = self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Unpark);
+        if !unparking {
+            self.tier_mut().drop_copy(row);
         }
     }
 
     /// The tier's part of a finished turn.
+    #[inline]
     pub(crate) fn tier_finished(&mut self, row: u32, finished_at: u64) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.finished(row, finished_at);
@@ -670,6 +701,7 @@ impl Cache {
     }
 
     /// The tier's part of a hand-back: the slot is idle again, to be written back.
+    #[inline]
     pub(crate) fn tier_handed_back(&mut self, row: u32, finished_at: u64) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.writeback.push_back((finished_at, row));
@@ -677,6 +709,7 @@ impl Cache {
     }
 
     /// The tier's part of a released slot: its host copy goes (or drains).
+    #[inline]
     pub(crate) fn tier_released(&mut self, row: u32) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.drop_copy(row);
@@ -706,19 +739,12 @@ impl Cache {
         };
         let mut state = 0;
         state |= WHERE_IN_FLIGHT * s.in_flight as u32;
-        state |= WHERE_COPYING * (s.ticket != 0) as u32;
+        let ticket = self.ticket_of(row);
+        state |= WHERE_COPYING * (ticket != 0) as u32;
         state |= WHERE_FAILED * (s.place == Place::Failed) as u32;
         state |= WHERE_LEAVING * copy.is_some_and(|c| c.leaving) as u32;
         let device_pages = self.pool.mapped_len(row).map_or(0, |n| pages_for(n, self.cfg.page_size)) as u64;
-        Where {
-            place,
-            state,
-            tokens: s.allocated,
-            device_pages,
-            host_pages: host as u64,
-            ticket: s.ticket,
-            ..Where::default()
-        }
+        Where { place, state, tokens: s.allocated, device_pages, host_pages: host as u64, ticket, ..Where::default() }
     }
 
     /// `skv_tier_stats`.
