@@ -209,6 +209,8 @@ pub struct Instance {
     decode_blocks: u64,
     /// The running turns' committed tokens at the last step (the load imbalance's measure).
     active_tokens: u64,
+    /// Prompt tokens prefilled here (the modelled time's).
+    prefilled: u64,
 }
 
 pub struct Engine<'a> {
@@ -227,7 +229,7 @@ pub struct Engine<'a> {
     #[cfg(feature = "router")]
     fleet: Option<multi::Fleet>,
     /// The host tier's side (`--host-pool-tokens`), and the modelled clock.
-    tier: Option<Box<tier::TierSim>>,
+    tier: Vec<tier::TierSim>,
     clock: tier::Clock,
     pub m: Metrics,
     bar: ProgressBar,
@@ -308,6 +310,7 @@ impl<'a> Engine<'a> {
                 prefill_tokens: 0,
                 decode_blocks: 0,
                 active_tokens: 0,
+                prefilled: 0,
             });
         }
         let check_every = a.check_every;
@@ -325,10 +328,12 @@ impl<'a> Engine<'a> {
             slots_created: 0,
             #[cfg(feature = "router")]
             fleet: None,
-            tier: (cfg.host_pages > 0).then(|| {
-                let host_swa = if swa_pages > 0 { cfg.host_pages } else { 0 };
-                Box::new(tier::TierSim::new([(pages, cfg.host_pages), (swa_pages, host_swa)], a))
-            }),
+            tier: (0..if cfg.host_pages > 0 { n } else { 0 })
+                .map(|_| {
+                    let host_swa = if swa_pages > 0 { cfg.host_pages } else { 0 };
+                    tier::TierSim::new([(pages, cfg.host_pages), (swa_pages, host_swa)], a)
+                })
+                .collect(),
             clock: tier::Clock::default(),
             m: Metrics { total_pages: pages * n as u64, swa_total_pages: swa_pages * n as u64, ..Metrics::default() },
             bar,
@@ -466,7 +471,7 @@ impl<'a> Engine<'a> {
                     return Ok(true);
                 }
                 SKV_ERR_OUT_OF_MEMORY => {
-                    let evicted = if self.tier.is_some() { self.tier_evict(1)? } else { self.evict_one()? };
+                    let evicted = if !self.tier.is_empty() { self.tier_evict(1)? } else { self.evict_one()? };
                     if !evicted {
                         return Ok(false);
                     }

@@ -125,13 +125,13 @@ impl Copies {
 
 impl Engine<'_> {
     fn copies(&mut self) -> &mut Copies {
-        &mut self.tier.as_mut().expect("host tier").copies
+        &mut self.tier[self.cur].copies
     }
 
     /// Queues the copies `copy_pages` received for `ticket`, the ticket a libskv call just
     /// returned (0: none); a copy under any other ticket is a fault.
     pub(super) fn enqueue(&mut self, what: &str, ticket: u64) -> Result<(), Fault> {
-        let calls = std::mem::take(&mut *self.inst[0].cache.hooks.copies.borrow_mut());
+        let calls = std::mem::take(&mut *self.inst[self.cur].cache.hooks.copies.borrow_mut());
         if let Some(c) = calls.iter().find(|c| c.ticket != ticket || ticket == 0) {
             return Err(format!("{what}: copy_pages for ticket {} but the call returned ticket {ticket}", c.ticket));
         }
@@ -173,7 +173,7 @@ impl Engine<'_> {
                 c.apply(&o.copies);
             }
             let what = format!("skv_ticket_done({ticket}, failed {failed})");
-            let s = self.inst[0].cache.ticket_done(ticket, failed);
+            let s = self.inst[self.cur].cache.ticket_done(ticket, failed);
             if s != skv::skv_status::SKV_OK {
                 return Err(unexpected(&what, s));
             }
@@ -197,7 +197,7 @@ impl Engine<'_> {
         if from >= to {
             return Ok(());
         }
-        let idx = self.inst[0].cache.row_indices(row, from, to).map_err(|s| unexpected("skv_row_indices", s))?;
+        let idx = self.inst[self.cur].cache.row_indices(row, from, to).map_err(|s| unexpected("skv_row_indices", s))?;
         let dev = &mut self.copies().device;
         for (p, &x) in (from..to).zip(&idx) {
             dev[x as usize] = tag(sid, bid, p, writer);
@@ -206,8 +206,10 @@ impl Engine<'_> {
             return Ok(());
         }
         // The sliding-window layers' KV, at the positions the window still holds.
-        let idx =
-            self.inst[0].cache.row_swa_indices(row, from, to).map_err(|s| unexpected("skv_row_swa_indices", s))?;
+        let idx = self.inst[self.cur]
+            .cache
+            .row_swa_indices(row, from, to)
+            .map_err(|s| unexpected("skv_row_swa_indices", s))?;
         let dev = &mut self.copies().swa_device;
         for (p, &x) in (from..to).zip(&idx).filter(|&(_, &x)| x != 0) {
             dev[x as usize] = tag(sid, bid, p, writer);
@@ -230,8 +232,8 @@ impl Engine<'_> {
         if len == 0 {
             return Ok(());
         }
-        let idx = self.inst[0].cache.row_indices(row, 0, len).map_err(|s| unexpected("skv_row_indices", s))?;
-        let dev = &self.tier.as_ref().expect("host tier").copies.device;
+        let idx = self.inst[self.cur].cache.row_indices(row, 0, len).map_err(|s| unexpected("skv_row_indices", s))?;
+        let dev = &self.tier[self.cur].copies.device;
         for (p, &x) in (0..len).zip(&idx) {
             let want = tag(sid, bid, p, writer_at(w, p));
             if dev[x as usize] != want {
@@ -241,12 +243,13 @@ impl Engine<'_> {
                 ));
             }
         }
-        self.tier.as_mut().expect("host tier").m.verified_positions += len as u64;
+        self.m.tier.verified_positions += len as u64;
         if !self.copies().swa() {
             return Ok(());
         }
-        let idx = self.inst[0].cache.row_swa_indices(row, 0, len).map_err(|s| unexpected("skv_row_swa_indices", s))?;
-        let dev = &self.tier.as_ref().expect("host tier").copies.swa_device;
+        let idx =
+            self.inst[self.cur].cache.row_swa_indices(row, 0, len).map_err(|s| unexpected("skv_row_swa_indices", s))?;
+        let dev = &self.tier[self.cur].copies.swa_device;
         for (p, &x) in (0..len).zip(&idx) {
             let want = tag(sid, bid, p, writer_at(w, p));
             if (x == 0 && p >= cursor) || (x != 0 && dev[x as usize] != want) {
@@ -265,7 +268,8 @@ impl Engine<'_> {
         if len == 0 || !self.copies().swa() {
             return Ok(());
         }
-        let idx = self.inst[0].cache.row_swa_indices(row, 0, len).map_err(|s| unexpected("skv_row_swa_indices", s))?;
+        let idx =
+            self.inst[self.cur].cache.row_swa_indices(row, 0, len).map_err(|s| unexpected("skv_row_swa_indices", s))?;
         let dev = &mut self.copies().swa_device;
         for (p, &x) in (0..len).zip(&idx).filter(|&(_, &x)| x != 0) {
             dev[x as usize] = tag(0, 0, p, 0);

@@ -57,7 +57,8 @@ pub struct TierMetrics {
 pub(super) struct Clock {
     /// The current step's start, in modelled seconds.
     pub(super) now: f64,
-    last_prefilled: u64,
+    /// Each instance's prefilled tokens at the last step.
+    last_prefilled: Vec<u64>,
     /// The time the step's prefill may start, set by the copies it waits for.
     gate: f64,
 }
@@ -76,7 +77,6 @@ struct Restored {
 /// The engine's side of the host tier.
 pub(super) struct TierSim {
     pub(super) copies: Copies,
-    pub(super) m: TierMetrics,
     restored: Vec<Restored>,
     writers: u64,
     host_evictions_seen: u64,
@@ -84,84 +84,92 @@ pub(super) struct TierSim {
 
 impl TierSim {
     pub(super) fn new(pages: PoolPages, a: &crate::cli::Args) -> TierSim {
-        TierSim {
-            copies: Copies::new(pages, a),
-            m: TierMetrics::default(),
-            restored: Vec::new(),
-            writers: 0,
-            host_evictions_seen: 0,
-        }
+        TierSim { copies: Copies::new(pages, a), restored: Vec::new(), writers: 0, host_evictions_seen: 0 }
     }
 }
 
 impl Engine<'_> {
     fn sim(&mut self) -> &mut TierSim {
-        self.tier.as_mut().expect("host tier")
+        &mut self.tier[self.cur]
     }
 
-    /// The shared system prompt's tags, written once (its pages never move).
+    /// The shared system prompts' tags, written once (their pages never move).
     pub(super) fn tier_start(&mut self) {
-        let shared = self.inst[0].shared.clone();
-        if let Some(t) = self.tier.as_mut() {
+        for k in 0..self.tier.len() {
+            let shared = self.inst[k].shared.clone();
             for (p, &x) in shared.iter().enumerate() {
-                t.copies.device[x as usize] = super::copies::tag(0, 0, p as u32, 0);
+                self.tier[k].copies.device[x as usize] = super::copies::tag(0, 0, p as u32, 0);
             }
         }
     }
 
-    /// A step boundary: the copies done by now complete, and the policy's clock ticks.
+    /// A step boundary: on each instance the copies done by now complete, and the policy's
+    /// clock ticks (a drained instance's copies still complete).
     pub(super) fn step_begin(&mut self) -> Result<(), Fault> {
         self.clock.gate = self.clock.now + self.cfg.args.step_ms / 1000.0;
-        if self.tier.is_none() {
-            return Ok(());
+        for k in 0..self.tier.len() {
+            self.cur = k;
+            self.complete_due(self.clock.now)?;
+            if !self.inst[k].live {
+                continue;
+            }
+            let (_, ticket) = self.inst[k].cache.tier_step().map_err(|s| unexpected("skv_tier_step", s))?;
+            self.enqueue("skv_tier_step", ticket)?;
+            self.note_tier_releases("skv_tier_step", 0)?;
         }
-        self.complete_due(self.clock.now)?;
-        let (_, ticket) = self.inst[0].cache.tier_step().map_err(|s| unexpected("skv_tier_step", s))?;
-        self.enqueue("skv_tier_step", ticket)?;
-        self.note_tier_releases("skv_tier_step", 0)
+        Ok(())
     }
 
-    /// The step's forward pass: its prefill waits for the restores it admitted; the reused KV
-    /// of each is checked once its copy completed; the clock moves on.
+    /// The step's forward passes: each instance's prefill waits for the restores it admitted;
+    /// the reused KV of each is checked once its copy completed; the clock moves on by the
+    /// slowest instance's step.
     pub(super) fn step_end(&mut self) -> Result<(), Fault> {
         let decode_end = self.clock.now + self.cfg.args.step_ms / 1000.0;
-        if self.tier.is_some() {
-            let restored = std::mem::take(&mut self.sim().restored);
-            let mut waited = 0;
-            for r in &restored {
-                if let Some(f) = self.sim().copies.finish_of(r.ticket) {
+        let mut waited = 0;
+        for t in &self.tier {
+            for r in &t.restored {
+                if let Some(f) = t.copies.finish_of(r.ticket) {
                     waited += (f > decode_end) as u64;
                     self.clock.gate = self.clock.gate.max(f);
                 }
             }
+        }
+        for k in 0..self.tier.len() {
+            self.cur = k;
+            let restored = std::mem::take(&mut self.sim().restored);
             self.complete_due(self.clock.gate)?;
             for r in &restored {
                 // A request preempted since its match let its row go; nothing reads its KV.
-                let running = self
-                    .open
-                    .iter()
-                    .position(|s| s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.req.req_pool_idx == r.row));
+                let running = self.open.iter().position(|s| {
+                    s.id == r.sid && s.turn.as_ref().is_some_and(|t| t.inst == k && t.req.req_pool_idx == r.row)
+                });
                 let Some(i) = running else { continue };
                 if self.sim().copies.failed.remove(&r.ticket) {
                     // Its KV never arrived: the request cannot run, and goes back to the queue.
-                    self.sim().m.failed_restores += 1;
+                    self.m.tier.failed_restores += 1;
                     let t = self.open[i].turn.take().expect("running");
                     self.preempt(i, t)?;
+                    self.cur = k;
                     continue;
                 }
-                let what = format!("restore of session {} branch {}", r.sid, r.bid);
+                let what = format!("restore of session {} branch {} on instance {k}", r.sid, r.bid);
                 self.verify_tags(&what, r.row, (r.sid, r.bid), (r.len, r.cursor), &r.writes)?;
             }
-            let stall = self.clock.gate - decode_end;
-            let m = &mut self.sim().m;
-            m.stalled_restores += waited;
-            if stall > 0.0 {
-                m.stalled_steps += 1;
-                m.stall_s += stall;
-            }
         }
-        let prefilled = self.m.prefilled - self.clock.last_prefilled;
-        self.clock.last_prefilled = self.m.prefilled;
+        let stall = self.clock.gate - decode_end;
+        let m = &mut self.m.tier;
+        m.stalled_restores += waited;
+        if stall > 0.0 {
+            m.stalled_steps += 1;
+            m.stall_s += stall;
+        }
+        let last = &mut self.clock.last_prefilled;
+        last.resize(self.inst.len(), 0);
+        let mut prefilled = 0;
+        for (l, inst) in last.iter_mut().zip(&self.inst) {
+            prefilled = prefilled.max(inst.prefilled - *l);
+            *l = inst.prefilled;
+        }
         self.clock.now = self.clock.gate.max(decode_end) + prefilled as f64 / self.cfg.args.prefill_tokens_per_s;
         self.m.tier.model_s = self.clock.now;
         Ok(())
@@ -170,9 +178,9 @@ impl Engine<'_> {
     /// Frees at least `pages` device pages with skv_tier_evict (waiting for the write-backs
     /// whose pages drain when that is all it could do). Ok(false): nothing left to evict.
     pub(super) fn tier_evict(&mut self, pages: u64) -> Result<bool, Fault> {
-        let out = self.inst[0].cache.tier_evict(pages).map_err(|s| unexpected("skv_tier_evict", s))?;
+        let out = self.inst[self.cur].cache.tier_evict(pages).map_err(|s| unexpected("skv_tier_evict", s))?;
         self.enqueue("skv_tier_evict", out.ticket)?;
-        let m = &mut self.sim().m;
+        let m = &mut self.m.tier;
         m.evict_calls += 1;
         m.evict_parked += out.parked as u64;
         m.evict_released += out.released as u64;
@@ -186,7 +194,7 @@ impl Engine<'_> {
         // Pages that drain come back when their write-back completes: the engine waits for it
         // (in the model, its step's prefill does).
         let Some(done) = self.sim().copies.last_to_host() else { return Ok(false) };
-        self.sim().m.eviction_waits += 1;
+        self.m.tier.eviction_waits += 1;
         self.clock.gate = self.clock.gate.max(done);
         self.complete_due(done)?;
         Ok(true)
@@ -197,7 +205,7 @@ impl Engine<'_> {
     /// skv_session_where, and their recurrent-state handles must have come back (in any
     /// order: the tier releases by its own queues).
     fn note_tier_releases(&mut self, what: &str, released: u64) -> Result<(), Fault> {
-        let st = self.inst[0].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
+        let st = self.inst[self.cur].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
         let dropped = st.host_evictions - self.sim().host_evictions_seen;
         self.sim().host_evictions_seen = st.host_evictions;
         let mut handles = Vec::new();
@@ -206,11 +214,13 @@ impl Engine<'_> {
             for b in 0..self.open[i].branches.len() {
                 // An in-flight slot never goes; a parked one a match is about to restore may.
                 let (s, br) = (&self.open[i], &self.open[i].branches[b]);
-                if !br.has_slot || released + dropped == 0 {
+                if !br.has_slot || br.inst != self.cur || released + dropped == 0 {
                     continue;
                 }
-                let w =
-                    self.inst[0].cache.session_where(s.id, br.id).map_err(|e| unexpected("skv_session_where", e))?;
+                let w = self.inst[self.cur]
+                    .cache
+                    .session_where(s.id, br.id)
+                    .map_err(|e| unexpected("skv_session_where", e))?;
                 if w.place == SKV_PLACE_NONE {
                     handles.extend(real(br.handles));
                     self.open[i].branches[b].has_slot = false;
@@ -223,14 +233,14 @@ impl Engine<'_> {
                 "{what}: the host tier released {gone} idle slots; the call said {released} released and {dropped} host copies dropped"
             ));
         }
-        let h = &self.inst[0].cache.hooks.handles;
+        let h = &self.inst[self.cur].cache.hooks.handles;
         let mut got = h.take_handed_back();
         got.sort_unstable();
         handles.sort_unstable();
         if got != handles || !h.bad.borrow().is_empty() {
             return Err(format!("{what}: free_aux received {got:?}, the released slots held {handles:?}"));
         }
-        self.sim().m.released_by_tier += gone;
+        self.m.tier.released_by_tier += gone;
         Ok(())
     }
 
@@ -242,7 +252,7 @@ impl Engine<'_> {
         let what = format!("skv_match_prefix_tier(session {sid}, branch {bid})");
         let retry = req.req_pool_idx >= 0;
         let (want_hit, want_len) = self.expected_match(&self.open[i].branches[b], key_len);
-        let w = self.inst[0].cache.session_where(sid, bid).map_err(|s| unexpected("skv_session_where", s))?;
+        let w = self.inst[self.cur].cache.session_where(sid, bid).map_err(|s| unexpected("skv_session_where", s))?;
         let has_slot = self.open[i].branches[b].has_slot;
         if has_slot != (w.place != SKV_PLACE_NONE) {
             return Err(format!("{what}: skv_session_where place {}, the engine expects a slot: {has_slot}", w.place));
@@ -256,7 +266,7 @@ impl Engine<'_> {
             // Room in both pools (the SWA pool's need is at most the full pool's).
             let swa = self.cfg.args.swa_window > 0;
             loop {
-                let st = self.inst[0].cache.stats().map_err(|s| unexpected("skv_cache_stats", s))?;
+                let st = self.inst[self.cur].cache.stats().map_err(|s| unexpected("skv_cache_stats", s))?;
                 let short = restore_pages.saturating_sub(st.free_pages);
                 let swa_short = if swa { restore_pages.saturating_sub(st.swa_free_pages) } else { 0 };
                 if short.max(swa_short) == 0 || !self.tier_evict(short.max(swa_short))? {
@@ -269,13 +279,14 @@ impl Engine<'_> {
             }
         }
         let before = self.free_pages()?;
-        let m = self.inst[0].cache.match_prefix_tier(sid, bid, req, key_len).map_err(|s| unexpected(&what, s))?;
+        let m =
+            self.inst[self.cur].cache.match_prefix_tier(sid, bid, req, key_len).map_err(|s| unexpected(&what, s))?;
         self.enqueue(&what, m.ticket)?;
         let after = self.free_pages()?;
         let hit = m.hit == 1;
         // A restore that does not fit misses: the full pool's pages are known; the SWA pool's
         // are at most as many (the window's dead pages take none).
-        let swa_free = self.inst[0].cache.stats().map_or(0, |st| st.swa_free_pages);
+        let swa_free = self.inst[self.cur].cache.stats().map_or(0, |st| st.swa_free_pages);
         let swa_short = self.cfg.args.swa_window > 0 && swa_free < restore_pages;
         let short = parked && before < restore_pages;
         let ok_hit = match (short, parked && swa_short && want_hit) {
@@ -313,7 +324,7 @@ impl Engine<'_> {
         if br.has_slot && !hit {
             br.has_slot = false;
             if parked {
-                self.sim().m.restore_misses += 1;
+                self.m.tier.restore_misses += 1;
             } else {
                 self.m.aligned_releases += 1;
             }
@@ -323,7 +334,7 @@ impl Engine<'_> {
         }
         let writes = self.open[i].branches[b].writes.clone();
         if restored {
-            self.sim().m.restores += 1;
+            self.m.tier.restores += 1;
             let cursor = req.swa_evicted_seqlen;
             let r = Restored { sid, bid, row: req.req_pool_idx, len: want_len, cursor, ticket: m.ticket, writes };
             self.sim().restored.push(r);
@@ -336,7 +347,7 @@ impl Engine<'_> {
     /// A turn's prefill committed from `from` (its reused prefix, or the shared prompt on a
     /// miss): the turn's writer, recorded with the branch until its finish.
     pub(super) fn tier_prefilled(&mut self, i: usize, b: usize, hit: bool, from: u32) {
-        let Some(t) = self.tier.as_mut() else { return };
+        let Some(t) = self.tier.get_mut(self.cur) else { return };
         t.writers += 1;
         let br = &mut self.open[i].branches[b];
         if !hit {
@@ -348,7 +359,7 @@ impl Engine<'_> {
     /// A finishing turn's KV, `[from, end)` of its row, written to the mirror before libskv
     /// stores the slot.
     pub(super) fn tier_finishing(&mut self, i: usize, b: usize, req: &skv_req, end: u32) -> Result<(), Fault> {
-        if self.tier.is_none() {
+        if self.tier.is_empty() {
             return Ok(());
         }
         let (sid, br) = (self.open[i].id, &mut self.open[i].branches[b]);
@@ -364,32 +375,41 @@ impl Engine<'_> {
 
     /// After the last session closed: every copy completes and libskv has no ticket open.
     pub(super) fn tier_close(&mut self) -> Result<(), Fault> {
-        if self.tier.is_none() {
-            return Ok(());
-        }
-        self.complete_due(f64::INFINITY)?;
-        let st = self.inst[0].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
-        if st.open_tickets != 0 || self.sim().copies.open_count() != 0 {
-            return Err(format!("{} tickets open at the end (every copy the engine ran completed)", st.open_tickets));
-        }
         let kvb = self.cfg.args.page_size as u64 * self.cfg.args.kv_bytes_per_token;
-        let m = &mut self.sim().m;
-        (m.parks, m.unparks, m.writebacks, m.host_evictions, m.failed_copies) =
-            (st.parks, st.unparks, st.writebacks, st.host_evictions, st.failed_copies);
-        (m.bytes_to_host, m.bytes_to_device) = (st.pages_to_host * kvb, st.pages_to_device * kvb);
-        if m.restores != st.unparks {
-            return Err(format!("libskv counts {} restores, the engine's matches restored {}", st.unparks, m.restores));
+        let mut unparks = 0;
+        for k in 0..self.tier.len() {
+            self.cur = k;
+            self.complete_due(f64::INFINITY)?;
+            let st = self.inst[k].cache.tier_stats().map_err(|s| unexpected("skv_tier_stats", s))?;
+            if st.open_tickets != 0 || self.sim().copies.open_count() != 0 {
+                return Err(format!(
+                    "instance {k}: {} tickets open at the end (every copy the engine ran completed)",
+                    st.open_tickets
+                ));
+            }
+            if st.host_free_pages + 1 != st.host_total_pages {
+                return Err(format!(
+                    "instance {k}'s host pool: {} of {} pages free after every session closed",
+                    st.host_free_pages,
+                    st.host_total_pages - 1
+                ));
+            }
+            let m = &mut self.m.tier;
+            m.parks += st.parks;
+            m.unparks += st.unparks;
+            m.writebacks += st.writebacks;
+            m.host_evictions += st.host_evictions;
+            m.failed_copies += st.failed_copies;
+            m.bytes_to_host += st.pages_to_host * kvb;
+            m.bytes_to_device += st.pages_to_device * kvb;
+            unparks += st.unparks;
         }
-        if st.host_free_pages + 1 != st.host_total_pages {
+        if self.m.tier.restores != unparks {
             return Err(format!(
-                "host pool: {} of {} pages free after every session closed",
-                st.host_free_pages,
-                st.host_total_pages - 1
+                "libskv counts {unparks} restores, the engine's matches restored {}",
+                self.m.tier.restores
             ));
         }
-        let model_s = self.m.tier.model_s;
-        self.m.tier = self.sim().m;
-        self.m.tier.model_s = model_s;
         Ok(())
     }
 }

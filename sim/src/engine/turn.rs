@@ -32,7 +32,7 @@ impl Engine<'_> {
     }
 
     pub(super) fn do_match(&mut self, i: usize, b: usize, req: &mut skv_req, key_len: u32) -> Result<bool, Fault> {
-        if self.tier.is_some() {
+        if !self.tier.is_empty() {
             return self.do_match_tier(i, b, req, key_len);
         }
         let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
@@ -146,6 +146,7 @@ impl Engine<'_> {
         let n = origin - req.kv_committed_len;
         expect_ok("skv_commit(prefill)", self.inst[self.cur].cache.commit(&mut req, n))?;
         self.m.prefilled += n as u64;
+        self.inst[k].prefilled += n as u64;
         self.m.prompt_tokens += origin as u64;
         self.tier_prefilled(i, b, hit, origin - n);
         #[cfg(feature = "router")]

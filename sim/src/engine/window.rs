@@ -75,7 +75,7 @@ impl Engine<'_> {
     fn swa_free_pages(&self) -> Result<u64, Fault> {
         let c = &self.inst[self.cur].cache;
         let free = c.stats().map(|s| s.swa_free_pages).map_err(|s| unexpected("skv_cache_stats", s))?;
-        if self.tier.is_none() {
+        if self.tier.is_empty() {
             return Ok(free);
         }
         let t = c.tier_stats().map_err(|s| unexpected("skv_cache_tier_stats", s))?;
