@@ -116,9 +116,9 @@ pub struct Args {
     /// the host tier's time model
     #[arg(long, default_value_t = 20.0)]
     pub step_ms: f64,
-    /// Host tier (single instance only): a host pool of N tokens for idle sessions' KV; the
-    /// workload runs twice, without and with the tier, and the summary compares them
-    /// (docs/simulator.md). 0: no tier
+    /// Host tier: a host pool of N tokens for idle sessions' KV (split evenly between the
+    /// instances); the workload runs twice, without and with the tier (once per routing
+    /// policy each), and the summary compares them (docs/simulator.md). 0: no tier
     #[arg(long, default_value_t = 0)]
     pub host_pool_tokens: u64,
     /// Modelled copy bandwidth between device and host, each way, in GB/s (--host-pool-tokens)
@@ -304,7 +304,7 @@ impl Config {
                 pages
             }
         };
-        let host_pages = check_tier(&a, multi)?;
+        let host_pages = check_tier(&a)?;
         Ok(Config {
             host_pages,
             shared_tokens: shared as u32,
@@ -321,8 +321,8 @@ impl Config {
     }
 }
 
-/// The host tier's options; its pages (0: no tier).
-fn check_tier(a: &Args, multi: bool) -> Result<u64, String> {
+/// The host tier's options; its pages (0: no tier), split evenly between the instances.
+fn check_tier(a: &Args) -> Result<u64, String> {
     for (name, v) in [("--copy-gbps", a.copy_gbps), ("--prefill-tokens-per-s", a.prefill_tokens_per_s)] {
         if !(v > 0.0 && v.is_finite()) {
             return Err(format!("{name} {v}: must be a positive number"));
@@ -336,15 +336,10 @@ fn check_tier(a: &Args, multi: bool) -> Result<u64, String> {
         return Ok(0);
     }
     let pages = n / a.page_size as u64;
-    if pages < 2 || pages * a.page_size as u64 > 1 << 31 {
+    if pages / (a.instances.max(1) as u64) < 2 || pages * a.page_size as u64 > 1 << 31 {
         return Err(format!(
-            "--host-pool-tokens {n}: must hold at least 2 pages of {} (page 0 is padding) and at most 2^31 tokens",
-            a.page_size
-        ));
-    }
-    if multi {
-        return Err(format!(
-            "--host-pool-tokens {n}: not supported with --instances/--router (the tier runs in the single-instance engine)"
+            "--host-pool-tokens {n}: must hold at least 2 pages of {} on each of {} instance(s) (page 0 is padding) and at most 2^31 tokens",
+            a.page_size, a.instances
         ));
     }
     Ok(pages)

@@ -280,6 +280,8 @@ impl<'a> Engine<'a> {
         } else {
             (cfg.total_pages, cfg.swa_total_pages)
         };
+        // The host pool splits between the instances as the device pool does.
+        let host_pages = if cfg.multi { cfg.host_pages / a.instances as u64 } else { cfg.host_pages };
         let c = skv_cache_config {
             struct_size: size_of::<skv_cache_config>() as u32,
             page_size: a.page_size,
@@ -288,8 +290,8 @@ impl<'a> Engine<'a> {
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: swa_pages * a.page_size as u64,
-            host_num_token_slots: cfg.host_pages * a.page_size as u64,
-            host_swa_num_token_slots: if swa_pages > 0 { cfg.host_pages * a.page_size as u64 } else { 0 },
+            host_num_token_slots: host_pages * a.page_size as u64,
+            host_swa_num_token_slots: if swa_pages > 0 { host_pages * a.page_size as u64 } else { 0 },
             tier_idle_steps: if cfg.host_pages > 0 { a.tier_idle_steps } else { 0 },
             tier_pages_per_step: if cfg.host_pages > 0 { a.tier_pages_per_step } else { 0 },
             ..Default::default()
@@ -298,7 +300,7 @@ impl<'a> Engine<'a> {
         let mut inst = Vec::with_capacity(n);
         for _ in 0..n {
             let cache =
-                Cache::new(&c, cfg.host_pages > 0).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
+                Cache::new(&c, host_pages > 0).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
             inst.push(Instance {
                 cache,
                 shared: Vec::new(),
@@ -328,10 +330,10 @@ impl<'a> Engine<'a> {
             slots_created: 0,
             #[cfg(feature = "router")]
             fleet: None,
-            tier: (0..if cfg.host_pages > 0 { n } else { 0 })
+            tier: (0..if host_pages > 0 { n } else { 0 })
                 .map(|_| {
-                    let host_swa = if swa_pages > 0 { cfg.host_pages } else { 0 };
-                    tier::TierSim::new([(pages, cfg.host_pages), (swa_pages, host_swa)], a)
+                    let host_swa = if swa_pages > 0 { host_pages } else { 0 };
+                    tier::TierSim::new([(pages, host_pages), (swa_pages, host_swa)], a)
                 })
                 .collect(),
             clock: tier::Clock::default(),

@@ -347,6 +347,7 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
             ("routed", rm.routed),
             ("steps", rm.steps),
             ("events", rm.events),
+            ("events_cpu", rm.cpu_events),
             ("event_batches", rm.batches),
             ("event_bytes", rm.event_bytes),
             ("router_audits", rm.audits),
@@ -414,9 +415,10 @@ fn tier_rows() -> Vec<Row> {
 pub fn tier_table(cfg: &Config, without: &Run, with: &Run) -> String {
     let a = &cfg.args;
     let mut t = String::new();
+    let split = if cfg.multi { format!(" (split between {} instances)", a.instances) } else { String::new() };
     let _ = writeln!(
         t,
-        "host tier: {} pages ({} tokens) beside {} device pages; copies {} GB/s each way at {} KV bytes/token; prefill {} tokens/s, decode {} ms a step",
+        "host tier: {} pages ({} tokens) beside {} device pages{split}; copies {} GB/s each way at {} KV bytes/token; prefill {} tokens/s, decode {} ms a step",
         cfg.host_pages,
         cfg.host_pages * a.page_size as u64,
         cfg.total_pages,

@@ -134,7 +134,7 @@ fn bad_tier_options_exit_2_with_one_line() {
     for args in [
         &["--host-pool-tokens", "16"][..],
         &["--host-pool-tokens", "4294967296"],
-        &["--host-pool-tokens", "8192", "--instances", "2"],
+        &["--host-pool-tokens", "48", "--instances", "2"],
         &["--copy-gbps", "0"],
         &["--prefill-tokens-per-s", "-1"],
         &["--kv-bytes-per-token", "0"],
