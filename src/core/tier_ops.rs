@@ -271,9 +271,8 @@ impl Cache {
         while t.host_lru.front().is_some_and(|&e| copy_gone(&t.copies, e)) {
             t.host_lru.pop_front();
         }
-        let slot_gone = |(fin, row): (u64, u32)| {
-            slots.of_row(row).is_none_or(|s| s.finished_at != fin || s.place == Place::Parked)
-        };
+        let slot_gone =
+            |(fin, row): (u64, u32)| slots.of_row(row).is_none_or(|s| s.finished_at != fin || s.place == Place::Parked);
         while t.device_lru.front().is_some_and(|&e| slot_gone(e)) {
             t.device_lru.pop_front();
         }

@@ -305,7 +305,11 @@ impl Engine<'_> {
             ));
         }
         let restored = parked && hit;
-        if (m.restored_pages as u64, m.ticket != 0) != (restore_pages * restored as u64, restored && restore_pages > 0)
+        // A retried match while the first one's restore copies names that restore's ticket.
+        let still_copying = retry && hit && !parked && m.restored_pages == 0 && self.copies().is_open(m.ticket);
+        if !still_copying
+            && (m.restored_pages as u64, m.ticket != 0)
+                != (restore_pages * restored as u64, restored && restore_pages > 0)
         {
             return Err(format!(
                 "{what}: restored {} pages under ticket {}, expected {} pages (parked {parked}, hit {hit}, retry {retry})",
