@@ -86,15 +86,18 @@ impl Cache {
                 Some(prefix_len) => Admission { hit: 1, prefix_len, pages_needed: whole - on_device, pages_freed: 0 },
             });
         }
+        // A row an open ticket copies frees nothing now: its pages drain until the ticket completes.
+        let pinned = self.pool.owned().is_some_and(|p| p.pins.ticket_of(row).is_some());
         match self.reusable_prefix(slot, key_len)? {
             None => Ok(Admission {
                 pages_needed: whole,
-                pages_freed: freeable(held, slot.protected, ps),
+                pages_freed: if pinned { 0 } else { freeable(held, slot.protected, ps) },
                 ..Admission::default()
             }),
             Some(prefix_len) => {
                 let kept = pages_for(prefix_len, ps) as u64;
-                Ok(Admission { hit: 1, prefix_len, pages_needed: whole - kept, pages_freed: held.saturating_sub(kept) })
+                let freed = if pinned { 0 } else { held.saturating_sub(kept) };
+                Ok(Admission { hit: 1, prefix_len, pages_needed: whole - kept, pages_freed: freed })
             }
         }
     }

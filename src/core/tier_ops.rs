@@ -326,8 +326,16 @@ impl Cache {
             let (fin, row) = self.tier_ref()?.writeback[at];
             let t = self.tier_ref()?;
             let s = match self.idle_on_device(row) {
-                Some(s) if s.finished_at == fin && self.ticket_of(row) == 0 && !t.copies[row as usize].exists() => s,
-                // Stale, in flight (its finish pushes it again), or already copied.
+                Some(s)
+                    if s.finished_at == fin
+                        && self.ticket_of(row) == 0
+                        && !t.copies[row as usize].exists()
+                        && !plan.has(row) =>
+                {
+                    s
+                }
+                // Stale, in flight (its finish pushes it again), already copied, or queued twice
+                // (a failed write-back queues its slot again) and planned already.
                 _ => {
                     at += 1;
                     continue;
@@ -511,6 +519,14 @@ impl Cache {
         key_len: u32,
     ) -> Result<TierMatch> {
         check_claim(session, branch, row, &slot, req)?;
+        if req.row().is_some() {
+            // Only a stale copy holds an idle slot's row; refused before anything is copied.
+            bail!(
+                State,
+                "req_pool_idx {row}: session {session} branch {branch} is parked; a req holding its row is a \
+                 stale copy (a restore takes a req that holds no row)"
+            );
+        }
         self.require_copy()?;
         let ps = self.cfg.page_size;
         let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {

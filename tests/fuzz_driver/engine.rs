@@ -17,7 +17,13 @@ use super::{Probes, Rng};
 fn call_export_is_harmless(k: usize) -> bool {
     matches!(
         HANDLE_EXPORTS[k],
-        "skv_session_held" | "skv_cache_stats" | "skv_session_usage" | "skv_branch_usage" | "skv_checkpoint"
+        "skv_session_held"
+            | "skv_cache_stats"
+            | "skv_session_usage"
+            | "skv_branch_usage"
+            | "skv_checkpoint"
+            | "skv_session_where"
+            | "skv_cache_tier_stats"
     )
 }
 
@@ -70,6 +76,14 @@ pub struct Engine {
     /// engine that knows what its callback could not free does. libskv must never hand it back
     /// again (a double free) and must still run every later callback of the call.
     pub midway: Vec<(i32, u32, Vec<i32>, u32)>,
+    /// Owned mode's `copy_pages`: the copies queued during the current call, as `(ticket,
+    /// direction, n_full, n_swa)`; each ticket must be new (above `last_copy_ticket`).
+    pub queued: Vec<(u64, u32, usize, usize)>,
+    pub last_copy_ticket: u64,
+    /// Chance per 1000 that `copy_pages` refuses (the call must then change nothing).
+    pub copy_fail_rate: u64,
+    /// Whether `copy_pages` refused during the current call.
+    pub copy_refused: bool,
 
     pub rng: Rng,
     pub me: *mut skv_cache,
@@ -101,6 +115,10 @@ impl Engine {
             reenter_rate: 0,
             reentered: Vec::new(),
             midway: Vec::new(),
+            queued: Vec::new(),
+            last_copy_ticket: 0,
+            copy_fail_rate: 0,
+            copy_refused: false,
 
             rng: Rng(seed),
             me: std::ptr::null_mut(),
@@ -436,6 +454,40 @@ pub unsafe extern "C" fn free_aux(ud: *mut c_void, aux: i64) -> c_int {
     e.fail()
 }
 
+/// Queues a ticket's copies (the fuzzer completes it later, in any order) or refuses them.
+pub unsafe extern "C" fn copy_pages(
+    ud: *mut c_void,
+    ticket: u64,
+    direction: u32,
+    src: *const i32,
+    dst: *const i32,
+    n_full: usize,
+    n_swa: usize,
+) -> c_int {
+    let e = engine(ud);
+    e.reenter();
+    let n = n_full + n_swa;
+    let why = format!("copy_pages(ticket {ticket}, direction {direction}, n_full {n_full}, n_swa {n_swa})");
+    if n == 0 || ticket <= e.last_copy_ticket || ![SKV_COPY_TO_HOST, SKV_COPY_TO_DEVICE].contains(&direction) {
+        e.findings.push(format!("{why}: no copies, a ticket not new (last {}), or no direction", e.last_copy_ticket));
+    }
+    // SAFETY: libskv passes n readable indices in each array.
+    let (src, dst) = unsafe { (std::slice::from_raw_parts(src, n), std::slice::from_raw_parts(dst, n)) };
+    if src.iter().chain(dst).any(|&p| p < 1) {
+        e.findings.push(format!("{why}: a page below 1 (page 0 is padding): {src:?} -> {dst:?}"));
+    }
+    if e.copy_fail_rate > 0 && e.rng.below(1000) < e.copy_fail_rate {
+        e.injected += 1;
+        e.copy_refused = true;
+        e.trail.push(format!("copy_pages({ticket}) refused"));
+        return -1;
+    }
+    e.trail.push(format!("copy_pages({ticket}, dir {direction}, {n_full}+{n_swa})"));
+    e.last_copy_ticket = ticket;
+    e.queued.push((ticket, direction, n_full, n_swa));
+    0
+}
+
 pub fn pool_ops(pools: Pools) -> skv_pool_ops {
     let (struct_size, free_kv, seg): (u32, skv_free_kv_fn, skv_free_kv_segment_fn) = match pools {
         Pools::Plain => (48, Some(free_kv), None),
@@ -461,6 +513,6 @@ pub fn hooks() -> skv_engine_hooks {
         struct_size: std::mem::size_of::<skv_engine_hooks>() as u32,
         dec_lock_ref: Some(dec_lock_ref),
         free_aux: Some(free_aux),
-        ..Default::default()
+        copy_pages: Some(copy_pages),
     }
 }

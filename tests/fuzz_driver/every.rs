@@ -7,7 +7,7 @@ use std::ptr::{null, null_mut};
 use skv::*;
 
 /// The exports `call_export` makes, by index.
-pub const HANDLE_EXPORTS: [&str; 40] = [
+pub const HANDLE_EXPORTS: [&str; 47] = [
     "skv_cache_set_trace",
     "skv_match_prefix",
     "skv_cache_finished_req",
@@ -48,6 +48,13 @@ pub const HANDLE_EXPORTS: [&str; 40] = [
     "skv_events_session",
     "skv_events_tokens",
     "skv_events_drain",
+    "skv_match_prefix_tier",
+    "skv_ticket_done",
+    "skv_session_park",
+    "skv_tier_step",
+    "skv_tier_evict",
+    "skv_session_where",
+    "skv_cache_tier_stats",
 ];
 
 /// `HANDLE_EXPORTS[k]` on handle `c`, every other argument honest: a fresh req, outputs and
@@ -58,6 +65,10 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
     let mut reqs = [skv_req::default(); 2];
     let (mut i32s, mut u32s, mut u64s, mut n) = ([0i32; 8], [1u32; 8], [0u64; 8], 0usize);
     let (mut m, mut h) = (skv_match { hit: 0, prefix_len: 0 }, 0u32);
+    let mut tm = skv_tier_match { struct_size: std::mem::size_of::<skv_tier_match>() as u32, ..Default::default() };
+    let mut ev = skv_tier_evicted { struct_size: std::mem::size_of::<skv_tier_evicted>() as u32, ..Default::default() };
+    let mut wh = skv_where { struct_size: std::mem::size_of::<skv_where>() as u32, ..Default::default() };
+    let mut ts = skv_tier_stats { struct_size: std::mem::size_of::<skv_tier_stats>() as u32, ..Default::default() };
     // SAFETY: these are plain integers: all zero is a valid value.
     let (mut held, mut stats, mut rep, mut usage, mut adm) = unsafe {
         (
@@ -128,7 +139,14 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             36 => skv_events_enable(c, &events),
             37 => skv_events_session(c, 0, null(), null()),
             38 => skv_events_tokens(c, 0, 0, rp, 0, ip, 1),
-            _ => skv_events_drain(c, u64s.as_mut_ptr().cast(), 16, &mut n, ip2.add(2)),
+            39 => skv_events_drain(c, u64s.as_mut_ptr().cast(), 16, &mut n, ip2.add(2)),
+            40 => skv_match_prefix_tier(c, 0, 0, rp, 0, 0, &mut tm),
+            41 => skv_ticket_done(c, 1, 0),
+            42 => skv_session_park(c, 0, 0, ip2),
+            43 => skv_tier_step(c, ip2, up2),
+            44 => skv_tier_evict(c, 1, 0, &mut ev),
+            45 => skv_session_where(c, 0, 0, &mut wh),
+            _ => skv_cache_tier_stats(c, &mut ts),
         }
     }
 }

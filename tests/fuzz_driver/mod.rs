@@ -26,6 +26,12 @@
 //! (`world/misc.rs`). Every call's status is counted by function (`coverage.rs`): a run must
 //! reach each export's OK and each refusal its header line documents, and nothing else.
 //!
+//! ABI 4's host tier (`world/tier.rs`): some owned worlds get a host pool and policy, every
+//! owned engine a `copy_pages` that queues copies or refuses them (a refusal must change
+//! nothing: the snapshot includes `skv_tier_stats` and where every session is); tickets are
+//! completed later in random order, ok or failed, and the tier's stats are checked against
+//! where each session is after every tier call.
+//!
 //! Deterministic for a seed. Probe classes of holes earlier versions had are named in `Probes`
 //! (see `Probes::parse`); every run includes them all unless told otherwise.
 

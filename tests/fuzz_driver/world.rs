@@ -20,6 +20,7 @@ mod handles;
 mod hybrid;
 mod misc;
 mod sched;
+mod tier;
 
 use hybrid::dead_lo;
 
@@ -56,6 +57,9 @@ struct Snap {
     /// Owned mode: each row's pages and last page length, `None` when free.
     rows: Vec<Option<(Vec<i32>, i32)>>,
     engine_events: u64,
+    /// The host tier and the tickets, and where each session the fuzzer names is.
+    tier: skv_tier_stats,
+    wheres: Vec<skv_where>,
 }
 
 /// What a call must return.
@@ -84,6 +88,13 @@ struct Side {
     next_aux: i64,
     trace: Option<PathBuf>,
     traced: bool,
+    /// Tickets the fuzzer knows are open (from `copy_pages` and the calls' outs), the ones
+    /// it completed, and the highest seen.
+    open: Vec<u64>,
+    done: std::collections::BTreeSet<u64>,
+    top: u64,
+    /// Whether the hooks installed last carry `copy_pages`.
+    copy_hook: bool,
 }
 
 pub struct World {
@@ -192,7 +203,8 @@ impl Side {
                     });
                 }
             }
-            Snap { stats, held, rows, engine_events: (*self.eng).events }
+            let (tier, wheres) = tier::snap(c);
+            Snap { stats, held, rows, engine_events: (*self.eng).events, tier, wheres }
         }
     }
 
@@ -219,15 +231,17 @@ impl Side {
                 0 => (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages) == (0, 0, 0),
                 n => s.swa_total_pages == n && s.swa_free_pages + s.swa_used_pages == n - 1,
             };
-            (!adds_up || (rep.swa_pages_free, rep.swa_pages_in_use) != (s.swa_free_pages, s.swa_used_pages)).then(
-                || {
-                    format!(
-                        "SWA pool of {want_total} pages: stats (total, free, used) {:?}, audit (free, in use) {:?}",
-                        (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages),
-                        (rep.swa_pages_free, rep.swa_pages_in_use)
-                    )
-                },
-            )
+            // The audit counts a draining page (freed while a ticket copies it) with the free
+            // pages; skv_stats with the used ones until the ticket completes.
+            let d = tier::snap(self.c).0.swa_draining_pages;
+            let (free, used) = (s.swa_free_pages + d, s.swa_used_pages - d);
+            (!adds_up || (rep.swa_pages_free, rep.swa_pages_in_use) != (free, used)).then(|| {
+                format!(
+                    "SWA pool of {want_total} pages: stats (total, free, used) {:?}, audit (free, in use) {:?}",
+                    (s.swa_total_pages, s.swa_free_pages, s.swa_used_pages),
+                    (rep.swa_pages_free, rep.swa_pages_in_use)
+                )
+            })
         }
     }
 
@@ -276,6 +290,9 @@ impl World {
                 // An SWA pool smaller or larger than the full pool.
                 cfg.swa_num_token_slots = (2 + rng.below(2 * pages as u64)) * cfg.page_size as u64;
             }
+            if owned && rng.chance(500) {
+                tier::host_tier(rng, &mut cfg);
+            }
             let mut e = Engine::new(cfg.page_size, pages, cfg.num_rows, rng.next(), probes);
             (e.pools, e.page_frees) = (pools, cfg.flags & SKV_FLAG_PAGE_FREES != 0);
             let eng = Box::into_raw(Box::new(e));
@@ -307,6 +324,10 @@ impl World {
                 next_aux: 0,
                 trace: None,
                 traced: false,
+                open: Vec::new(),
+                done: Default::default(),
+                top: 0,
+                copy_hook: owned,
             }
         };
         let sides = [mk(&mut rng, true), mk(&mut rng, false)];
@@ -335,6 +356,8 @@ impl World {
             (e.me, e.other) = (me, other);
             e.fail_rate = w.rng.pick(&[0, 0, 5, 30]);
             e.reenter_rate = w.rng.pick(&[0, 10, 50]);
+            e.copy_fail_rate =
+                w.rng.pick(&[0, 50, 200]).max(if w.sides[s].cfg.host_num_token_slots > 0 { 50 } else { 0 });
             if w.rng.chance(333) {
                 w.set_trace(s, true);
             }
@@ -378,7 +401,11 @@ impl World {
     /// Whether the last call (status `st`) took effect: OK, or a free callback failing after
     /// the state advanced. A failing read_row changes nothing (and is checked as a failure).
     fn completed(&self, st: skv_status) -> bool {
-        st == SKV_OK || (st == SKV_ERR_CALLBACK && !self.last_msg.contains("nothing was changed"))
+        // copy_pages' refusal ("nothing was copied, nothing changed") changes nothing either.
+        st == SKV_OK
+            || (st == SKV_ERR_CALLBACK
+                && !self.last_msg.contains("nothing was changed")
+                && !self.last_msg.contains("nothing changed"))
     }
 
     /// Makes one call on side `s` and checks everything after it. `req` is the req the call
@@ -411,6 +438,8 @@ impl World {
         side.eng().injected = 0;
         side.eng().unmapped_reads = 0;
         side.eng().swa_freed = 0;
+        side.eng().queued.clear();
+        side.eng().copy_refused = false;
         let st = f();
         for (f, st) in std::mem::take(&mut self.sides[s].eng().reentered) {
             *self.calls_by.entry((f, st.name())).or_default() += 1;
@@ -458,6 +487,20 @@ impl World {
             }
         }
         self.last_msg = msg;
+        let queued = std::mem::take(&mut self.sides[s].eng().queued);
+        if self.completed(st) {
+            let side = &mut self.sides[s];
+            for (t, ..) in queued {
+                side.top = side.top.max(t);
+                side.open.push(t);
+            }
+        } else if !queued.is_empty() {
+            self.fail(&format!("a failed call left copies queued under tickets {queued:?}"));
+        }
+        if self.sides[s].eng().copy_refused && self.completed(st) {
+            self.fail("copy_pages refused, yet the call took effect");
+        }
+        let side = &self.sides[s];
         if !self.completed(st) {
             // SAFETY: as above.
             let req_after = unsafe { req.as_ref().copied() };
@@ -576,6 +619,8 @@ impl World {
             50..=64 => return self.op_buffers(s),
             65..=79 => return self.op_doubled_handles(s),
             80..=84 => return self.op_misc(s),
+            85..=264 if self.sides[s].cfg.host_num_token_slots > 0 => return self.op_tier(s),
+            85..=94 => return self.op_tier(s),
             _ => {}
         }
         let k = self.rng.below(1000);
@@ -1449,9 +1494,13 @@ impl World {
         };
         // SAFETY: c is the side's live handle; big.h's struct_size never exceeds size_of::<Big>(),
         // the bytes behind it; the engine outlives the handle.
-        self.call(s, format!("skv_cache_set_hooks({desc})"), null(), expect, || unsafe {
+        let st = self.call(s, format!("skv_cache_set_hooks({desc})"), null(), expect, || unsafe {
             skv_cache_set_hooks(c, &big.h, eng)
-        })
+        });
+        if st == SKV_OK {
+            self.sides[s].copy_hook = true;
+        }
+        st
     }
 
     /// A 4-byte hooks struct whose next byte is unreadable: nothing past struct_size is read.
@@ -1721,6 +1770,7 @@ impl World {
             (e.fail_rate, e.reenter_rate) = (0, 0);
         }
         for s in 0..2 {
+            self.complete_all_tickets(s);
             let c = self.sides[s].c;
             for i in 0..REQS {
                 if let Some((sid, b)) = self.sides[s].reqs[i].hit {

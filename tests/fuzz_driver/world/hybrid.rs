@@ -53,7 +53,8 @@ impl World {
         let i = self.pick_req(s, true);
         let side = &self.sides[s];
         let (ps, hybrid) = (side.ps(), side.swa() || (!side.owned && matches!(side.pools, Pools::Hybrid { .. })));
-        let swa_free = side.stats().swa_free_pages;
+        // A row a ticket copies drains what the window frees: it counts as freed.
+        let swa_free = side.stats().swa_free_pages + super::tier::snap(side.c).0.swa_draining_pages;
         let r = side.reqs[i].r;
         let alloc = r.kv_allocated_len;
         let mut bad = false;
@@ -126,7 +127,9 @@ impl World {
         let (cursor, n) = evict(&r, ps, pre_len, window, interval, retain, flags);
         // Owned mode: the SWA pages of the positions passed (whole pages) are free again.
         let engine_freed = match self.sides[s].owned {
-            true => self.sides[s].stats().swa_free_pages.wrapping_sub(swa_free).wrapping_mul(ps as u64),
+            true => (self.sides[s].stats().swa_free_pages + super::tier::snap(self.sides[s].c).0.swa_draining_pages)
+                .wrapping_sub(swa_free)
+                .wrapping_mul(ps as u64),
             false => self.sides[s].eng().swa_freed,
         };
         if after.swa_evicted_seqlen != cursor || (!fp.is_null() && freed != n) || engine_freed != n as u64 {

@@ -79,7 +79,9 @@ impl World {
             (None, _) if side.owned => Expect::Any,
             _ => Expect::Fail,
         };
-        let before = self.sides[s].snap();
+        let mut before = self.sides[s].snap();
+        // A request whose restore failed is parked again (its device pages go).
+        let failed = super::tier::where_of(self.sides[s].c, sid, b).state & SKV_WHERE_FAILED != 0;
         self.want = Some((want, false));
         let (st, mutated) =
             // SAFETY: req_call passes the side's live handle and its local req.
@@ -95,8 +97,13 @@ impl World {
         if !emptied {
             self.fail("skv_hand_back left the req holding something");
         }
-        let after = self.sides[s].snap();
-        if before != after {
+        let mut after = self.sides[s].snap();
+        // The slot's own place changes (in flight no more): the rest may not.
+        (before.wheres, after.wheres) = (Vec::new(), Vec::new());
+        if failed && super::tier::where_of(self.sides[s].c, sid, b).place != SKV_PLACE_HOST {
+            self.fail("skv_hand_back of a request whose restore failed did not park its slot again");
+        }
+        if !failed && before != after {
             self.fail(&format!("skv_hand_back changed more than the slot:\n  before {before:?}\n  after  {after:?}"));
         }
         *self.cover.entry("hand_back of an unrun hit").or_default() += 1;
@@ -157,8 +164,14 @@ impl World {
             self.fail(&format!("usage of session {sid} branch {b:?} returned {st:?}"));
         }
         let ps = self.sides[s].ps() as u64;
+        // A parked slot's row maps its protected prefix only; its record keeps what it
+        // committed (its KV is on the host).
+        let parked = (0..super::BRANCHES)
+            .chain([u64::MAX])
+            .filter(|&x| b.is_none_or(|b| b == x))
+            .any(|x| super::tier::where_of(c, sid, x).place == SKV_PLACE_HOST);
         let sane = u.in_flight <= u.slots
-            && u.committed_tokens <= u.allocated_tokens
+            && (parked || u.committed_tokens <= u.allocated_tokens)
             && u.freeable_pages <= u.pages
             && u.pages <= u.allocated_tokens.div_ceil(ps) + u.slots
             && u.allocated_tokens <= u.pages * ps
@@ -211,7 +224,12 @@ impl World {
         let (mut slots, mut idle) = (0u64, 0u64);
         for sid in (0..SESSIONS).chain(HOSTILE_SESSIONS) {
             let u = self.usage(s, sid, None);
-            (slots, idle) = (slots + u.slots, idle + u.slots - u.in_flight);
+            // A parked slot is not on the device: the idle list leaves it out.
+            let parked = [0, 1, u64::MAX]
+                .into_iter()
+                .filter(|&b| super::tier::where_of(c, sid, b).place == SKV_PLACE_HOST)
+                .count() as u64;
+            (slots, idle) = (slots + u.slots, idle + u.slots - u.in_flight - parked);
         }
         let held = self.sides[s].snap().held;
         if held.sessions != slots {
