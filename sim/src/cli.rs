@@ -112,9 +112,38 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0)]
     pub overlap_credit: f64,
     /// Simulated duration of one engine step (a verify round of every running request), in
-    /// milliseconds; the clock of "events per simulated second"
+    /// milliseconds; the clock of "events per simulated second", and a step's decode time in
+    /// the host tier's time model
     #[arg(long, default_value_t = 20.0)]
     pub step_ms: f64,
+    /// Host tier: a host pool of N tokens for idle sessions' KV (split evenly between the
+    /// instances); the workload runs twice, without and with the tier (once per routing
+    /// policy each), and the summary compares them (docs/simulator.md). 0: no tier
+    #[arg(long, default_value_t = 0)]
+    pub host_pool_tokens: u64,
+    /// Modelled copy bandwidth between device and host, each way, in GB/s (--host-pool-tokens)
+    #[arg(long, default_value_t = 25.0)]
+    pub copy_gbps: f64,
+    /// Modelled KV bytes per token across all layers (--host-pool-tokens); the default 131072
+    /// (128 KiB) is a 70B-class model's order (Llama-3-70B with grouped-query attention: 80
+    /// layers x 8 KV heads x 128 dims, K and V, is 160 KiB in FP8)
+    #[arg(long, default_value_t = 131_072)]
+    pub kv_bytes_per_token: u64,
+    /// Modelled prefill speed in tokens per second (--host-pool-tokens): a step takes its
+    /// prefill tokens at this rate plus --step-ms of decode
+    #[arg(long, default_value_t = 20_000.0)]
+    pub prefill_tokens_per_s: f64,
+    /// Host tier: a finished session is written back once idle this many steps
+    /// (skv_cache_config.tier_idle_steps)
+    #[arg(long, default_value_t = 64)]
+    pub tier_idle_steps: u32,
+    /// Host tier: pages a step starts writing back, at most (tier_pages_per_step)
+    #[arg(long, default_value_t = 256)]
+    pub tier_pages_per_step: u32,
+    /// Host tier: the chance that a ticket's copies fail (skv_ticket_done with a non-zero
+    /// status); a request whose restore failed is aborted and its turn queued again
+    #[arg(long, default_value_t = 0.0)]
+    pub copy_fail_rate: f64,
 }
 
 /// How a turn picks its instance (`--router`).
@@ -158,6 +187,8 @@ pub struct Config {
     pub instance_pages: u64,
     pub instance_batch: u32,
     pub instance_swa_pages: u64,
+    /// Host tier pages, padding included (0: no tier).
+    pub host_pages: u64,
 }
 
 impl Config {
@@ -187,6 +218,7 @@ impl Config {
             ("--retry-rate", a.retry_rate),
             ("--branch-rate", a.branch_rate),
             ("--prefix-fraction", a.prefix_fraction),
+            ("--copy-fail-rate", a.copy_fail_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{name} {v}: must be within [0, 1]"));
@@ -272,7 +304,9 @@ impl Config {
                 pages
             }
         };
+        let host_pages = check_tier(&a)?;
         Ok(Config {
+            host_pages,
             shared_tokens: shared as u32,
             total_pages,
             swa_total_pages,
@@ -285,4 +319,28 @@ impl Config {
             args: a,
         })
     }
+}
+
+/// The host tier's options; its pages (0: no tier), split evenly between the instances.
+fn check_tier(a: &Args) -> Result<u64, String> {
+    for (name, v) in [("--copy-gbps", a.copy_gbps), ("--prefill-tokens-per-s", a.prefill_tokens_per_s)] {
+        if !(v > 0.0 && v.is_finite()) {
+            return Err(format!("{name} {v}: must be a positive number"));
+        }
+    }
+    if a.kv_bytes_per_token == 0 {
+        return Err("--kv-bytes-per-token 0: must be at least 1".into());
+    }
+    let n = a.host_pool_tokens;
+    if n == 0 {
+        return Ok(0);
+    }
+    let pages = n / a.page_size as u64;
+    if pages / (a.instances.max(1) as u64) < 2 || pages * a.page_size as u64 > 1 << 31 {
+        return Err(format!(
+            "--host-pool-tokens {n}: must hold at least 2 pages of {} on each of {} instance(s) (page 0 is padding) and at most 2^31 tokens",
+            a.page_size, a.instances
+        ));
+    }
+    Ok(pages)
 }

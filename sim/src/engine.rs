@@ -14,22 +14,27 @@ use std::time::{Duration, Instant};
 
 use indicatif::ProgressBar;
 use skv::skv_status::{self, SKV_ERR_OUT_OF_MEMORY, SKV_OK};
-use skv::{skv_cache_config, skv_match, skv_req, SKV_FLAG_ALIGNED_REUSE};
+use skv::{skv_cache_config, skv_req, SKV_FLAG_ALIGNED_REUSE};
 
 use crate::cli::{Config, Policy, MAX_BRANCHES};
-use crate::ffi::{Cache, SHARED_NODE};
+use crate::ffi::Cache;
 use crate::workload::{Rng, TurnPlan};
 
 mod audit;
+mod copies;
+mod decode;
 mod mamba;
 #[cfg(feature = "router")]
 mod multi;
+mod tier;
+mod turn;
 mod window;
 
 #[cfg(feature = "router")]
 pub use multi::RouterMetrics;
+pub use tier::TierMetrics;
 
-use mamba::{handles_of, real, Track};
+use mamba::{real, Track};
 
 /// Why a run stopped early: an unexpected status, a wrong answer, or an audit violation.
 pub type Fault = String;
@@ -99,6 +104,8 @@ pub struct Metrics {
     /// The router's figures (multi-instance runs).
     #[cfg(feature = "router")]
     pub router: RouterMetrics,
+    /// The host tier's figures and the modelled time (`--host-pool-tokens`).
+    pub tier: TierMetrics,
 }
 
 struct Branch {
@@ -123,6 +130,10 @@ struct Branch {
     inst: usize,
     /// The conversation's token ids, `history` of them (multi-instance runs only).
     tokens: Vec<u32>,
+    /// The host tier's tag mirror: who wrote the slot's positions, and where the running
+    /// turn's writes start, its writer, and whether it missed (mapping the shared prompt).
+    writes: copies::Writes,
+    turn_writes: (u32, u64, bool),
 }
 
 impl Branch {
@@ -140,6 +151,8 @@ impl Branch {
             slot_seq: 0,
             inst: 0,
             tokens: Vec::new(),
+            writes: Vec::new(),
+            turn_writes: (0, 0, false),
         }
     }
 }
@@ -196,6 +209,8 @@ pub struct Instance {
     decode_blocks: u64,
     /// The running turns' committed tokens at the last step (the load imbalance's measure).
     active_tokens: u64,
+    /// Prompt tokens prefilled here (the modelled time's).
+    prefilled: u64,
 }
 
 pub struct Engine<'a> {
@@ -213,6 +228,9 @@ pub struct Engine<'a> {
     /// The router and its state (multi-instance runs).
     #[cfg(feature = "router")]
     fleet: Option<multi::Fleet>,
+    /// The host tier's side (`--host-pool-tokens`), and the modelled clock.
+    tier: Vec<tier::TierSim>,
+    clock: tier::Clock,
     pub m: Metrics,
     bar: ProgressBar,
 }
@@ -262,6 +280,8 @@ impl<'a> Engine<'a> {
         } else {
             (cfg.total_pages, cfg.swa_total_pages)
         };
+        // The host pool splits between the instances as the device pool does.
+        let host_pages = if cfg.multi { cfg.host_pages / a.instances as u64 } else { cfg.host_pages };
         let c = skv_cache_config {
             struct_size: size_of::<skv_cache_config>() as u32,
             page_size: a.page_size,
@@ -270,12 +290,17 @@ impl<'a> Engine<'a> {
             max_context_len: cfg.max_context_len,
             flags: if a.aligned_reuse { SKV_FLAG_ALIGNED_REUSE } else { 0 },
             swa_num_token_slots: swa_pages * a.page_size as u64,
+            host_num_token_slots: host_pages * a.page_size as u64,
+            host_swa_num_token_slots: if swa_pages > 0 { host_pages * a.page_size as u64 } else { 0 },
+            tier_idle_steps: if cfg.host_pages > 0 { a.tier_idle_steps } else { 0 },
+            tier_pages_per_step: if cfg.host_pages > 0 { a.tier_pages_per_step } else { 0 },
             ..Default::default()
         };
         let n = if cfg.multi { a.instances as usize } else { 1 };
         let mut inst = Vec::with_capacity(n);
         for _ in 0..n {
-            let cache = Cache::new(&c).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
+            let cache =
+                Cache::new(&c, host_pages > 0).map_err(|(s, msg)| format!("skv_cache_new: {}: {msg}", s.name()))?;
             inst.push(Instance {
                 cache,
                 shared: Vec::new(),
@@ -287,6 +312,7 @@ impl<'a> Engine<'a> {
                 prefill_tokens: 0,
                 decode_blocks: 0,
                 active_tokens: 0,
+                prefilled: 0,
             });
         }
         let check_every = a.check_every;
@@ -304,6 +330,13 @@ impl<'a> Engine<'a> {
             slots_created: 0,
             #[cfg(feature = "router")]
             fleet: None,
+            tier: (0..if host_pages > 0 { n } else { 0 })
+                .map(|_| {
+                    let host_swa = if swa_pages > 0 { host_pages } else { 0 };
+                    tier::TierSim::new([(pages, host_pages), (swa_pages, host_swa)], a)
+                })
+                .collect(),
+            clock: tier::Clock::default(),
             m: Metrics { total_pages: pages * n as u64, swa_total_pages: swa_pages * n as u64, ..Metrics::default() },
             bar,
         };
@@ -334,6 +367,7 @@ impl<'a> Engine<'a> {
         self.m.elapsed = start.elapsed();
         self.m.batched_requests = self.inst.iter().map(|i| i.cache.batched_requests).sum();
         r?;
+        self.tier_close()?;
         self.close_out()?;
         #[cfg(feature = "router")]
         if self.fleet.is_some() {
@@ -351,12 +385,14 @@ impl<'a> Engine<'a> {
                     .map_err(|s| unexpected("skv_pool_alloc(shared prefix)", s))?;
             }
         }
+        self.tier_start();
         loop {
             self.arrive();
             if self.open.is_empty() {
                 return Ok(());
             }
             self.tick += 1;
+            self.step_begin()?;
             for k in 0..self.inst.len() {
                 if self.inst[k].live {
                     self.cur = k;
@@ -373,6 +409,7 @@ impl<'a> Engine<'a> {
             }
             #[cfg(not(feature = "router"))]
             self.admit()?;
+            self.step_end()?;
             if self.m.turns >= self.next_audit {
                 self.audit()?;
                 self.next_audit = self.m.turns + self.cfg.args.check_every;
@@ -436,7 +473,8 @@ impl<'a> Engine<'a> {
                     return Ok(true);
                 }
                 SKV_ERR_OUT_OF_MEMORY => {
-                    if !self.evict_one()? {
+                    let evicted = if !self.tier.is_empty() { self.tier_evict(1)? } else { self.evict_one()? };
+                    if !evicted {
                         return Ok(false);
                     }
                 }
@@ -519,316 +557,6 @@ impl<'a> Engine<'a> {
             return n;
         }
         rng.below(n)
-    }
-
-    /// The slot's answer to a match, as libskv must give it (docs/operations.md, skv_match_prefix).
-    fn expected_match(&self, br: &Branch, key_len: u32) -> (bool, u32) {
-        if !br.has_slot {
-            return (false, 0);
-        }
-        let ps = self.cfg.args.page_size;
-        let mut prefix = br.kv_len.min(key_len);
-        if ps > 1 && br.swa_cursor > prefix {
-            // A reuse boundary below the SWA cursor floors to a page, so the cursor stays aligned.
-            prefix = floor_to(prefix, ps);
-        }
-        if self.cfg.args.aligned_reuse && ps > 1 {
-            let a = floor_to(prefix, ps);
-            if a < br.protected || a == 0 {
-                return (false, 0); // the slot is released: no page-aligned prefix left to reuse
-            }
-            return (true, a);
-        }
-        (true, prefix)
-    }
-
-    fn do_match(&mut self, i: usize, b: usize, req: &mut skv_req, key_len: u32) -> Result<bool, Fault> {
-        let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
-        let (want_hit, want_len) = self.expected_match(&self.open[i].branches[b], key_len);
-        let mut out = skv_match { hit: 0, prefix_len: 0 };
-        let before = self.free_pages()?;
-        let what = format!("skv_match_prefix(session {sid}, branch {bid})");
-        expect_ok(&what, self.inst[self.cur].cache.match_prefix(sid, bid, req, key_len, &mut out))?;
-        let freed = self.free_pages()? - before;
-        let hit = out.hit == 1;
-        if hit != want_hit || (hit && out.prefix_len != want_len) || (hit && req.kv_allocated_len != want_len) {
-            return Err(format!(
-                "{what}: hit {} prefix {} allocated {}, expected hit {} prefix {want_len}",
-                out.hit, out.prefix_len, req.kv_allocated_len, want_hit as u32
-            ));
-        }
-        // A hit restores the slot's cursor, clamped to the reused prefix.
-        let want_cursor = self.open[i].branches[b].swa_cursor.min(want_len);
-        if hit && req.swa_evicted_seqlen != want_cursor {
-            return Err(format!(
-                "{what}: restored swa_evicted_seqlen {}, expected {want_cursor} (the slot's {} clamped to prefix {want_len})",
-                req.swa_evicted_seqlen,
-                self.open[i].branches[b].swa_cursor
-            ));
-        }
-        let slot_handles = self.open[i].branches[b].handles;
-        let released = self.open[i].branches[b].has_slot && !hit;
-        self.expect_handed_back(&what, real(slot_handles).filter(|_| released))?;
-        if hit && handles_of(req) != slot_handles {
-            return Err(format!("{what}: restored handles {:?}, the slot holds {slot_handles:?}", handles_of(req)));
-        }
-        let br = &mut self.open[i].branches[b];
-        if br.has_slot && !hit {
-            br.has_slot = false;
-            self.m.aligned_releases += 1;
-            self.m.freed_release += freed;
-        } else {
-            self.m.freed_tail += freed;
-        }
-        Ok(hit)
-    }
-
-    /// Match, then (on a miss) a fresh row with the shared prefix, then prefill. Ok(false)
-    /// when the pool could not hold the prompt and the turn went back to the queue.
-    fn start_turn(&mut self, i: usize) -> Result<bool, Fault> {
-        let b = self.pick_branch(i, None);
-        let plan = TurnPlan::draw(&self.cfg.args, &mut self.rng);
-        self.begin_turn(i, b, plan, 0, 0)
-    }
-
-    /// Starts a turn of branch `b` on instance `k`.
-    fn begin_turn(&mut self, i: usize, b: usize, plan: TurnPlan, k: usize, charged_blocks: u64) -> Result<bool, Fault> {
-        if self.open[i].branches[b].has_slot && self.open[i].branches[b].inst != k {
-            // The turn went to another instance: the engine lets the slot it left go.
-            self.cur = self.open[i].branches[b].inst;
-            self.m.freed_release += self.release_slot(i, b)?;
-            self.m.moved_slots += 1;
-        }
-        self.cur = k;
-        self.inst[k].running += 1;
-        let origin = self.open[i].branches[b].history + plan.user_tokens;
-        let key_len = origin - 1; // the last prompt token is recomputed for its logits
-        let mut req = skv_req { origin_input_len: origin, ..Default::default() };
-        self.open[i].busy = Some(b);
-        self.running += 1;
-
-        let hit = self.do_match(i, b, &mut req, key_len)?;
-        let mut track = self.open[i].branches[b].track;
-        if hit {
-            self.m.hits += 1
-        } else {
-            self.m.misses += 1
-        }
-        if !hit {
-            if !self.with_memory("skv_alloc_row", &mut req, |c, r| c.alloc_row(r))? {
-                return self.preempt(i, Turn { branch: b, inst: k, charged_blocks, req, plan, track }).map(|_| false);
-            }
-            track = self.mamba_first_turn(&mut req);
-            if self.open[i].shared {
-                let inst = &mut self.inst[k];
-                expect_ok("skv_map_prefix", inst.cache.map_prefix(&mut req, &inst.shared))?;
-                self.inst[self.cur].receipts += 1;
-                req.lock_node = SHARED_NODE;
-                req.lock_receipt = self.inst[self.cur].receipts;
-                self.m.locks_taken += 1;
-                self.inst[k].locks_taken += 1;
-            }
-        }
-        if !self.prefill(i, &mut req, origin)? {
-            return self.preempt(i, Turn { branch: b, inst: k, charged_blocks, req, plan, track }).map(|_| false);
-        }
-        if plan.retry {
-            // Rejected this cycle after its prefill was allocated; the next cycle's match
-            // restores the slot again and frees what this one extended.
-            self.m.retried += 1;
-            let again = self.do_match(i, b, &mut req, key_len)?;
-            if again != hit {
-                return Err(format!("retried match of session {}: hit {} then {}", self.open[i].id, hit, again));
-            }
-            if !self.prefill(i, &mut req, origin)? {
-                return self.preempt(i, Turn { branch: b, inst: k, charged_blocks, req, plan, track }).map(|_| false);
-            }
-        }
-        let n = origin - req.kv_committed_len;
-        expect_ok("skv_commit(prefill)", self.inst[self.cur].cache.commit(&mut req, n))?;
-        self.m.prefilled += n as u64;
-        self.m.prompt_tokens += origin as u64;
-        #[cfg(feature = "router")]
-        if self.fleet.is_some() {
-            // The prefill's one chunk: its tokens, from where the reuse ended (0 on a miss:
-            // the shared prompt's pages are the session's to publish too).
-            let from = if hit { origin - n } else { 0 };
-            self.hand_tokens(i, b, &req, from, origin)?;
-        }
-        self.open[i].turn = Some(Turn { branch: b, inst: k, charged_blocks, req, plan, track });
-        Ok(true)
-    }
-
-    fn prefill(&mut self, _i: usize, req: &mut skv_req, origin: u32) -> Result<bool, Fault> {
-        let n = origin - req.kv_allocated_len;
-        if n == 0 {
-            return Ok(true);
-        }
-        self.with_memory("skv_alloc_extend(prefill)", req, |c, r| c.alloc_extend(r, n))
-    }
-
-    /// One speculative verify round: k+1 slots ahead of the committed tokens, the accepted
-    /// drafts plus the bonus token committed.
-    fn decode_round(&mut self, i: usize) -> Result<(), Fault> {
-        let mut t = self.open[i].turn.take().expect("running turn");
-        let a = &self.cfg.args;
-        let (k, p) = (a.draft_len, a.accept_rate);
-        let need = (t.req.kv_committed_len + k + 1).saturating_sub(t.req.kv_allocated_len);
-        if need > 0 && !self.with_memory("skv_alloc_extend(decode)", &mut t.req, |c, r| c.alloc_extend(r, need))? {
-            return self.preempt(i, t);
-        }
-        let accepted = self.rng.accepted(k, p);
-        expect_ok("skv_commit(decode)", self.inst[self.cur].cache.commit(&mut t.req, accepted + 1))?;
-        self.after_round(i, t, accepted)
-    }
-
-    /// One verify round of every running request, as an engine's decode step makes it: the
-    /// extensions in one batch call, the commits in another. A batch the pool cannot hold
-    /// takes the per-request path, which evicts idle branches or preempts requests.
-    fn decode_step(&mut self) -> Result<(), Fault> {
-        let cur = self.cur;
-        let running: Vec<usize> =
-            (0..self.open.len()).filter(|&i| self.open[i].turn.as_ref().is_some_and(|t| t.inst == cur)).collect();
-        self.window_steps(&running)?;
-        let (k, p) = (self.cfg.args.draft_len, self.cfg.args.accept_rate);
-        let mut reqs: Vec<skv_req> =
-            running.iter().map(|&i| self.open[i].turn.as_ref().expect("running").req).collect();
-        self.inst[cur].active_tokens = reqs.iter().map(|r| r.kv_committed_len as u64).sum();
-        let need: Vec<u32> =
-            reqs.iter().map(|r| (r.kv_committed_len + k + 1).saturating_sub(r.kv_allocated_len)).collect();
-        match self.inst[self.cur].cache.alloc_extend_batch(&mut reqs, &need) {
-            SKV_OK => self.note_peak()?,
-            SKV_ERR_OUT_OF_MEMORY => {
-                for &i in &running {
-                    self.decode_round(i)?;
-                }
-                return Ok(());
-            }
-            s => return Err(unexpected("skv_alloc_extend_batch(decode)", s)),
-        }
-        let accepted: Vec<u32> = running.iter().map(|_| self.rng.accepted(k, p)).collect();
-        let counts: Vec<u32> = accepted.iter().map(|a| a + 1).collect();
-        expect_ok("skv_commit_batch(decode)", self.inst[self.cur].cache.commit_batch(&mut reqs, &counts))?;
-        for ((&i, req), &acc) in running.iter().zip(reqs).zip(&accepted) {
-            let mut t = self.open[i].turn.take().expect("running");
-            t.req = req;
-            self.after_round(i, t, acc)?;
-        }
-        Ok(())
-    }
-
-    /// A verify round's bookkeeping once its KV is extended and `accepted + 1` committed.
-    fn after_round(&mut self, i: usize, mut t: Turn, accepted: u32) -> Result<(), Fault> {
-        let k = self.cfg.args.draft_len;
-        t.req.output_len += accepted + 1;
-        self.m.rounds += 1;
-        self.m.drafted += k as u64;
-        self.m.accepted += accepted as u64;
-        self.m.generated += accepted as u64 + 1;
-        self.track_step(&mut t)?;
-        // The client goes away with a verify round's slots still allocated ahead.
-        if t.plan.abort_at.is_some_and(|at| t.req.output_len >= at) {
-            return self.finish(i, t, true);
-        }
-        if t.req.output_len >= t.plan.finish_at {
-            return self.finish(i, t, false);
-        }
-        self.open[i].turn = Some(t);
-        Ok(())
-    }
-
-    fn finish(&mut self, i: usize, mut t: Turn, aborted: bool) -> Result<(), Fault> {
-        self.cur = t.inst;
-        let (sid, bid) = (self.open[i].id, self.open[i].branches[t.branch].id);
-        let ps = self.cfg.args.page_size;
-        let target = t.req.origin_input_len + t.plan.finish_at;
-        // Trim floors the boundary to a page when the SWA cursor libskv's window steps left is
-        // past it (docs/hybrid.md), then clamps the cursor to the new length.
-        let cursor = t.req.swa_evicted_seqlen;
-        let kv_len = if ps > 1 && cursor > target { floor_to(target, ps) } else { target };
-        let (protected, output) = (t.req.cache_protected_len, t.req.output_len);
-        if !aborted {
-            t.req.finished_len = t.plan.finish_at as i32;
-            #[cfg(feature = "router")]
-            if self.fleet.is_some() {
-                // The turn's output tokens, once, before the finish stores its pages.
-                let origin = t.req.origin_input_len;
-                self.hand_tokens(i, t.branch, &t.req, origin, target)?;
-            }
-        }
-        let before = self.free_pages()?;
-        let what = format!("skv_cache_finished_req(session {sid}, branch {bid}, aborted {})", aborted as u32);
-        let handles = handles_of(&t.req);
-        expect_ok(&what, self.inst[self.cur].cache.finished_req(sid, bid, &mut t.req, aborted))?;
-        self.expect_handed_back(&what, real(handles).filter(|_| aborted))?;
-        let freed = self.free_pages()? - before;
-        let want_output = if aborted { output } else { output.min(t.plan.finish_at) };
-        if t.req.req_pool_idx != -1 || t.req.kv_allocated_len != 0 || t.req.output_len != want_output {
-            return Err(format!(
-                "{what}: req left with row {} allocated {} output {} (expected -1, 0, {want_output})",
-                t.req.req_pool_idx, t.req.kv_allocated_len, t.req.output_len
-            ));
-        }
-        let tick = self.tick;
-        let conversation = if self.cfg.multi && !aborted { self.conversation(i, t.branch, target) } else { Vec::new() };
-        let br = &mut self.open[i].branches[t.branch];
-        if aborted {
-            br.has_slot = false;
-            self.m.aborted += 1;
-            self.m.freed_abort += freed;
-        } else {
-            if !br.has_slot {
-                br.protected = protected; // a new slot keeps its first turn's tree prefix
-                self.slots_created += 1;
-                br.slot_seq = self.slots_created;
-            }
-            (br.handles, br.track) = (handles, t.track);
-            br.has_slot = true;
-            br.inst = t.inst;
-            br.history = target;
-            br.tokens = conversation;
-            br.kv_len = kv_len;
-            br.swa_cursor = cursor.min(kv_len);
-            br.idle_since = tick;
-            self.m.kept += t.plan.finish_at as u64;
-            self.m.freed_trim += freed;
-        }
-        let s = &mut self.open[i];
-        s.busy = None;
-        s.turns_left -= 1;
-        self.running -= 1;
-        self.inst[t.inst].running -= 1;
-        self.inst[t.inst].decode_blocks -= t.charged_blocks;
-        self.m.turns += 1;
-        self.bar.inc(1);
-        Ok(())
-    }
-
-    /// The pool cannot hold this request: abort it (freeing its row and pages, its slot
-    /// included) and queue the same turn again.
-    fn preempt(&mut self, i: usize, mut t: Turn) -> Result<(), Fault> {
-        self.cur = t.inst;
-        let s = &mut self.open[i];
-        let (sid, bid) = (s.id, s.branches[t.branch].id);
-        s.busy = None;
-        self.running -= 1;
-        self.inst[t.inst].running -= 1;
-        self.inst[t.inst].decode_blocks -= t.charged_blocks;
-        self.m.preempted += 1;
-        if self.cfg.multi {
-            s.replay = Some((t.branch, t.plan));
-        }
-        if t.req.req_pool_idx < 0 {
-            return Ok(()); // no row yet: nothing was allocated
-        }
-        let before = self.free_pages()?;
-        let what = format!("skv_cache_finished_req(session {sid}, branch {bid}, preempted)");
-        let handles = handles_of(&t.req);
-        expect_ok(&what, self.inst[self.cur].cache.finished_req(sid, bid, &mut t.req, true))?;
-        self.expect_handed_back(&what, real(handles))?;
-        self.m.freed_abort += self.free_pages()? - before;
-        self.open[i].branches[t.branch].has_slot = false;
-        Ok(())
     }
 
     /// Sessions whose last turn finished close: every branch released.

@@ -9,6 +9,8 @@ use std::time::Instant;
 use skv::skv_status::{self, SKV_OK};
 use skv::{skv_cache, skv_cache_config, skv_check_report, skv_engine_hooks, skv_held, skv_match, skv_req, skv_stats};
 
+mod tier;
+
 /// The timed operations, in report order.
 #[derive(Clone, Copy)]
 pub enum Op {
@@ -91,11 +93,22 @@ impl Handles {
     }
 }
 
+/// One `copy_pages` call: the copies of `ticket`, enqueued and not yet run (`--host-pool-tokens`).
+pub struct CopyCall {
+    pub ticket: u64,
+    pub direction: u32,
+    pub src: Vec<i32>,
+    pub dst: Vec<i32>,
+    pub n_full: usize,
+}
+
 /// The engine hooks' state, their `user_data`.
 #[derive(Default)]
 pub struct Hooks {
     pub locks: Locks,
     pub handles: Handles,
+    /// What `copy_pages` enqueued since the engine last looked, in order.
+    pub copies: RefCell<Vec<CopyCall>>,
 }
 
 /// The prefix-tree node of the shared system prompt.
@@ -124,6 +137,25 @@ extern "C" fn free_aux(user_data: *mut c_void, aux: i64) -> c_int {
     0
 }
 
+extern "C" fn copy_pages(
+    user_data: *mut c_void,
+    ticket: u64,
+    direction: u32,
+    src: *const i32,
+    dst: *const i32,
+    n_full: usize,
+    n_swa: usize,
+) -> c_int {
+    // SAFETY: as in `dec_lock_ref`.
+    let h = unsafe { &*(user_data as *const Hooks) };
+    let n = n_full + n_swa;
+    // SAFETY: libskv passes n readable values in each array, valid for the call.
+    let (src, dst) =
+        unsafe { (std::slice::from_raw_parts(src, n).to_vec(), std::slice::from_raw_parts(dst, n).to_vec()) };
+    h.copies.borrow_mut().push(CopyCall { ticket, direction, src, dst, n_full });
+    0
+}
+
 /// An owned-mode cache handle plus the per-operation latency samples (nanoseconds).
 pub struct Cache {
     ptr: *mut skv_cache,
@@ -141,8 +173,9 @@ impl Drop for Cache {
 }
 
 impl Cache {
-    /// An owned-pool cache with both hooks installed; the error carries libskv's message.
-    pub fn new(cfg: &skv_cache_config) -> Result<Cache, (skv_status, String)> {
+    /// An owned-pool cache with its hooks installed (`copy_pages` when `copy`: the host
+    /// tier's); the error carries libskv's message.
+    pub fn new(cfg: &skv_cache_config, copy: bool) -> Result<Cache, (skv_status, String)> {
         let mut ptr = std::ptr::null_mut();
         // SAFETY: cfg and the out-pointer are valid for the call.
         let s = unsafe { skv::skv_cache_new(cfg, &mut ptr) };
@@ -150,12 +183,15 @@ impl Cache {
             return Err((s, skv::last_error_message()));
         }
         let cache = Cache { ptr, hooks: Box::default(), samples: vec![Vec::new(); OPS.len()], batched_requests: 0 };
-        let hooks = skv_engine_hooks {
+        let mut hooks = skv_engine_hooks {
             struct_size: size_of::<skv_engine_hooks>() as u32,
             dec_lock_ref: Some(dec_lock_ref),
             free_aux: Some(free_aux),
             ..Default::default()
         };
+        if copy {
+            hooks.copy_pages = Some(copy_pages);
+        }
         let user_data = &*cache.hooks as *const Hooks as *mut c_void;
         // SAFETY: the handle is live; `hooks` is boxed, so its address outlives the handle.
         let s = unsafe { skv::skv_cache_set_hooks(cache.ptr, &hooks, user_data) };

@@ -32,6 +32,70 @@ fn usage_error(msg: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
+/// One run of the workload (with the host tier when `cfg.host_pages` > 0), routed by
+/// `policy` in a multi-instance run.
+fn run_once(cfg: &Config, policy: Option<Policy>, bar: &ProgressBar) -> Result<report::Run, String> {
+    let mut engine = Engine::new(cfg, policy, bar.clone())?;
+    let fault = engine.run().err();
+    let lat = report::latencies(engine.latency_samples());
+    Ok(report::Run { m: std::mem::take(&mut engine.m), lat, fault })
+}
+
+/// `--host-pool-tokens`: the same workload without the host tier, then with it (per routing
+/// policy in a multi-instance run); the runs with it reported as usual, then each pair side
+/// by side.
+fn run_tier(cfg: &Config, policies: &[Option<Policy>], bar: ProgressBar) -> ExitCode {
+    let a = &cfg.args;
+    bar.set_length(2 * a.sessions * a.turns as u64 * policies.len() as u64);
+    let base_cfg = Config { host_pages: 0, ..cfg.clone() };
+    let (mut without, mut with) = (Vec::new(), Vec::new());
+    for &p in policies {
+        match (run_once(&base_cfg, p, &bar), run_once(cfg, p, &bar)) {
+            (Ok(w), Ok(t)) => {
+                without.push(w);
+                with.push(t);
+            }
+            (Err(msg), _) | (_, Err(msg)) => return usage_error(&msg),
+        };
+    }
+    bar.finish_and_clear();
+    for ((p, w), t) in policies.iter().zip(&without).zip(&with) {
+        if a.json {
+            let j = report::json(cfg, &t.m, &t.lat, t.fault.as_deref());
+            println!("{},{}}}", j.strip_suffix('}').expect("an object"), report::tier_json(cfg, w, t));
+        } else if a.bench {
+            println!("{}", report::bench_line(&t.m, &t.lat));
+        } else if !cfg.multi {
+            print!("{}", report::table(cfg, &t.m, &t.lat, t.fault.as_deref()));
+            print!("{}", report::tier_table(cfg, w, t));
+        } else if let Some(p) = p {
+            print!("router {}: {}", p.name(), report::tier_table(cfg, w, t));
+        }
+    }
+    #[cfg(feature = "router")]
+    if cfg.multi && !a.json && !a.bench {
+        print!("{}", report::fleet_table(cfg, &with));
+    }
+    let runs: Vec<(&str, &report::Run)> = without
+        .iter()
+        .map(|r| ("without the host tier", r))
+        .chain(with.iter().map(|r| ("with the host tier", r)))
+        .collect();
+    verdict(&runs)
+}
+
+/// Exit status 1 and one line per failed run, else 0.
+fn verdict(runs: &[(&str, &report::Run)]) -> ExitCode {
+    let mut code = ExitCode::SUCCESS;
+    for (name, r) in runs {
+        if let Some(f) = &r.fault {
+            eprintln!("skv-sim: FAIL ({name}): {f}");
+            code = ExitCode::from(1);
+        }
+    }
+    code
+}
+
 fn main() -> ExitCode {
     if let Some(code) = replay::from_args() {
         return code;
@@ -64,6 +128,9 @@ fn main() -> ExitCode {
                 .expect("valid template"),
         )
     };
+    if cfg.host_pages > 0 {
+        return run_tier(&cfg, &policies, bar);
+    }
     let mut runs = Vec::new();
     for p in policies {
         let mut engine = match Engine::new(&cfg, p, bar.clone()) {

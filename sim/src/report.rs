@@ -347,6 +347,7 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
             ("routed", rm.routed),
             ("steps", rm.steps),
             ("events", rm.events),
+            ("events_cpu", rm.cpu_events),
             ("event_batches", rm.batches),
             ("event_bytes", rm.event_bytes),
             ("router_audits", rm.audits),
@@ -379,4 +380,103 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
     fields.push(("fault".into(), format!("\"{escaped}\"")));
     let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     format!("{{{}}}", body.join(","))
+}
+
+/// The host tier's comparison (`--host-pool-tokens`): the same workload without and with it.
+/// Each row: its table label, its JSON name, and its value in a run.
+type Row = (&'static str, &'static str, Box<dyn Fn(&Metrics) -> String>);
+
+fn tier_rows() -> Vec<Row> {
+    let gb = |b: u64| format!("{:.1}", b as f64 / 1e9);
+    vec![
+        ("hits", "hits", Box::new(|m: &Metrics| m.hits.to_string())),
+        ("hit rate", "hit_rate", Box::new(|m: &Metrics| format!("{:.2}%", 100.0 * hit_rate(m)))),
+        ("prefill recomputed", "prefill_tokens_recomputed", Box::new(|m: &Metrics| m.prefilled.to_string())),
+        ("sessions evicted", "evictions", Box::new(|m: &Metrics| m.evictions.to_string())),
+        ("sessions parked", "parks", Box::new(|m: &Metrics| m.tier.parks.to_string())),
+        ("sessions restored", "unparks", Box::new(|m: &Metrics| m.tier.unparks.to_string())),
+        ("restores missed", "restore_misses", Box::new(|m: &Metrics| m.tier.restore_misses.to_string())),
+        ("host copies dropped", "host_evictions", Box::new(|m: &Metrics| m.tier.host_evictions.to_string())),
+        ("released by the tier", "released_by_tier", Box::new(|m: &Metrics| m.tier.released_by_tier.to_string())),
+        ("GB to host", "bytes_to_host", Box::new(move |m: &Metrics| gb(m.tier.bytes_to_host))),
+        ("GB to device", "bytes_to_device", Box::new(move |m: &Metrics| gb(m.tier.bytes_to_device))),
+        ("write-backs", "writebacks", Box::new(|m: &Metrics| m.tier.writebacks.to_string())),
+        ("failed copies", "failed_copies", Box::new(|m: &Metrics| m.tier.failed_copies.to_string())),
+        ("failed restores", "failed_restores", Box::new(|m: &Metrics| m.tier.failed_restores.to_string())),
+        ("stalled steps", "stalled_steps", Box::new(|m: &Metrics| m.tier.stalled_steps.to_string())),
+        ("stalled restores", "stalled_restores", Box::new(|m: &Metrics| m.tier.stalled_restores.to_string())),
+        ("eviction waits", "eviction_waits", Box::new(|m: &Metrics| m.tier.eviction_waits.to_string())),
+        ("stall time (s)", "stall_s", Box::new(|m: &Metrics| format!("{:.1}", m.tier.stall_s))),
+        ("modelled time (s)", "model_s", Box::new(|m: &Metrics| format!("{:.1}", m.tier.model_s))),
+    ]
+}
+
+/// The comparison table: one row per figure, without and with the tier.
+pub fn tier_table(cfg: &Config, without: &Run, with: &Run) -> String {
+    let a = &cfg.args;
+    let mut t = String::new();
+    let split = if cfg.multi { format!(" (split between {} instances)", a.instances) } else { String::new() };
+    let _ = writeln!(
+        t,
+        "host tier: {} pages ({} tokens) beside {} device pages{split}; copies {} GB/s each way at {} KV bytes/token; prefill {} tokens/s, decode {} ms a step",
+        cfg.host_pages,
+        cfg.host_pages * a.page_size as u64,
+        cfg.total_pages,
+        a.copy_gbps,
+        a.kv_bytes_per_token,
+        a.prefill_tokens_per_s,
+        a.step_ms
+    );
+    let _ = writeln!(t, "  {:<24}{:>14}{:>14}", "", "without tier", "with tier");
+    for (label, _, v) in tier_rows() {
+        let _ = writeln!(t, "  {label:<24}{:>14}{:>14}", v(&without.m), v(&with.m));
+    }
+    let verdict = |r: &Run| r.fault.as_deref().map_or("OK".to_string(), |f| format!("FAIL: {f}"));
+    let _ = writeln!(
+        t,
+        "  {:<24}{} positions of reused KV checked against the tag mirror; without: {}; with: {}",
+        "checks",
+        with.m.tier.verified_positions,
+        verdict(without),
+        verdict(with)
+    );
+    t
+}
+
+/// The comparison's JSON fields: each figure as `<name>_without_tier` and `<name>_with_tier`
+/// (numbers; byte counts exact).
+pub fn tier_json(cfg: &Config, without: &Run, with: &Run) -> String {
+    let mut f: Vec<String> = vec![
+        format!("\"host_pages\":{}", cfg.host_pages),
+        format!("\"copy_gbps\":{}", cfg.args.copy_gbps),
+        format!("\"kv_bytes_per_token\":{}", cfg.args.kv_bytes_per_token),
+        format!("\"prefill_tokens_per_s\":{}", cfg.args.prefill_tokens_per_s),
+        format!("\"verified_positions\":{}", with.m.tier.verified_positions),
+    ];
+    let t = &with.m.tier;
+    for (k, v) in [
+        ("tier_evict_calls", t.evict_calls),
+        ("tier_evict_parked", t.evict_parked),
+        ("tier_evict_released", t.evict_released),
+        ("tier_evict_copying", t.evict_copying),
+    ] {
+        f.push(format!("\"{k}\":{v}"));
+    }
+    for (_, name, v) in tier_rows() {
+        for (side, r) in [("without_tier", without), ("with_tier", with)] {
+            let val = match name {
+                "hit_rate" => format!("{:.6}", hit_rate(&r.m)),
+                "bytes_to_host" => r.m.tier.bytes_to_host.to_string(),
+                "bytes_to_device" => r.m.tier.bytes_to_device.to_string(),
+                "stall_s" => format!("{:.6}", r.m.tier.stall_s),
+                "model_s" => format!("{:.6}", r.m.tier.model_s),
+                _ => v(&r.m),
+            };
+            f.push(format!("\"{name}_{side}\":{val}"));
+        }
+    }
+    for (side, r) in [("without_tier", without), ("with_tier", with)] {
+        f.push(format!("\"ok_{side}\":{}", r.fault.is_none()));
+    }
+    f.join(",")
 }

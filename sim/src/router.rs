@@ -14,6 +14,11 @@ const WORKER: u64 = 1;
 pub struct Router {
     normalizer: ZmqEventNormalizer,
     tree: RadixTree,
+    /// Events of the lower tiers (medium CPU: sessions parked in libskv's host tier). Dynamo
+    /// indexes them apart from the device's, in its `LowerTierIndexer` (continuation edges:
+    /// a parked chain's parent is a device block, its protected prefix); the overlaps a
+    /// request is routed by read the device's tree only, so the run counts them.
+    pub lower_events: u64,
     block_size: u32,
     next_event_id: u64,
     /// The next sequence number expected from each instance (a gap is a fault).
@@ -28,6 +33,7 @@ impl Router {
         Router {
             normalizer: ZmqEventNormalizer::new(block_size),
             tree: RadixTree::new(),
+            lower_events: 0,
             block_size,
             next_event_id: 0,
             next_seq: vec![0; instances],
@@ -64,7 +70,13 @@ impl Router {
                 return Err(format!("{what}: the normalizer filtered an event out"));
             };
             let ev = ev.into_router_event().ok_or_else(|| format!("{what}: not a worker-local event"))?;
-            self.tree.apply_event(ev).map_err(|e| format!("{what}: the tree refused an event: {e:?}"))?;
+            match ev.targets_primary() {
+                Ok(true) => {
+                    self.tree.apply_event(ev).map_err(|e| format!("{what}: the tree refused an event: {e:?}"))?
+                }
+                Ok(false) => self.lower_events += 1,
+                Err(e) => return Err(format!("{what}: an event of no supported residency: {e:?}")),
+            }
         }
         Ok(())
     }

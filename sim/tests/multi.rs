@@ -1,7 +1,8 @@
 //! The multi-instance run (`--instances N --router ...`, the `router` feature): small fleets
 //! whose router, NVIDIA Dynamo's radix tree fed only by libskv's KV events, must agree with
 //! every instance at every audit; the KV-aware policy must reuse at least what sticky
-//! routing does; a drained instance must end up holding nothing and receiving nothing.
+//! routing does; a drained instance must end up holding nothing and receiving nothing; with
+//! the host tier, the router's device view must leave parked sessions out.
 
 use std::process::{Command, Output};
 
@@ -164,6 +165,21 @@ fn one_instance_is_the_whole_pool() {
     let j = &run(&["--instances", "1", "--router", "kv"])[0];
     assert_clean(j);
     assert_eq!(num(j, "moved_slots"), 0, "{j}");
+}
+
+#[test]
+fn the_host_tier_behind_every_router_keeps_the_view_exact() {
+    // Each instance parks and restores sessions; the router's device tree must never count a
+    // parked session's pages (they move to medium CPU), through a drain too.
+    let lines =
+        run(&["--router", "kv,session,random", "--pool-tokens", "4096", "--host-pool-tokens", "16384", "--drain", "1"]);
+    assert_eq!(lines.len(), 3, "one line per policy: {lines:?}");
+    for line in &lines {
+        assert_clean(line);
+        assert_eq!(field(line, "ok_without_tier"), "true", "{line}");
+        assert!(num(line, "unparks_with_tier") > 0, "sessions were restored: {line}");
+        assert!(num(line, "hits_with_tier") > num(line, "hits_without_tier"), "{line}");
+    }
 }
 
 #[test]

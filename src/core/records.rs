@@ -164,8 +164,9 @@ pub struct TierMatch {
     pub prefix_len: u32,
     /// Device pages the hit took for a parked session's KV (0 for one already on the device).
     pub restored_pages: u32,
-    /// The ticket whose copies must run before the forward pass reads the KV: the restore's,
-    /// or an import's still open; 0 when the KV is already there.
+    /// The ticket whose copies must run before the forward pass reads the KV: the restore's
+    /// (also to a retried match while it is open), or an import's still open; 0 when the KV
+    /// is already there.
     pub ticket: u64,
 }
 

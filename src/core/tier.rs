@@ -132,9 +132,12 @@ pub(crate) struct HostCopy {
     pub(crate) clean: bool,
     /// An eviction asked for the device copy to go once the write-back completes.
     pub(crate) leaving: bool,
-    /// Its place in `host_lru`.
+    /// Its place in `dup_lru` (its session on the device) or `host_lru` (parked).
     pub(crate) stamp: u64,
 }
+
+// docs/tiers.md#host-memory counts 72 bytes a row for it, 80 with the row's finish clock.
+const _: () = assert!(std::mem::size_of::<HostCopy>() == 72);
 
 impl HostCopy {
     pub(crate) fn exists(&self) -> bool {
@@ -169,7 +172,11 @@ pub(crate) struct Tier {
     pub(crate) device_lru: VecDeque<(u64, u32)>,
     /// Slots to write back, by finish: `(finished_at, row)`.
     pub(crate) writeback: VecDeque<(u64, u32)>,
-    /// Host copies by last use: `(stamp, row)`. Host eviction walks it.
+    /// Host copies of sessions still on the device, by last use: `(stamp, row)`. Host eviction
+    /// walks it first: dropping one of these loses nothing.
+    pub(crate) dup_lru: VecDeque<(u64, u32)>,
+    /// Parked sessions' host copies, by last use. Host eviction walks it once `dup_lru` has
+    /// nothing left to give: each one it takes releases its session.
     pub(crate) host_lru: VecDeque<(u64, u32)>,
     stamps: u64,
     /// Host pages a released slot's open ticket still writes or reads: `(full, swa)`.
@@ -192,6 +199,7 @@ impl Tier {
             clock: 0,
             device_lru: VecDeque::new(),
             writeback: VecDeque::new(),
+            dup_lru: VecDeque::new(),
             host_lru: VecDeque::new(),
             stamps: 0,
             drains: BTreeMap::new(),
@@ -204,12 +212,14 @@ impl Tier {
         self.cfg.min_tokens.max(ps)
     }
 
-    /// Marks `row`'s copy used now (the tail of `host_lru`).
-    pub(crate) fn touch(&mut self, row: u32) {
+    /// Marks `row`'s copy used now: the tail of `host_lru` when its session is `parked`,
+    /// else of `dup_lru`.
+    pub(crate) fn touch(&mut self, row: u32, parked: bool) {
         self.stamps += 1;
         self.copies[row as usize].stamp = self.stamps;
-        self.host_lru.push_back((self.stamps, row));
-        compact(&mut self.host_lru, self.copies.len());
+        let q = if parked { &mut self.host_lru } else { &mut self.dup_lru };
+        q.push_back((self.stamps, row));
+        compact(q, self.copies.len());
     }
 
     /// `row`'s slot finished a turn at `finished_at`.

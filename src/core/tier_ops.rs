@@ -49,7 +49,8 @@ struct Plan {
     taken_full: usize,
     taken_swa: usize,
     copies: Copies,
-    /// Where `host_lru`'s walk for victims stands.
+    /// Where the walks of `dup_lru` and `host_lru` for victims stand.
+    dup_at: usize,
     lru_at: usize,
     /// Rows the call parks or releases itself: never victims.
     used: Vec<u32>,
@@ -135,7 +136,8 @@ impl Cache {
     }
 
     /// Whether the host pools can give `n_full` and `n_swa` more pages to the plan, adding
-    /// victims from the head of `host_lru` (strict LRU: only when the pool is full).
+    /// victims (only when the pool is full): the least recently used copies of sessions on the
+    /// device first, then of parked sessions.
     fn host_room(&self, plan: &mut Plan, n_full: usize, n_swa: usize, for_row: u32) -> bool {
         let t = self.tier.as_deref().expect("tier");
         let (free_full, free_swa) =
@@ -158,19 +160,29 @@ impl Cache {
         true
     }
 
-    /// The next host copy the plan may drop: the least recently used one no ticket copies and
-    /// the plan has not taken; `true` when its slot is parked (it goes whole).
+    /// The next host copy the plan may drop, no ticket copying it and the plan not holding it:
+    /// the least recently used copy of a session on the device (a duplicate), else of a parked
+    /// session (`true`: it goes whole).
     fn next_victim(&self, plan: &mut Plan, for_row: u32) -> Option<(u32, bool)> {
         let t = self.tier.as_deref().expect("tier");
+        let free = |plan: &Plan, stamp: u64, row: u32| {
+            let c = &t.copies[row as usize];
+            c.stamp == stamp && c.exists() && c.ticket == 0 && row != for_row && !plan.has(row)
+        };
+        let parked = |row: u32| self.slots.of_row(row).is_some_and(|s| s.place == Place::Parked);
+        while plan.dup_at < t.dup_lru.len() {
+            let (stamp, row) = t.dup_lru[plan.dup_at];
+            plan.dup_at += 1;
+            if free(plan, stamp, row) && !parked(row) {
+                return Some((row, false));
+            }
+        }
         while plan.lru_at < t.host_lru.len() {
             let (stamp, row) = t.host_lru[plan.lru_at];
             plan.lru_at += 1;
-            let c = &t.copies[row as usize];
-            if c.stamp != stamp || !c.exists() || c.ticket != 0 || row == for_row || plan.has(row) {
-                continue;
+            if free(plan, stamp, row) && parked(row) {
+                return Some((row, true));
             }
-            let parked = self.slots.of_row(row).is_some_and(|s| s.place == Place::Parked);
-            return Some((row, parked));
         }
         None
     }
@@ -210,6 +222,7 @@ impl Cache {
             }
             if plan.writes.is_empty() {
                 extra(c);
+                c.trim_queues();
                 return;
             }
             let rows = plan.writes.iter().map(|w| w.row).collect();
@@ -234,12 +247,35 @@ impl Cache {
                 };
                 let tier = c.tier_mut();
                 tier.copies[w.row as usize] = copy;
-                tier.touch(w.row);
+                tier.touch(w.row, false);
                 c.pool.owned_mut().expect("owned").pin_row(w.row, t);
             }
             extra(c);
+            c.trim_queues();
         })?;
         Ok(t)
+    }
+
+    /// Pops the entries at the heads of the policy's queues that no longer stand for anything
+    /// (the walks skip them; popping them keeps each walk's skips to the entries that still do).
+    fn trim_queues(&mut self) {
+        let Cache { tier, slots, .. } = self;
+        let t = tier.as_deref_mut().expect("tier");
+        let copy_gone = |copies: &[HostCopy], (stamp, row): (u64, u32)| {
+            let c = &copies[row as usize];
+            c.stamp != stamp || !c.exists()
+        };
+        while t.dup_lru.front().is_some_and(|&e| copy_gone(&t.copies, e)) {
+            t.dup_lru.pop_front();
+        }
+        while t.host_lru.front().is_some_and(|&e| copy_gone(&t.copies, e)) {
+            t.host_lru.pop_front();
+        }
+        let slot_gone =
+            |(fin, row): (u64, u32)| slots.of_row(row).is_none_or(|s| s.finished_at != fin || s.place == Place::Parked);
+        while t.device_lru.front().is_some_and(|&e| slot_gone(e)) {
+            t.device_lru.pop_front();
+        }
     }
 
     /// The effect that drops a slot's device pages past its protected prefix (a park).
@@ -267,6 +303,7 @@ impl Cache {
         let t = self.tier_mut();
         t.copies[row as usize].leaving = false;
         t.counts.parks += 1;
+        t.touch(row, true);
     }
 
     /// `skv_tier_step`: the clock ticks, and idle slots past the idle threshold start writing
@@ -463,8 +500,10 @@ impl Cache {
         if slot.place == Place::Parked && !pre_aborted {
             return self.unpark(session, branch, row, slot, req, key_len);
         }
+        // Its KV still arriving (an import, or a restore a retried match finds): the hit names
+        // the ticket to wait for, as the first match did.
         let t = self.ticket_of(row);
-        let arriving = self.arriving(t);
+        let arriving = self.tickets.get(t).is_some_and(|p| matches!(p.kind, Kind::Import | Kind::Unpark));
         let m = self.hit(session, branch, req, key_len, pre_aborted, true)?;
         let ticket = if m.hit == 1 && arriving { t } else { 0 };
         Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })

@@ -26,6 +26,8 @@ pub struct RouterMetrics {
     pub batches: u64,
     pub events: u64,
     pub event_bytes: u64,
+    /// Events of medium CPU (the host tier's parked sessions), left out of the router's tree.
+    pub cpu_events: u64,
     /// Engine steps (every instance takes one verify round of its batch a step).
     pub steps: u64,
     /// max / mean active tokens over the live instances, summed over the steps that had any.
@@ -130,6 +132,7 @@ impl Engine<'_> {
         }
         let r = &mut self.m.router;
         (r.batches, r.events, r.event_bytes) = (f.router.batches, f.router.events, f.router.bytes);
+        r.cpu_events = f.router.lower_events;
         Ok(())
     }
 
@@ -286,12 +289,15 @@ impl Engine<'_> {
         let (n, ps) = (self.inst.len(), self.cfg.args.page_size);
         self.m.router.audits += 1;
         for i in 0..self.open.len() {
+            let parked = self.parked_branches(i)?;
             let s = &self.open[i];
             let sid = s.id;
-            // What each branch has published: on which instance, how many tokens.
+            // What each branch has published on the device: on which instance, how many tokens
+            // (a session parked in the host tier keeps only its protected prefix there).
             let published: Vec<Option<(usize, u32)>> = (0..s.branches.len())
                 .map(|b| match &s.turn {
                     Some(t) if t.branch == b => Some((t.inst, t.req.origin_input_len)),
+                    _ if parked[b] => Some((s.branches[b].inst, s.branches[b].protected)),
                     _ if s.branches[b].has_slot => Some((s.branches[b].inst, s.branches[b].kv_len)),
                     _ => None,
                 })
@@ -330,6 +336,21 @@ impl Engine<'_> {
             ));
         }
         Ok(())
+    }
+
+    /// Which branches of session `i` are parked in their instance's host tier.
+    fn parked_branches(&self, i: usize) -> Result<Vec<bool>, Fault> {
+        let s = &self.open[i];
+        let mut parked = vec![false; s.branches.len()];
+        if self.tier.is_empty() {
+            return Ok(parked);
+        }
+        for (b, br) in s.branches.iter().enumerate().filter(|(_, br)| br.has_slot) {
+            let w =
+                self.inst[br.inst].cache.session_where(s.id, br.id).map_err(|e| unexpected("skv_session_where", e))?;
+            parked[b] = w.place == skv::SKV_PLACE_HOST;
+        }
+        Ok(parked)
     }
 
     /// After every session closed: the router's tree holds nothing of any instance, and the

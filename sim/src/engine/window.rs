@@ -71,7 +71,14 @@ impl Engine<'_> {
         Ok(())
     }
 
+    /// SWA pages free, and those a ticket's copy still reads (they come back with it).
     fn swa_free_pages(&self) -> Result<u64, Fault> {
-        self.inst[self.cur].cache.stats().map(|s| s.swa_free_pages).map_err(|s| unexpected("skv_cache_stats", s))
+        let c = &self.inst[self.cur].cache;
+        let free = c.stats().map(|s| s.swa_free_pages).map_err(|s| unexpected("skv_cache_stats", s))?;
+        if self.tier.is_empty() {
+            return Ok(free);
+        }
+        let t = c.tier_stats().map_err(|s| unexpected("skv_cache_tier_stats", s))?;
+        Ok(free + t.swa_draining_pages)
     }
 }
