@@ -543,8 +543,9 @@ typedef struct skv_usage {
   uint64_t in_flight;
   /**
    * Tokens the slots' rows map: owned mode, each row's mapped length (a running request's
-   * extension included); external mode, each slot's record (an in-flight slot's as its
-   * match left it: the running request's extension is in its own req).
+   * extension included; a parked slot's row maps its protected prefix only, so its
+   * committed tokens may exceed it); external mode, each slot's record (an in-flight slot's
+   * as its match left it: the running request's extension is in its own req).
    */
   uint64_t allocated_tokens;
   /**
@@ -606,7 +607,7 @@ typedef struct skv_stats {
    */
   uint64_t total_pages;
   /**
-   * Pages free to allocate.
+   * Pages free to allocate (draining pages are not: docs/tiers.md#tickets-and-draining).
    */
   uint64_t free_pages;
   /**
@@ -658,7 +659,7 @@ typedef struct skv_stats {
  */
 typedef struct skv_check_report {
   /**
-   * Pages on the free list.
+   * Pages on the free list, and draining ones (free once their ticket completes).
    */
   uint64_t pages_free;
   /**
@@ -670,7 +671,7 @@ typedef struct skv_check_report {
    */
   uint64_t pages_engine_held;
   /**
-   * SWA pages on the SWA pool's free list (0 without an SWA pool).
+   * SWA pages on the SWA pool's free list, and draining ones (0 without an SWA pool).
    */
   uint64_t swa_pages_free;
   /**
@@ -785,8 +786,9 @@ typedef struct skv_tier_match {
    */
   uint32_t restored_pages;
   /**
-   * The ticket whose copies must run before the forward pass reads the KV: the restore's,
-   * or an import's still open; 0 when the KV is already there.
+   * The ticket whose copies must run before the forward pass reads the KV: the restore's
+   * (also to a retried match while it is open), or an import's still open; 0 when the KV
+   * is already there.
    */
   uint64_t ticket;
 } skv_tier_match;

@@ -48,8 +48,9 @@ pub struct Usage {
     /// Of those, in flight (restored into a running request).
     pub in_flight: u64,
     /// Tokens the slots' rows map: owned mode, each row's mapped length (a running request's
-    /// extension included); external mode, each slot's record (an in-flight slot's as its
-    /// match left it: the running request's extension is in its own req).
+    /// extension included; a parked slot's row maps its protected prefix only, so its
+    /// committed tokens may exceed it); external mode, each slot's record (an in-flight slot's
+    /// as its match left it: the running request's extension is in its own req).
     pub allocated_tokens: u64,
     /// Tokens whose KV is final, as the slots record them.
     pub committed_tokens: u64,
@@ -91,7 +92,7 @@ pub struct Admission {
 pub struct Stats {
     /// Pages in the pool, page 0 included.
     pub total_pages: u64,
-    /// Pages free to allocate.
+    /// Pages free to allocate (draining pages are not: docs/tiers.md#tickets-and-draining).
     pub free_pages: u64,
     /// Pages owned by rows or held by the engine.
     pub used_pages: u64,
@@ -121,13 +122,13 @@ pub struct Stats {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Report {
-    /// Pages on the free list.
+    /// Pages on the free list, and draining ones (free once their ticket completes).
     pub pages_free: u64,
     /// Pages owned by exactly one row.
     pub pages_in_rows: u64,
     /// Pages held by the engine (from skv_pool_alloc or inside a protected prefix).
     pub pages_engine_held: u64,
-    /// SWA pages on the SWA pool's free list (0 without an SWA pool).
+    /// SWA pages on the SWA pool's free list, and draining ones (0 without an SWA pool).
     pub swa_pages_free: u64,
     /// SWA pages in use: each named by exactly one page a row owns or the engine holds.
     pub swa_pages_in_use: u64,
