@@ -167,6 +167,13 @@ impl FreeStack {
         self.spares.pop().unwrap_or_default()
     }
 
+    /// The `n` pages `pop_into(n)` would hand out after `extend(pushed)` (0s skipped, the
+    /// caller checked there are `n`), last pushed first: known before anything changes.
+    pub(super) fn predict(&self, pushed: &[u32], n: usize) -> Vec<u32> {
+        let runs = self.below.iter().rev().flat_map(|r| r.iter().rev());
+        pushed.iter().rev().filter(|&&p| p != 0).chain(self.top.iter().rev()).chain(runs).take(n).copied().collect()
+    }
+
     /// Every page on the stack, bottom first.
     pub(super) fn iter(&self) -> impl Iterator<Item = &u32> + '_ {
         self.below.iter().flatten().chain(&self.top)

@@ -19,8 +19,14 @@ pub struct SwaAllocator {
 
 impl SwaAllocator {
     pub fn new(total_pages: u32) -> Result<Self> {
+        Self::named(total_pages, "the free SWA-page stack")
+    }
+
+    /// `new`, for another pool of the same kind (the host tier's), named `what` when the host
+    /// refuses its stack.
+    pub(crate) fn named(total_pages: u32, what: &str) -> Result<Self> {
         // Rows' SWA lists are never pushed whole (a window leaves holes in them): one run.
-        Ok(SwaAllocator { total: total_pages, free: FreeStack::full(total_pages, "the free SWA-page stack", 0, 0)? })
+        Ok(SwaAllocator { total: total_pages, free: FreeStack::full(total_pages, what, 0, 0)? })
     }
 
     #[inline]
@@ -82,6 +88,12 @@ impl SwaAllocator {
                 self.free.push(id);
             }
         }
+    }
+
+    /// The `n` pages `alloc(n)` would hand out after `free_dropped(pushed)`: a plan's
+    /// destinations, known before anything changes (the caller checked there are `n`).
+    pub(crate) fn predict(&self, pushed: &[u32], n: usize) -> Vec<u32> {
+        self.free.predict(pushed, n)
     }
 
     /// Every page on the free stack, bottom first, for the audit.

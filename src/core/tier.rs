@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use super::error::{bail, try_vec, Result};
+use super::swa_alloc::SwaAllocator;
 
 /// The host tier's part of the config (all 0: no tier).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,52 +74,9 @@ fn check_slots(what: &str, n: u64, ps: u32) -> Result<()> {
     Ok(())
 }
 
-/// A host pool's pages: a LIFO stack starting `1, 2, 3, ...` from the top, page 0 never
-/// handed out (the device pools' policy).
-pub(crate) struct HostPool {
-    total: u32,
-    stack: Vec<u32>,
-}
-
-impl HostPool {
-    fn new(total: u32) -> Result<Self> {
-        Ok(HostPool {
-            total,
-            stack: try_vec(total as usize - 1, "the free host-page stack", |i| total - 1 - i as u32)?,
-        })
-    }
-
-    pub(crate) fn total_pages(&self) -> u32 {
-        self.total
-    }
-
-    pub(crate) fn free_pages(&self) -> u32 {
-        self.stack.len() as u32
-    }
-
-    /// Pops `n` pages into `out` (the caller checked they are free).
-    pub(crate) fn take(&mut self, n: usize, out: &mut Vec<u32>) {
-        let at = self.stack.len() - n;
-        out.extend(self.stack[at..].iter().rev());
-        self.stack.truncate(at);
-    }
-
-    /// Pushes `pages` in order, skipping 0.
-    pub(crate) fn give(&mut self, pages: &[u32]) {
-        self.stack.extend(pages.iter().filter(|&&p| p != 0));
-    }
-
-    /// The `n` pages `take` would hand out after `give(pushed)` (the caller checked there are
-    /// `n`): a plan's destinations, known before anything changes.
-    pub(crate) fn predict(&self, pushed: &[u32], n: usize) -> Vec<u32> {
-        self.stack.iter().chain(pushed.iter().filter(|&&p| p != 0)).rev().take(n).copied().collect()
-    }
-
-    /// Every free page, for the audit.
-    pub(crate) fn free_list(&self) -> &[u32] {
-        &self.stack
-    }
-}
+/// A host pool's pages: a page stack of the SWA pool's kind (LIFO from `1, 2, 3, ...`, page 0
+/// never handed out, nothing kept per page: each page is free or named by one host copy).
+pub(crate) type HostPool = SwaAllocator;
 
 /// A slot's host copy: the host page of each page past its protected prefix (`full`), and of
 /// each such page's SWA page (`swa`, 0 where the window had passed).
@@ -189,10 +147,10 @@ impl Tier {
         let pages = |slots: u64| (slots / ps as u64) as u32;
         Ok(Tier {
             cfg,
-            full: HostPool::new(pages(cfg.host_num_token_slots))?,
+            full: HostPool::named(pages(cfg.host_num_token_slots), "the free host-page stack")?,
             swa: match cfg.host_swa_num_token_slots {
                 0 => None,
-                n => Some(HostPool::new(pages(n))?),
+                n => Some(HostPool::named(pages(n), "the free host SWA-page stack")?),
             },
             copies: try_vec(rows as usize, "host copies", |_| HostCopy::default())?,
             finished_clock: try_vec(rows as usize, "finish clocks", |_| 0)?,
@@ -258,11 +216,11 @@ impl Tier {
         self.give(&full, &swa);
     }
 
-    /// Host pages back on their stacks.
+    /// Host pages back on their stacks (0s skipped).
     pub(crate) fn give(&mut self, full: &[u32], swa: &[u32]) {
-        self.full.give(full);
+        self.full.free_dropped(full);
         if let Some(s) = self.swa.as_mut() {
-            s.give(swa);
+            s.free_dropped(swa);
         }
     }
 

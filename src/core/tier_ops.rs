@@ -229,9 +229,9 @@ impl Cache {
             let t = c.tickets.open(Kind::WriteBack, rows);
             let (mut full, mut swa) = (Vec::new(), Vec::new());
             let tier = c.tier_mut();
-            tier.full.take(plan.taken_full, &mut full);
+            tier.full.alloc(plan.taken_full as u32, &mut full);
             if let Some(s) = tier.swa.as_mut() {
-                s.take(plan.taken_swa, &mut swa);
+                s.alloc(plan.taken_swa as u32, &mut swa);
             }
             debug_assert_eq!((&full, &swa), (&dst_full, &dst_swa), "the plan foresaw the host pages");
             tier.counts.pages_to_host += (full.len() + swa.len()) as u64;
