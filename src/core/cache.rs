@@ -289,12 +289,19 @@ pub(crate) fn push_release(effects: &mut Vec<Effect>, ps: u32, row: u32, s: &Slo
     if s.lock_node != 0 {
         effects.push(Effect::DecLockRef { node: s.lock_node, receipt: s.lock_receipt });
     }
-    if s.protected < s.allocated {
-        let (dead_lo, dead_hi) = swa_dead(s.protected, s.swa_floor, s.swa, ps);
-        effects.push(Effect::FreeKv { row, keep: s.protected, start: s.protected, end: s.allocated, dead_lo, dead_hi });
-    }
+    push_free_past_prefix(effects, ps, row, s, s.allocated);
     effects.push(Effect::FreeRow { row });
     effects.extend(s.aux_handles().into_iter().filter(|&aux| aux != -1).map(|aux| Effect::FreeAux { aux }));
+}
+
+/// The effect freeing a slot's row past its protected prefix, up to `end` (a release's, to
+/// its record; a park's, to what the row maps).
+#[inline]
+pub(crate) fn push_free_past_prefix(effects: &mut Vec<Effect>, ps: u32, row: u32, s: &Slot, end: u32) {
+    if s.protected < end {
+        let (dead_lo, dead_hi) = swa_dead(s.protected, s.swa_floor, s.swa, ps);
+        effects.push(Effect::FreeKv { row, keep: s.protected, start: s.protected, end, dead_lo, dead_hi });
+    }
 }
 
 /// The cache's pool: libskv's own, reached without a virtual call (every owned-mode call

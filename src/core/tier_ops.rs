@@ -3,10 +3,9 @@
 //! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
 //! entries a walk skips (running requests, open tickets).
 
-use super::cache::{push_release, Cache, Move};
+use super::cache::{push_free_past_prefix, push_release, Cache, Move};
 use super::error::{bail, Error, Result};
 use super::page::{ceil_align, pages_for};
-use super::pool::Effect;
 use super::records::{Evicted, TierMatch, TierStats, Where};
 use super::req::{swa_dead, Req};
 use super::session_checks::check_claim;
@@ -280,18 +279,8 @@ impl Cache {
 
     /// The effect that drops a slot's device pages past its protected prefix (a park).
     fn push_park(&mut self, row: u32, s: &Slot) {
-        let (lo, hi) = swa_dead(s.protected, s.swa_floor, s.swa, self.cfg.page_size);
         let end = self.pool.mapped_len(row).unwrap_or(s.allocated);
-        if s.protected < end {
-            self.effects.push(Effect::FreeKv {
-                row,
-                keep: s.protected,
-                start: s.protected,
-                end,
-                dead_lo: lo,
-                dead_hi: hi,
-            });
-        }
+        push_free_past_prefix(&mut self.effects, self.cfg.page_size, row, s, end);
     }
 
     /// `row`'s slot is parked (its device pages were freed by `push_park`'s effect).
