@@ -376,9 +376,7 @@ impl Cache {
         self.effects.clear();
         push_release(&mut self.effects, self.cfg.page_size, row, &doomed);
         self.run_effects(|c| {
-            c.tier_released(row);
-            c.slots.remove(row);
-            c.sync_idle(row);
+            c.remove_slot(row);
             req.clear_kv();
         })
     }
@@ -426,11 +424,19 @@ impl Cache {
         }
         self.run_effects(|c| {
             for &row in rows {
-                c.tier_released(row);
-                c.slots.remove(row);
-                c.sync_idle(row);
+                c.remove_slot(row);
             }
         })
+    }
+
+    /// Drops the slot holding `row` (the frees of its pages are the caller's effects): its host
+    /// copy goes, or drains while a ticket still copies it, and the row's idle flag follows.
+    pub(crate) fn remove_slot(&mut self, row: u32) {
+        if let Some(t) = self.tier.as_deref_mut() {
+            t.drop_copy(row);
+        }
+        self.slots.remove(row);
+        self.sync_idle(row);
     }
 
     /// `session_held`: what idle slots hold; rows in `active` belong to running requests.

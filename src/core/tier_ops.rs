@@ -211,12 +211,10 @@ impl Cache {
         self.copy(t, COPY_TO_HOST, &plan.copies)?;
         self.run_effects(|c| {
             for &(row, release) in &plan.victims {
-                c.tier_mut().drop_copy(row);
                 c.tier_mut().counts.host_evictions += 1;
-                if release {
-                    c.log_move(row, Move::Released);
-                    c.slots.remove(row);
-                    c.sync_idle(row);
+                match release {
+                    true => c.release_moved(row),
+                    false => c.tier_mut().drop_copy(row),
                 }
             }
             if plan.writes.is_empty() {
@@ -461,10 +459,7 @@ impl Cache {
                 c.tier_mut().copies[row as usize].leaving = true;
             }
             for &(row, _) in &releases {
-                c.log_move(row, Move::Released);
-                c.tier_mut().drop_copy(row);
-                c.slots.remove(row);
-                c.sync_idle(row);
+                c.release_moved(row);
             }
         })?;
         Ok(out)
@@ -656,15 +651,20 @@ impl Cache {
                 c.sync_idle(row);
             }
             for &(row, _) in &releases {
-                c.log_move(row, Move::Released);
-                c.slots.remove(row);
-                c.sync_idle(row);
+                c.release_moved(row);
             }
             if let Some(tier) = c.tier.as_deref_mut() {
                 tier.return_drain(ticket);
             }
             c.tickets.close(ticket);
         })
+    }
+
+    /// A tier call's release of the slot holding `row` (its effects planned by the caller),
+    /// noted for the events.
+    fn release_moved(&mut self, row: u32) {
+        self.log_move(row, Move::Released);
+        self.remove_slot(row);
     }
 
     /// Notes a move of the slot holding `row` (`Cache::moves`).
@@ -770,14 +770,6 @@ impl Cache {
     pub(crate) fn tier_handed_back(&mut self, row: u32, finished_at: u64) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.writeback.push_back((finished_at, row));
-        }
-    }
-
-    /// The tier's part of a released slot: its host copy goes (or drains).
-    #[inline]
-    pub(crate) fn tier_released(&mut self, row: u32) {
-        if let Some(t) = self.tier.as_deref_mut() {
-            t.drop_copy(row);
         }
     }
 }
