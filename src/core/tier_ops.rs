@@ -3,6 +3,10 @@
 //! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
 //! entries a walk skips (running requests, open tickets).
 
+use std::collections::HashSet;
+
+use foldhash::fast::RandomState;
+
 use super::cache::{push_free_past_prefix, push_release, Cache, Move};
 use super::error::{bail, Error, Result};
 use super::page::{ceil_align, pages_for};
@@ -51,13 +55,14 @@ struct Plan {
     /// Where the walks of `dup_lru` and `host_lru` for victims stand.
     dup_at: usize,
     lru_at: usize,
-    /// Rows the call parks or releases itself: never victims.
-    used: Vec<u32>,
+    /// Every row the plan holds: written back, a victim, or parked or released by the call
+    /// itself (a walk skips them).
+    rows: HashSet<u32, RandomState>,
 }
 
 impl Plan {
     fn has(&self, row: u32) -> bool {
-        self.writes.iter().any(|w| w.row == row) || self.victims.iter().any(|v| v.0 == row) || self.used.contains(&row)
+        self.rows.contains(&row)
     }
 }
 
@@ -131,6 +136,7 @@ impl Cache {
         plan.taken_full += full.len();
         plan.taken_swa += n_swa;
         plan.writes.push(WriteBack { row, n_full: full.len(), swa_at, leaving });
+        plan.rows.insert(row);
         true
     }
 
@@ -155,6 +161,7 @@ impl Cache {
             plan.pushed_full.extend(&c.full);
             plan.pushed_swa.extend(c.swa.iter().filter(|&&x| x != 0));
             plan.victims.push((row, release));
+            plan.rows.insert(row);
         }
         true
     }
@@ -421,7 +428,7 @@ impl Cache {
                 continue;
             }
             if c.clean && c.ticket == 0 {
-                plan.used.push(row);
+                plan.rows.insert(row);
                 parks.push((row, s));
                 out.parked += 1;
                 out.freed_pages += n;
@@ -438,7 +445,7 @@ impl Cache {
                 out.copying += 1;
                 out.draining_pages += n;
             } else {
-                plan.used.push(row);
+                plan.rows.insert(row);
                 releases.push((row, s));
                 out.released += 1;
                 out.freed_pages += n;
