@@ -130,8 +130,15 @@ pub unsafe extern "C" fn skv_session_export(
                 return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits (0 is the only value)")));
             }
             let mut cache = lock(c)?;
-            *len = cache.export_len(session_id, branch_id)?;
-            (*len, *ticket) = cache.export(session_id, branch_id, buf)?;
+            match cache.export(session_id, branch_id, buf) {
+                Ok(out) => (*len, *ticket) = out,
+                // The size the caller's buffer lacks, with the refusal.
+                Err(e @ Error::Buffer(_)) => {
+                    *len = cache.export_len(session_id, branch_id)?;
+                    return Err(e);
+                }
+                Err(e) => return Err(e),
+            }
             Ok(())
         },
         |t| {
