@@ -38,7 +38,7 @@ impl Cache {
         };
         let pools: [Option<&HostPool>; 2] = [Some(&tier.full), tier.swa.as_ref()];
         for (i, hp) in pools.iter().enumerate() {
-            for &p in hp.into_iter().flat_map(|h| h.free_stack()) {
+            for &p in hp.iter().flat_map(|h| h.free_stack()) {
                 mark(i, p, &|| "the free host stack".into(), rep);
             }
         }
