@@ -431,6 +431,7 @@ impl Cache {
 
     /// Drops the slot holding `row` (the frees of its pages are the caller's effects): its host
     /// copy goes, or drains while a ticket still copies it, and the row's idle flag follows.
+    #[inline]
     pub(crate) fn remove_slot(&mut self, row: u32) {
         if let Some(t) = self.tier.as_deref_mut() {
             t.drop_copy(row);
