@@ -28,6 +28,8 @@
 #define TIMEOUT_MS 400  /* the source's wait for the notification before it asks */
 #define XFER_FAILED 1   /* skv_ticket_done's status for a transfer that did not happen */
 #define MAX_PAGES 512
+#define MEASURED_LEN 4096 /* session 1's length at its first move */
+#define MEASURE_READS 8
 
 enum { A, B };
 enum step_op { S_FILL, S_MOVE };
