@@ -7,7 +7,7 @@ GENERATED_HEADER = $(TARGET_DIR)/release/include/skv.h
 # ... and the dlopen table's pinned order (src/capi/api.list, append-only within an ABI).
 GENERATED_API_LIST = $(TARGET_DIR)/release/include/api.list
 
-.PHONY: all build deps test test-rust test-events test-zmq test-c test-c-events test-integration doc-check sim fuzz bench install header header-check lint clean
+.PHONY: all build deps test test-rust test-events test-zmq test-c test-c-events test-integration nixl-test doc-check sim fuzz bench install header header-check lint clean
 
 all: build
 
@@ -15,10 +15,11 @@ build:
 	$(CARGO) build --release -p skv
 
 # Everything CI runs: Rust unit, property and smoke tests; the C suite plain, under
-# AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers.
-test: deps test-rust test-events test-zmq test-c test-c-events test-integration
+# AddressSanitizer, UndefinedBehaviorSanitizer and valgrind; the installed-package consumers;
+# sessions moved between two processes by NIXL.
+test: deps test-rust test-events test-zmq test-c test-c-events test-integration nixl-test
 
-# cmake, pkg-config, valgrind and a C++ compiler (apt-get as root when missing).
+# cmake, pkg-config, valgrind, a C++ compiler and pip (apt-get as root when missing).
 deps:
 	scripts/deps.sh
 
@@ -63,6 +64,14 @@ test-c: build | deps
 
 test-integration: build | deps
 	ctests/integration.sh --no-build
+
+# Sessions moved back and forth between two processes by NIXL's UCX backend over loopback TCP,
+# both modes and a hybrid model, with failures injected (docs/transfer-nixl.md). The pinned
+# NIXL wheel and header come from PyPI and crates.io (scripts/nixl_fetch.sh: the network
+# once); without them this fails, it never skips.
+nixl-test: build | deps
+	scripts/nixl_fetch.sh $(TARGET_DIR)/nixl
+	ctests/nixl/run.sh $(TARGET_DIR)/release $(TARGET_DIR)/nixl
 
 # The docs hold together: links resolve, every rule docs/rules.list names is in docs/
 # (part of test-rust's cargo test; this runs it alone).
