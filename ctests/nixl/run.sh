@@ -20,7 +20,7 @@ build="$root/target/ctests/nixl"
 mkdir -p "$build/lib"
 soname="$(readelf -d "$libdir/libskv.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')"
 ln -sfn "$libdir/libskv.so" "$build/lib/${soname:-libskv.so}"
-gcc -std=c11 -Wall -Wextra -Werror -g -O2 -I"$root/include" -I"$root/ctests" -I"$nixl/include" \
+gcc -std=c11 -Wall -Wextra -Werror -pedantic -g -O2 -I"$root/include" -I"$root/ctests" -I"$nixl/include" \
   "$root/ctests/nixl/test_nixl_move.c" "$root/ctests/nixl/nixl_link.c" -o "$build/test_nixl_move" \
   -L"$libdir" -lskv -L"$nixl/lib" -lnixl_capi \
   -Wl,-rpath,"$build/lib" -Wl,-rpath,"$nixl/lib"

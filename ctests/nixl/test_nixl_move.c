@@ -230,7 +230,7 @@ int main(void) {
     perror("socketpair");
     return 2;
   }
-  fflush(stdout);
+  setvbuf(stdout, NULL, _IOLBF, 0); /* the two instances' lines interleave as they happen */
   pid = fork();
   if (pid < 0) {
     perror("fork");
