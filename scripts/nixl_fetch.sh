@@ -64,7 +64,10 @@ EOF
   cargo fetch --quiet --manifest-path "$dir/crate/Cargo.toml" ||
     fail "cargo fetch of nixl-sys $NIXL_VERSION failed (network?)"
   crate_dir=$(cargo metadata --offline --format-version 1 --manifest-path "$dir/crate/Cargo.toml" |
-    python3 -c 'import json,os,sys; m=json.load(sys.stdin); print(next(os.path.dirname(p["manifest_path"]) for p in m["packages"] if p["name"]=="nixl-sys"))') ||
+    python3 -c '
+import json, os, sys
+pkgs = json.load(sys.stdin)["packages"]
+print(next(os.path.dirname(p["manifest_path"]) for p in pkgs if p["name"] == "nixl-sys"))') ||
     fail "nixl-sys $NIXL_VERSION not found after cargo fetch"
   mkdir -p "$dir/include"
   cp "$crate_dir/wrapper.h" "$dir/include/nixl_capi.h"
@@ -73,9 +76,11 @@ fi
 
 lib="$dir/lib/libnixl_capi.so"
 [ -e "$lib" ] || fail "$lib missing: the wheel $NIXL_WHEEL==$NIXL_VERSION changed its layout"
-[ -e "$dir/lib/plugins/libplugin_UCX.so" ] || fail "the wheel has no UCX plugin (lib/plugins/libplugin_UCX.so)"
-missing=$(ldd "$lib" "$dir/lib/plugins/libplugin_UCX.so" | grep 'not found' || true)
-[ -z "$missing" ] || fail "libraries the NIXL wheel needs are missing: $(echo "$missing" | tr -s ' \n' ' ')"
+ucx="$dir/lib/plugins/libplugin_UCX.so"
+[ -e "$ucx" ] || fail "the wheel has no UCX plugin ($ucx)"
+missing=$(ldd "$lib" "$ucx" | grep 'not found' || true)
+[ -z "$missing" ] ||
+  fail "libraries the NIXL wheel needs are missing: $(echo "$missing" | tr -s ' \n' ' ')"
 # Every function the header declares is one the library exports: header and library agree.
 declared=$(grep -o 'nixl_capi_[a-z_]*(' "$dir/include/nixl_capi.h" | tr -d '(' | sort -u)
 exported=$(nm -D --defined-only "$lib" | awk '{print $3}' | grep '^nixl_capi_' | sort -u)

@@ -12,7 +12,8 @@ libdir="${1:-target/release}"
 nixl="${2:-target/nixl}"
 case "$libdir" in /*) ;; *) libdir="$root/$libdir" ;; esac
 case "$nixl" in /*) ;; *) nixl="$root/$nixl" ;; esac
-[ -e "$libdir/libskv.so" ] || { echo "nixl-test: $libdir/libskv.so not found (cargo build --release)" >&2; exit 2; }
+[ -e "$libdir/libskv.so" ] ||
+  { echo "nixl-test: $libdir/libskv.so not found (cargo build --release)" >&2; exit 2; }
 [ -e "$nixl/lib/libnixl_capi.so" ] && [ -e "$nixl/include/nixl_capi.h" ] ||
   { echo "nixl-test: NIXL not in $nixl (scripts/nixl_fetch.sh puts it there)" >&2; exit 2; }
 
@@ -20,7 +21,8 @@ build="$root/target/ctests/nixl"
 mkdir -p "$build/lib"
 soname="$(readelf -d "$libdir/libskv.so" | sed -n 's/.*SONAME.*\[\(.*\)\].*/\1/p')"
 ln -sfn "$libdir/libskv.so" "$build/lib/${soname:-libskv.so}"
-gcc -std=c11 -Wall -Wextra -Werror -pedantic -g -O2 -I"$root/include" -I"$root/ctests" -I"$nixl/include" \
+gcc -std=c11 -Wall -Wextra -Werror -pedantic -g -O2 \
+  -I"$root/include" -I"$root/ctests" -I"$nixl/include" \
   "$root/ctests/nixl/test_nixl_move.c" "$root/ctests/nixl/nixl_link.c" -o "$build/test_nixl_move" \
   -L"$libdir" -lskv -L"$nixl/lib" -lnixl_capi \
   -Wl,-rpath,"$build/lib" -Wl,-rpath,"$nixl/lib"
