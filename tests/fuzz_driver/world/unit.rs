@@ -42,7 +42,7 @@ impl World {
         let mut odd = [0u64; 4];
         let want = match self.rng.below(24) {
             0 => {
-                flags = self.rng.pick(&[1, 2, u32::MAX]);
+                flags = self.rng.pick(&[2, 4, u32::MAX]);
                 Expect::Is(SKV_ERR_INVALID_ARG)
             }
             1 => {
@@ -107,6 +107,8 @@ impl World {
             lock_receipt: lock.wrapping_mul(31),
             aux_state: aux[0],
             aux_track: [aux[1], aux[2]],
+            tokens: null(),
+            n_tokens: 0,
         };
         let n = (field(&unit, 80) + field(&unit, 84)) as usize;
         let mut out = vec![0i32; n + 1];
