@@ -38,7 +38,14 @@ if [ ! -e "$stamp" ]; then
     -r "$dir/requirements.txt" -d "$dir/wheel" ||
     fail "pip download $NIXL_WHEEL==$NIXL_VERSION failed (network, or the pinned hash changed)"
   whl=("$dir"/wheel/*.whl)
-  python3 -m zipfile -e "${whl[0]}" "$dir/unpacked" || fail "cannot unpack ${whl[0]}"
+  # Only the native libraries (NIXL's, its plugins', UCX's): not the Python packages.
+  python3 - "${whl[0]}" "$dir/unpacked" <<'PY' || fail "cannot unpack ${whl[0]}"
+import sys, zipfile
+libs = (".nixl_cu12.mesonpy.libs/", "nixl_cu12.libs/")
+with zipfile.ZipFile(sys.argv[1]) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith(libs)])
+PY
+  rm -rf "$dir/wheel"
   # The libraries find UCX through their RPATH ($ORIGIN/../nixl_cu12.libs): keep the wheel's
   # tree as it is and point at it.
   ln -sfn "unpacked/.nixl_cu12.mesonpy.libs" "$dir/lib"
