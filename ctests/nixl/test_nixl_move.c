@@ -25,7 +25,9 @@
 #include "engines.h"
 #include "nixl_link.h"
 
-#define TIMEOUT_MS 400  /* the source's wait for the notification before it asks */
+#ifndef TIMEOUT_MS
+#define TIMEOUT_MS 400 /* the source's wait for the notification before it asks */
+#endif
 #define XFER_FAILED 1   /* skv_ticket_done's status for a transfer that did not happen */
 #define MAX_PAGES 512
 #define MEASURED_LEN 4096 /* session 1's length at its first move */
