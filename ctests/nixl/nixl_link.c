@@ -47,8 +47,10 @@ void nl_fini(nixl_link *l) {
   }
   if (l->notifs) nixl_capi_destroy_notif_map(l->notifs);
   if (l->args) nixl_capi_destroy_opt_args(l->args);
-  /* the agent owns its backend and registrations: destroying it releases them */
+  /* the agent owns the backend engine and the registrations: destroying it releases them;
+   * the backend handle is only the C API's wrapper */
   if (l->agent) nixl_capi_destroy_agent(l->agent);
+  if (l->ucx) nixl_capi_destroy_backend(l->ucx);
   memset(l, 0, sizeof *l);
 }
 
