@@ -107,6 +107,8 @@ impl Engine<'_> {
         self.running += 1;
 
         let hit = self.do_match(i, b, &mut req, key_len)?;
+        #[cfg(feature = "router")]
+        self.note_moved_turn(i, b, hit);
         let mut track = self.open[i].branches[b].track;
         if hit {
             self.m.hits += 1
@@ -153,7 +155,10 @@ impl Engine<'_> {
         if self.fleet.is_some() {
             // The prefill's one chunk: its tokens, from where the reuse ended (0 on a miss:
             // the shared prompt's pages are the session's to publish too).
-            let from = if hit { origin - n } else { 0 };
+            // An imported slot's instance knows none of its tokens yet: all of them, once.
+            let br = &mut self.open[i].branches[b];
+            let from = if hit && !br.unpublished { origin - n } else { 0 };
+            br.unpublished = false;
             self.hand_tokens(i, b, &req, from, origin)?;
         }
         self.open[i].turn = Some(Turn { branch: b, inst: k, charged_blocks, req, plan, track });
