@@ -79,6 +79,8 @@ pub(super) struct Move {
     /// The destination's recurrent-state handles, and the protected length of its slot.
     handles: [i64; 3],
     protected: u32,
+    /// When the destination's slot was created (a release frees a session's slots oldest first).
+    slot_seq: u64,
     pages: u64,
     tokens: u64,
     drain: bool,
@@ -132,9 +134,12 @@ impl Engine<'_> {
         Ok(best)
     }
 
-    /// An idle slot on `k` that may move: its session runs no turn, has turns left, and waits
-    /// (if at all) in `k`'s queue for this branch. Least recently used first.
+    /// The idle slots on `k` that may move: the session runs no turn, has turns left, and
+    /// waits (if at all) in `k`'s queue for this branch. Least recently used first.
     fn candidates(&self, k: usize) -> Vec<(usize, usize)> {
+        // A live instance keeps what it was just handed (no session bounces); a drained one
+        // hands everything on.
+        let again = !self.inst[k].live;
         let mut c: Vec<(u64, usize, usize)> = Vec::new();
         for (i, s) in self.open.iter().enumerate() {
             if s.turn.is_some() || s.turns_left == 0 {
@@ -146,7 +151,7 @@ impl Engine<'_> {
                     None => true,
                     Some(p) => p.branch == b && queued_here,
                 };
-                if br.has_slot && br.inst == k && !br.moving && !br.migrated && waits_here {
+                if br.has_slot && br.inst == k && !br.moving && (again || !br.migrated) && waits_here {
                     c.push((br.idle_since, i, b));
                 }
             }
@@ -246,6 +251,7 @@ impl Engine<'_> {
                 }
                 let s = self.inst[src].cache.ticket_done(export_ticket, true);
                 expect_ok(&format!("skv_ticket_done(export of {what}, failed)"), s)?;
+                self.check_stayed(i, b, src, dst, &what)?;
                 self.m.migrate.refused += 1;
                 return Ok(false);
             }
@@ -257,6 +263,8 @@ impl Engine<'_> {
             d.locks_taken += 1;
             self.m.locks_taken += 1;
         }
+        self.slots_created += 1;
+        let slot_seq = self.slots_created;
         self.cur = dst;
         self.note_peak()?;
         // Its waiting turn leaves the source's queue: it is routed again once the move commits.
@@ -287,11 +295,31 @@ impl Engine<'_> {
             finish,
             handles,
             protected: if EXPORT_FLAGS == 0 { protected } else { 0 },
+            slot_seq,
             pages: n as u64,
             tokens,
             drain,
         });
         Ok(true)
+    }
+
+    /// After a refused import: the slot is still on `src`, whole and idle, and `dst` has none.
+    fn check_stayed(&self, i: usize, b: usize, src: usize, dst: usize, what: &str) -> Result<(), Fault> {
+        let (sid, br) = (self.open[i].id, &self.open[i].branches[b]);
+        let at =
+            |k: usize| self.inst[k].cache.session_where(sid, br.id).map_err(|s| unexpected("skv_session_where", s));
+        let (w_src, w_dst) = (at(src)?, at(dst)?);
+        if w_src.place != skv::SKV_PLACE_DEVICE
+            || w_src.state != 0
+            || w_src.tokens != br.kv_len
+            || w_dst.place != skv::SKV_PLACE_NONE
+        {
+            return Err(format!(
+                "refused move of {what}: the source holds place {} state {:#x} of {} tokens (the slot's {}), the destination place {}",
+                w_src.place, w_src.state, w_src.tokens, br.kv_len, w_dst.place
+            ));
+        }
+        Ok(())
     }
 
     /// Commits the moves whose copy finished by the current step's start.
@@ -325,6 +353,9 @@ impl Engine<'_> {
         br.inst = m.dst;
         br.handles = m.handles;
         br.protected = m.protected;
+        br.slot_seq = m.slot_seq;
+        // Just arrived for its next turn: the destination's least recently used it is not.
+        br.idle_since = self.tick;
         (br.moving, br.migrated, br.unpublished) = (false, true, !DEST_PUBLISHES);
         let f = self.fleet.as_mut().expect("a multi-instance run");
         if f.policy == Policy::Session {
