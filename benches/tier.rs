@@ -134,6 +134,8 @@ impl Bed {
             lock_receipt: 0,
             aux_state: -1,
             aux_track: [-1, -1],
+            tokens: std::ptr::null(),
+            n_tokens: 0,
         };
         let mut out = [0i32; PAGES as usize];
         let (mut n, mut t) = (0usize, 0u64);

@@ -124,6 +124,11 @@
 #define SKV_EVICT_NO_COPY 1
 
 /**
+ * skv_session_export: the session moves to another instance (docs/transfer.md).
+ */
+#define SKV_EXPORT_MOVE 1
+
+/**
  * skv_where.place: no slot.
  */
 #define SKV_PLACE_NONE 0
@@ -162,6 +167,22 @@
  * skv_where.state: it parks when its write-back completes.
  */
 #define SKV_WHERE_LEAVING 8
+
+/**
+ * skv_session_fence: this handle never committed the epoch; an import of it (or lower) is
+ * refused from now on.
+ */
+#define SKV_FENCE_ABSENT 0
+
+/**
+ * skv_session_fence: an import of the epoch is still open here: ask again after its ticket.
+ */
+#define SKV_FENCE_PENDING 1
+
+/**
+ * skv_session_fence: committed here at the epoch or a later one.
+ */
+#define SKV_FENCE_COMMITTED 2
 
 /**
  * The result of every libskv call. Numbers are never reused.
@@ -921,7 +942,7 @@ typedef struct skv_tier_stats {
  */
 typedef struct skv_import {
   /**
-   * sizeof(skv_import) of the header the caller was built with: 80 (0.4). See "Versioned
+   * sizeof(skv_import) of the header the caller was built with: 80 or 96 (0.4). See "Versioned
    * structs" at the top of this header.
    */
   uint32_t struct_size;
@@ -951,7 +972,45 @@ typedef struct skv_import {
   uint64_t lock_receipt;
   int64_t aux_state;
   int64_t aux_track[2];
+  /**
+   * With KV events on: the session's token ids from position 0, `n_tokens` of them (those
+   * past its committed length are ignored), so the import stores its full pages at once
+   * (docs/transfer.md#kv-events); NULL and 0 publish nothing until skv_events_tokens.
+   * Ignored with events off.
+   */
+  const int32_t *tokens;
+  uint64_t n_tokens;
 } skv_import;
+
+/**
+ * One side's KV layout in one pool, for skv_transfer_descs: region `r` of page `p` is
+ * `page_bytes` bytes at `region_base[r] + p * page_stride` (a region per layer and K/V, or
+ * one for a page-major arena).
+ */
+typedef struct skv_kv_layout {
+  /**
+   * sizeof(skv_kv_layout) of the header the caller was built with: 32 (0.4). See
+   * "Versioned structs" at the top of this header.
+   */
+  uint32_t struct_size;
+  uint32_t n_regions;
+  /**
+   * `n_regions` base addresses.
+   */
+  const uint64_t *region_base;
+  uint64_t page_stride;
+  uint64_t page_bytes;
+} skv_kv_layout;
+
+/**
+ * One contiguous range a transfer engine moves: `len` bytes from the remote side's address to
+ * the local side's (`transfer::descs`, skv_transfer_descs).
+ */
+typedef struct skv_xfer_desc {
+  uint64_t local_addr;
+  uint64_t remote_addr;
+  uint64_t len;
+} skv_xfer_desc;
 
 /**
  * Every exported function, for engines that dlopen libskv: one field per function, named
@@ -1333,6 +1392,25 @@ typedef struct skv_api {
                                     size_t out_cap,
                                     size_t *n_pages,
                                     uint64_t *ticket);
+  /**
+   * Same as skv_session_fence.
+   */
+  enum skv_status (*session_fence)(struct skv_cache *c,
+                                   uint64_t session_id,
+                                   uint64_t branch_id,
+                                   uint32_t epoch,
+                                   int32_t *out_state);
+  /**
+   * Same as skv_transfer_descs.
+   */
+  enum skv_status (*transfer_descs)(const struct skv_kv_layout *local,
+                                    const int32_t *local_pages,
+                                    const struct skv_kv_layout *remote,
+                                    const int32_t *remote_pages,
+                                    size_t n_pages,
+                                    struct skv_xfer_desc *out,
+                                    size_t out_cap,
+                                    size_t *out_len);
 } skv_api;
 
 #ifdef __cplusplus
@@ -1938,7 +2016,9 @@ enum skv_status skv_events_drain(struct skv_cache *c,
  * Writes the unit of the idle slot of (session_id, branch_id) into `buf` (`cap` bytes; NULL
  * and 0 ask the size) and pins its pages under `*ticket` until the engine's copy of them
  * completes (docs/tiers.md#export-and-import). `*len` receives the unit's size, also when
- * `cap` is short. `flags`: 0.
+ * `cap` is short. `flags`: 0 (a copy), or SKV_EXPORT_MOVE (the session moves to another
+ * instance: the whole session under a new epoch; success releases it here, failure leaves it
+ * serving; its release is refused meanwhile; docs/transfer.md).
  *
  * The caller must pass buf holding cap bytes.
  *
@@ -2056,6 +2136,43 @@ enum skv_status skv_session_where(const struct skv_cache *c,
  * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
  */
 enum skv_status skv_cache_tier_stats(const struct skv_cache *c, struct skv_tier_stats *out);
+
+/**
+ * What a move's source asks its destination after a lost or late notification: whether the
+ * import of (session_id, branch_id) at `epoch` committed here. `*out_state` receives
+ * SKV_FENCE_COMMITTED, SKV_FENCE_PENDING (its import ticket is still open) or SKV_FENCE_ABSENT
+ * (never committed; from now on an import of that epoch or lower is refused, so the source
+ * may serve the session again) (docs/transfer.md#when-the-notification-is-lost).
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+ */
+enum skv_status skv_session_fence(struct skv_cache *c,
+                                  uint64_t session_id,
+                                  uint64_t branch_id,
+                                  uint32_t epoch,
+                                  int32_t *out_state);
+
+/**
+ * The descriptors a transfer engine moves a session's pages with: `remote_pages[i]` (the
+ * unit's ids, the source's) into `local_pages[i]` (the import's `out_pages`), region by region
+ * in page order, runs of consecutive ids on both sides merged where `page_bytes` equals
+ * `page_stride` on both. `*out_len` receives the count, also when `out_cap` is short (NULL and
+ * 0 ask it: SKV_ERR_BUFFER). Call once per pool (full pages, then SWA pages with the SWA
+ * pool's layouts). Needs no handle (docs/transfer.md#the-nixl-glue).
+ *
+ * The caller must pass local_pages and remote_pages holding n_pages values and out holding
+ * out_cap descriptors.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_BUFFER
+ */
+enum skv_status skv_transfer_descs(const struct skv_kv_layout *local,
+                                   const int32_t *local_pages,
+                                   const struct skv_kv_layout *remote,
+                                   const int32_t *remote_pages,
+                                   size_t n_pages,
+                                   struct skv_xfer_desc *out,
+                                   size_t out_cap,
+                                   size_t *out_len);
 
 #ifdef __cplusplus
 }  // extern "C"

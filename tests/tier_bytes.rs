@@ -409,6 +409,8 @@ fn moves(ps: u32, swa: bool) {
             lock_receipt: 0,
             aux_state: -1,
             aux_track: [-1, -1],
+            tokens: std::ptr::null(),
+            n_tokens: 0,
         };
         let (src_full, src_swa) = unit_ids(&unit);
         let mut out = vec![0i32; src_full.len() + src_swa.len()];

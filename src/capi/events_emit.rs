@@ -345,3 +345,38 @@ pub(crate) unsafe fn tier<T>(
     let _ = (c, hit);
     Ok(out)
 }
+
+/// `skv_session_import`: with `tokens` (and events on), the imported session's full committed
+/// pages are stored at once, before its source can release them (docs/transfer.md#kv-events).
+/// The tokens are checked before the import runs, so a refusal changes nothing.
+///
+/// # Safety
+/// As `match_prefix`.
+pub(crate) unsafe fn import<T>(
+    c: *const skv_cache,
+    cache: &mut Cache,
+    key: HolderKey,
+    tokens: &[i32],
+    op: impl FnOnce(&mut Cache) -> Result<T>,
+) -> Result<T> {
+    if let Some((i, t)) = tokens.iter().enumerate().find(|(_, &t)| t < 0) {
+        return Err(crate::core::Error::InvalidArg(format!("in->tokens[{i}] = {t} is negative")));
+    }
+    let out = op(cache)?;
+    #[cfg(feature = "events")]
+    if !tokens.is_empty() {
+        let (row, s) = cache.slots().find(key.0, key.1).map(|(r, s)| (r, *s)).expect("the import's slot");
+        let toks: Vec<u32> = tokens[..tokens.len().min(s.committed as usize)].iter().map(|&t| t as u32).collect();
+        let rs = RowState { row, protected: s.protected, committed: s.committed, allocated: s.allocated };
+        // SAFETY: the caller's contract, passed on.
+        unsafe {
+            emit(c, |l| {
+                // A new holder on a new row: nothing a fresh holder's tokens can disagree with.
+                let _ = l.tokens(key, rs, 0, &toks);
+            })
+        };
+    }
+    #[cfg(not(feature = "events"))]
+    let _ = (c, key);
+    Ok(out)
+}

@@ -78,6 +78,8 @@ mod events;
 
 mod tier;
 
+mod transfer;
+
 // The session calls with their events (no exports).
 mod events_emit;
 
@@ -107,6 +109,7 @@ pub use stats::*;
 pub use status::*;
 pub use tier::*;
 pub(crate) use trace::traced;
+pub use transfer::*;
 
 use crate::core::{Cache, Error, Result};
 

@@ -17,6 +17,8 @@ pub const SKV_COPY_TO_HOST: u32 = 1;
 pub const SKV_COPY_TO_DEVICE: u32 = 2;
 /// skv_tier_evict: never start a copy (a slot without a clean host copy is released).
 pub const SKV_EVICT_NO_COPY: u32 = 1;
+/// skv_session_export: the session moves to another instance (docs/transfer.md).
+pub const SKV_EXPORT_MOVE: u32 = 1;
 /// skv_where.place: no slot.
 pub const SKV_PLACE_NONE: u32 = 0;
 /// skv_where.place: on the device only.
@@ -69,7 +71,7 @@ fn answer<T: Copy>(out: &mut T, v: T) {
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct skv_import {
-    /// sizeof(skv_import) of the header the caller was built with: 80 (0.4). See "Versioned
+    /// sizeof(skv_import) of the header the caller was built with: 80 or 96 (0.4). See "Versioned
     /// structs" at the top of this header.
     pub struct_size: u32,
     /// 0.
@@ -90,16 +92,24 @@ pub struct skv_import {
     pub lock_receipt: u64,
     pub aux_state: i64,
     pub aux_track: [i64; 2],
+    /// With KV events on: the session's token ids from position 0, `n_tokens` of them (those
+    /// past its committed length are ignored), so the import stores its full pages at once
+    /// (docs/transfer.md#kv-events); NULL and 0 publish nothing until skv_events_tokens.
+    /// Ignored with events off.
+    pub tokens: *const i32,
+    pub n_tokens: u64,
 }
 
 /// Every published sizeof(skv_import) (`read_versioned`).
-pub(crate) const IMPORT_SIZES: [u32; 1] = [80];
-const _: () = assert!(std::mem::size_of::<skv_import>() as u32 == IMPORT_SIZES[0]);
+pub(crate) const IMPORT_SIZES: [u32; 2] = [80, 96];
+const _: () = assert!(std::mem::size_of::<skv_import>() as u32 == IMPORT_SIZES[1]);
 
 /// Writes the unit of the idle slot of (session_id, branch_id) into `buf` (`cap` bytes; NULL
 /// and 0 ask the size) and pins its pages under `*ticket` until the engine's copy of them
 /// completes (docs/tiers.md#export-and-import). `*len` receives the unit's size, also when
-/// `cap` is short. `flags`: 0.
+/// `cap` is short. `flags`: 0 (a copy), or SKV_EXPORT_MOVE (the session moves to another
+/// instance: the whole session under a new epoch; success releases it here, failure leaves it
+/// serving; its release is refused meanwhile; docs/transfer.md).
 ///
 /// The caller must pass buf holding cap bytes.
 ///
@@ -126,15 +136,16 @@ pub unsafe extern "C" fn skv_session_export(
             disjoint(&[Span::of(buf, cap, "buf"), Span::of(len, 1, "len"), Span::of(ticket, 1, "ticket")])?;
             let (len, ticket) = (out_mut(len, "len")?, out_mut(ticket, "ticket")?);
             let buf = slice_mut(buf, cap, "buf")?;
-            if flags != 0 {
-                return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits (0 is the only value)")));
+            if flags & !SKV_EXPORT_MOVE != 0 {
+                return Err(Error::InvalidArg(format!("flags {flags:#x} has unknown bits (SKV_EXPORT_MOVE or 0)")));
             }
+            let moving = flags & SKV_EXPORT_MOVE != 0;
             let mut cache = lock(c)?;
-            match cache.export(session_id, branch_id, buf) {
+            match cache.export(session_id, branch_id, moving, buf) {
                 Ok(out) => (*len, *ticket) = out,
                 // The size the caller's buffer lacks, with the refusal.
                 Err(e @ Error::Buffer(_)) => {
-                    *len = cache.export_len(session_id, branch_id)?;
+                    *len = cache.export_len(session_id, branch_id, moving)?;
                     return Err(e);
                 }
                 Err(e) => return Err(e),
@@ -190,6 +201,11 @@ pub unsafe extern "C" fn skv_session_import(
                 return Err(Error::InvalidArg(format!("in->flags {:#x} has unknown bits", spec.flags)));
             }
             let prefix = slice(spec.prefix_indices, spec.n_prefix as usize, "in->prefix_indices")?;
+            let tokens = match usize::try_from(spec.n_tokens) {
+                Ok(n) => slice(spec.tokens, n, "in->tokens")?,
+                Err(_) => return Err(Error::InvalidArg(format!("in->n_tokens {} is too large", spec.n_tokens))),
+            };
+            let key = (spec.session_id, spec.branch_id);
             let spec = ImportSpec {
                 session: spec.session_id,
                 branch: spec.branch_id,
@@ -200,7 +216,9 @@ pub unsafe extern "C" fn skv_session_import(
                 aux_state: spec.aux_state,
                 aux_track: spec.aux_track,
             };
-            (*n_pages, *ticket) = lock(c)?.import(&spec, unit, out)?;
+            let mut cache = lock(c)?;
+            (*n_pages, *ticket) =
+                events_emit::import(c, &mut cache, key, tokens, |cache| cache.import(&spec, unit, out))?;
             Ok(())
         },
         |t| {

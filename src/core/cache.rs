@@ -45,6 +45,9 @@ pub struct Cache {
     /// What the host tier's call in progress did to which sessions (for KV events; the call's
     /// export clears it first).
     pub moves: Vec<(u64, u64, Move)>,
+    /// What this handle knows of each moved session key's epochs (`transfer`): one entry per
+    /// key it ever exported with `SKV_EXPORT_MOVE`, imported from a move, or was asked about.
+    pub(crate) fences: std::collections::HashMap<(u64, u64), super::transfer::Fence>,
 }
 
 /// A session's KV changed place (`Cache::moves`).
@@ -82,6 +85,7 @@ impl Cache {
             tickets: Tickets::default(),
             engine_pins: Pins::default(),
             moves: Vec::new(),
+            fences: std::collections::HashMap::new(),
             tier: match cfg.tier.host_num_token_slots {
                 0 => None,
                 _ => Some(Box::new(Tier::new(cfg.tier, cfg.page_size, cfg.num_rows)?)),

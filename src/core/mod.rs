@@ -10,7 +10,8 @@
 //! (what a device copy of the rows must learn). Then the host tier: `tickets` and `pins`
 //! (copies in flight and the pages they hold), `tier` (its pools and policy), `tier_ops` and
 //! `owned_tier` (its calls), `audit_tier`; and a session's KV as a movable unit: `unit` (its
-//! byte form) and `unit_ops` (export and import).
+//! byte form) and `unit_ops` (export and import); `transfer` (moving it between instances: the
+//! lifecycle's decisions and the descriptor glue).
 
 mod alloc;
 mod audit;
@@ -41,10 +42,13 @@ mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
 #[cfg(test)]
+mod test_transfer;
+#[cfg(test)]
 mod test_unit;
 mod tickets;
 mod tier;
 mod tier_ops;
+pub mod transfer;
 mod unit;
 mod unit_ops;
 
@@ -54,7 +58,7 @@ pub use mirror::Dirty;
 pub use owned::{EngineHooks, OwnedPool};
 pub use page::{ceil_align, floor_align, pages_for};
 pub use pool::{split, Effect, Pool, Pools, Segment};
-pub use records::{Admission, Evicted, Held, Match, Report, Stats, TierMatch, TierStats, Usage, Where};
+pub use records::{Admission, Evicted, Held, Match, Report, Stats, TierMatch, TierStats, Usage, Where, XferDesc};
 pub use req::{swa_dead, swa_dead_lo, Config, FieldValue, Req, ReqField};
 pub use slots::{Place, Slot};
 pub use swa::Window;

@@ -247,3 +247,13 @@ pub struct TierStats {
     pub pages_to_host: u64,
     pub pages_to_device: u64,
 }
+
+/// One contiguous range a transfer engine moves: `len` bytes from the remote side's address to
+/// the local side's (`transfer::descs`, skv_transfer_descs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[repr(C)]
+pub struct XferDesc {
+    pub local_addr: u64,
+    pub remote_addr: u64,
+    pub len: u64,
+}

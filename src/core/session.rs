@@ -356,6 +356,7 @@ impl Cache {
                     );
                 }
                 self.check_floor(req)?;
+                self.refuse_moving(row, &slot)?;
                 // The running request's state counts (its extension, its cursors, its
                 // recurrent-state handles); an idle slot's req is a stale copy, and the slot's
                 // own record is what it holds.
@@ -409,6 +410,7 @@ impl Cache {
         self.effects.clear();
         for &row in rows {
             let s = self.slots.of_row(row).expect("rows of live slots");
+            self.refuse_moving(row, s)?;
             if s.in_flight {
                 bail!(
                     State,
@@ -581,6 +583,7 @@ fn slot_from(session: u64, branch: u64, generation: u32, r: &Req) -> Slot {
         track: r.aux_track,
         in_flight: false,
         finished_at: 0,
+        epoch: 0,
         place: Place::Device,
     }
 }

@@ -36,6 +36,8 @@ pub struct Slot {
     /// When the slot's last turn finished (the cache's turn counter then): orders idle slots
     /// from least to most recently used. A handed-back request leaves it as it was.
     pub finished_at: u64,
+    /// The epoch of the move that brought the session here (0: it began here; `transfer`).
+    pub epoch: u32,
     /// Where the slot's KV past its protected prefix is (`Place`). (The open ticket copying
     /// its pages, if any, is its row's pin: `Cache::ticket_of`.)
     pub place: Place,
@@ -169,6 +171,7 @@ mod tests {
             track: [-1; 2],
             in_flight: false,
             finished_at: 0,
+            epoch: 0,
             place: Place::Device,
         }
     }

@@ -8,9 +8,9 @@ use super::unit::{
 };
 use super::*;
 
-const LAYOUT: u64 = 0xC0FFEE;
+pub(super) const LAYOUT: u64 = 0xC0FFEE;
 
-fn owned(ps: u32, pages: u64, swa_pages: u64) -> Cache {
+pub(super) fn owned(ps: u32, pages: u64, swa_pages: u64) -> Cache {
     Cache::new_owned(Config {
         page_size: ps,
         num_token_slots: pages * ps as u64,
@@ -48,13 +48,13 @@ impl Pool for Table {
     }
 }
 
-struct External {
-    cache: Cache,
-    rows: Arc<Mutex<Vec<Vec<i32>>>>,
-    log: Arc<Mutex<Vec<String>>>,
+pub(super) struct External {
+    pub(super) cache: Cache,
+    pub(super) rows: Arc<Mutex<Vec<Vec<i32>>>>,
+    pub(super) log: Arc<Mutex<Vec<String>>>,
 }
 
-fn external(ps: u32, swa: bool) -> External {
+pub(super) fn external(ps: u32, swa: bool) -> External {
     let cfg = Config {
         page_size: ps,
         num_token_slots: 0,
@@ -73,7 +73,7 @@ fn external(ps: u32, swa: bool) -> External {
 /// A finished first turn of `len` tokens, the first `prefix` of them mapped from the tree,
 /// saved as session `session` branch 0; with an SWA pool the window (2 pages) moves first.
 /// Returns the positions the window freed.
-fn saved(c: &mut Cache, session: u64, prefix: u32, len: u32) -> u32 {
+pub(super) fn saved(c: &mut Cache, session: u64, prefix: u32, len: u32) -> u32 {
     let ps = c.config().page_size;
     let mut r = Req::default();
     c.alloc_row(&mut r).unwrap();
@@ -95,24 +95,24 @@ fn saved(c: &mut Cache, session: u64, prefix: u32, len: u32) -> u32 {
 }
 
 /// Token indices of `n` engine-held tokens of `c` (a destination's tree prefix).
-fn tree_prefix(c: &mut Cache, n: u32) -> Vec<i32> {
+pub(super) fn tree_prefix(c: &mut Cache, n: u32) -> Vec<i32> {
     let mut idx = vec![0; n as usize];
     c.pool_alloc(&mut idx).unwrap();
     idx
 }
 
-fn spec(session: u64, prefix: &[i32]) -> ImportSpec<'_> {
+pub(super) fn spec(session: u64, prefix: &[i32]) -> ImportSpec<'_> {
     ImportSpec { session, branch: 0, row: -1, prefix, lock_node: 0, lock_receipt: 0, aux_state: -1, aux_track: [-1; 2] }
 }
 
 fn export_vec(c: &mut Cache, session: u64) -> (Vec<u8>, u64) {
-    let mut buf = vec![0; c.export_len(session, 0).unwrap()];
-    let (n, t) = c.export(session, 0, &mut buf).unwrap();
+    let mut buf = vec![0; c.export_len(session, 0, false).unwrap()];
+    let (n, t) = c.export(session, 0, false, &mut buf).unwrap();
     assert_eq!(n, buf.len());
     (buf, t)
 }
 
-fn row_of(c: &Cache, session: u64) -> u32 {
+pub(super) fn row_of(c: &Cache, session: u64) -> u32 {
     c.slots().find(session, 0).unwrap().0
 }
 
@@ -124,7 +124,7 @@ fn slots_of(c: &Cache, session: u64, swa: bool) -> Vec<i32> {
     out
 }
 
-fn clean(c: &Cache) {
+pub(super) fn clean(c: &Cache) {
     let rep = c.check().unwrap();
     assert_eq!(rep.violations, 0, "{}", rep.first_violation_text());
 }
@@ -275,7 +275,9 @@ fn external_export_reads_the_engines_row() {
     // A row whose page starts are not page-aligned is refused, nothing changed.
     src.rows.lock().unwrap()[1][12] = 41;
     let mut buf = vec![0xAA; unit.len()];
-    assert!(matches!(src.cache.export(3, 0, &mut buf), Err(Error::State(m)) if m.contains("req_to_token[12] = 41")));
+    assert!(
+        matches!(src.cache.export(3, 0, false, &mut buf), Err(Error::State(m)) if m.contains("req_to_token[12] = 41"))
+    );
     assert!(buf.iter().all(|&b| b == 0xAA) && src.cache.ticket_of(src.cache.slots().find(3, 0).unwrap().0) == 0);
 }
 
@@ -332,7 +334,7 @@ fn every_bad_unit_is_refused_and_changes_nothing() {
         (set(at::PAGE_SIZE, &le32(8)), "page_size 8"),
         (set(at::POOLS, &le32(1)), "pools 1"),
         (set(at::SWA_WINDOW, &le32(4)), "swa_window 4"),
-        (set(at::RESERVED, &le32(1)), "reserved"),
+        (set(at::EPOCH, &le32(1)), "epoch 1"),
         (set(at::KV_LAYOUT_ID, &(LAYOUT + 1).to_ne_bytes()), "kv_layout_id"),
         (set(at::COMMITTED, &le32(31)), "committed 31"),
         (set(at::ALLOCATED, &le32(5000)), "allocated 5000"),
@@ -411,28 +413,30 @@ fn an_import_without_room_changes_nothing() {
 fn export_refusals_change_nothing() {
     let mut c = owned(4, 64, 0);
     saved(&mut c, 1, 0, 30);
-    let need = c.export_len(1, 0).unwrap();
+    let need = c.export_len(1, 0, false).unwrap();
     assert_eq!(need, 96 + 4 * 8);
     let before = snapshot(&c);
     let mut buf = vec![0xAA; need - 1];
-    let err = c.export(1, 0, &mut buf).unwrap_err();
+    let err = c.export(1, 0, false, &mut buf).unwrap_err();
     assert!(
         matches!(&err, Error::Buffer(m) if m.contains(&format!("needs {need} bytes")) && m.contains("holds 127")),
         "{err}"
     );
     assert!(buf.iter().all(|&b| b == 0xAA), "the buffer is untouched");
-    assert!(matches!(c.export(2, 0, &mut buf), Err(Error::NotFound(_))));
-    assert!(matches!(c.export_len(1, 1), Err(Error::NotFound(_))));
+    assert!(matches!(c.export(2, 0, false, &mut buf), Err(Error::NotFound(_))));
+    assert!(matches!(c.export_len(1, 1, false), Err(Error::NotFound(_))));
     assert_eq!(snapshot(&c), before);
     // In flight: the running request owns the row.
     let mut r = Req::default();
     c.match_prefix(1, 0, &mut r, 30, false).unwrap();
-    assert!(matches!(c.export(1, 0, &mut vec![0; need]), Err(Error::State(m)) if m.contains("in flight")));
+    assert!(matches!(c.export(1, 0, false, &mut vec![0; need]), Err(Error::State(m)) if m.contains("in flight")));
     c.hand_back(1, 0, &mut r).unwrap();
     // A ticket open on the slot: a second export waits for it.
     let (first, t) = export_vec(&mut c, 1);
     let before = snapshot(&c);
-    assert!(matches!(c.export(1, 0, &mut vec![0; need]), Err(Error::State(m)) if m.contains(&format!("ticket {t}"))));
+    assert!(
+        matches!(c.export(1, 0, false, &mut vec![0; need]), Err(Error::State(m)) if m.contains(&format!("ticket {t}")))
+    );
     assert_eq!(snapshot(&c), before);
     c.ticket_done(t, true).unwrap();
     let (again, _) = export_vec(&mut c, 1);
@@ -596,12 +600,12 @@ fn export_import_cost() {
         saved(&mut src, s, 0, 4096);
     }
     // Filled, so that the timed loops meet no first-touch page faults.
-    let mut units = vec![1u8; n as usize * src.export_len(0, 0).unwrap()];
+    let mut units = vec![1u8; n as usize * src.export_len(0, 0, false).unwrap()];
     let len = units.len() / n as usize;
     let mut tickets = Vec::with_capacity(n as usize);
     let t0 = std::time::Instant::now();
     for (s, buf) in units.chunks_exact_mut(len).enumerate() {
-        tickets.push(src.export(s as u64, 0, buf).unwrap().1);
+        tickets.push(src.export(s as u64, 0, false, buf).unwrap().1);
     }
     let export = t0.elapsed();
     let mut out = vec![-1; n as usize * 256];
@@ -639,7 +643,7 @@ fn export_import_cost() {
     }
     for _ in 0..reps {
         let t0 = std::time::Instant::now();
-        let t = src.export(0, 0, &mut units[..len]).unwrap().1;
+        let t = src.export(0, 0, false, &mut units[..len]).unwrap().1;
         exports += t0.elapsed();
         src.ticket_done(t, true).unwrap();
         let t0 = std::time::Instant::now();

@@ -18,6 +18,9 @@ pub(crate) enum Kind {
     Export,
     /// New pages written by the engine's own copy (`skv_session_import`).
     Import,
+    /// A session's pages read by a move to another instance (`SKV_EXPORT_MOVE`, `transfer`):
+    /// its completion releases the session (success) or lets it serve again (failure).
+    Move,
 }
 
 /// An open ticket: its kind and the rows whose slots it copies.

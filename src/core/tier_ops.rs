@@ -16,6 +16,7 @@ use super::session_checks::check_claim;
 use super::slots::{Place, Slot};
 use super::tickets::Kind;
 use super::tier::{HostCopy, Tier};
+use super::transfer::{self, SourceEnd};
 
 /// `copy_pages`' direction: device pages to host pages.
 pub(crate) const COPY_TO_HOST: u32 = 1;
@@ -422,6 +423,10 @@ impl Cache {
             let Some(s) = self.idle_on_device(row).filter(|s| s.finished_at == fin && !plan.has(row)) else {
                 continue;
             };
+            if self.moving(row) {
+                // A move's session stays whole until the destination answers.
+                continue;
+            }
             let n = (pages_for(self.pool.mapped_len(row).unwrap_or(0), ps) - pages_for(s.protected, ps)) as u64;
             let c = &self.tier_ref()?.copies[row as usize];
             if c.leaving {
@@ -605,6 +610,7 @@ impl Cache {
                     }
                 }
                 Kind::Import if !ok => releases.push((row, s)),
+                Kind::Move if transfer::export_done(ok) == SourceEnd::Release => releases.push((row, s)),
                 _ => {}
             }
         }
@@ -656,6 +662,9 @@ impl Cache {
             for &row in &reparks {
                 c.trim_host_copy(row);
                 c.sync_idle(row);
+            }
+            if kind == Kind::Import {
+                c.import_done(&rows, ok);
             }
             for &(row, _) in &releases {
                 c.release_moved(row);

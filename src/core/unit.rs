@@ -9,7 +9,7 @@
 //! ```text
 //!  0 u32 magic 0x55564B53                         4 u32 byte_order 0x01020304   8 u16 version
 //! 10 u16 header_len     12 u32 flags              16 u32 page_size             20 u32 pools
-//! 24 u32 swa_window     28 u32 reserved (0)       32 u64 kv_layout_id          40 u64 session_id
+//! 24 u32 swa_window     28 u32 epoch       32 u64 kv_layout_id          40 u64 session_id
 //! 48 u64 branch_id      56 u32 committed          60 u32 allocated             64 u32 protected
 //! 68 u32 swa_cursor     72 u32 swa_floor          76 u32 aux_mask              80 u32 n_full
 //! 84 u32 n_swa          88 u64 total_len (bytes, header included)
@@ -37,6 +37,9 @@ pub(crate) const UNIT_FLAG_HOST_PAGES: u32 = 1;
 /// name its SWA slots, libskv does not, so the unit carries no SWA ids (`n_swa` 0) and the
 /// engine's copy carries that side with its own indices.
 pub(crate) const UNIT_FLAG_ENGINE_SWA: u32 = 2;
+/// `flags`: the unit moves the session (`transfer`): it carries an epoch (> 0) and the whole
+/// session from position 0 (`protected` 0: the source's prefix travels as the session's own).
+pub(crate) const UNIT_FLAG_MOVE: u32 = 4;
 /// `pools`: the full-attention pool.
 pub(crate) const UNIT_POOL_FULL: u32 = 1;
 /// `pools`: a sliding-window pool beside it.
@@ -52,7 +55,7 @@ pub(crate) mod at {
     pub(crate) const PAGE_SIZE: usize = 16;
     pub(crate) const POOLS: usize = 20;
     pub(crate) const SWA_WINDOW: usize = 24;
-    pub(crate) const RESERVED: usize = 28;
+    pub(crate) const EPOCH: usize = 28;
     pub(crate) const KV_LAYOUT_ID: usize = 32;
     pub(crate) const SESSION: usize = 40;
     pub(crate) const BRANCH: usize = 48;
@@ -93,6 +96,8 @@ pub struct UnitHeader {
     pub aux_mask: u32,
     pub n_full: u32,
     pub n_swa: u32,
+    /// A move's epoch (`transfer`); 0 in a copy's unit.
+    pub epoch: u32,
 }
 
 impl UnitHeader {
@@ -113,7 +118,7 @@ impl UnitHeader {
         put32(b, at::PAGE_SIZE, f.page_size);
         put32(b, at::POOLS, f.pools);
         put32(b, at::SWA_WINDOW, f.swa_window);
-        put32(b, at::RESERVED, 0);
+        put32(b, at::EPOCH, self.epoch);
         put64(b, at::KV_LAYOUT_ID, f.kv_layout_id);
         put64(b, at::SESSION, self.session);
         put64(b, at::BRANCH, self.branch);
@@ -246,10 +251,6 @@ pub fn read_unit<'a>(bytes: &'a [u8], dest: &Destination) -> Result<Unit<'a>> {
             h.n_swa
         );
     }
-    let reserved = get32(bytes, at::RESERVED);
-    if reserved != 0 {
-        bail!(InvalidArg, "unit reserved field {reserved:#x} is not 0");
-    }
     check_fingerprint(&h.fingerprint, &dest.fingerprint)?;
     check_lengths(&h, dest.max_context_len)?;
     let unit = Unit { header: h, ids: &bytes[header_len..] };
@@ -282,6 +283,7 @@ fn header(b: &[u8]) -> UnitHeader {
         aux_mask: get32(b, at::AUX_MASK),
         n_full: get32(b, at::N_FULL),
         n_swa: get32(b, at::N_SWA),
+        epoch: get32(b, at::EPOCH),
     }
 }
 
@@ -304,9 +306,20 @@ fn check_fingerprint(got: &Fingerprint, want: &Fingerprint) -> Result<()> {
 /// them.
 fn check_lengths(h: &UnitHeader, max_context_len: u32) -> Result<()> {
     let ps = h.fingerprint.page_size;
-    let known = UNIT_FLAG_HOST_PAGES | UNIT_FLAG_ENGINE_SWA;
+    let known = UNIT_FLAG_HOST_PAGES | UNIT_FLAG_ENGINE_SWA | UNIT_FLAG_MOVE;
     if h.flags & !known != 0 {
         bail!(InvalidArg, "unit flags {:#x} has bits this version does not define (known: {known:#x})", h.flags);
+    }
+    let moving = h.flags & UNIT_FLAG_MOVE != 0;
+    if moving != (h.epoch > 0) || moving && h.protected != 0 {
+        bail!(
+            InvalidArg,
+            "unit epoch {} with flags {:#x} and protected {}: a move (flag {UNIT_FLAG_MOVE:#x}) has an epoch > 0 \
+             and protects nothing; a copy has epoch 0",
+            h.epoch,
+            h.flags,
+            h.protected
+        );
     }
     if h.committed > h.allocated {
         bail!(InvalidArg, "unit committed {} > allocated {}", h.committed, h.allocated);
@@ -404,6 +417,7 @@ mod tests {
             aux_mask: 0b101,
             n_full: 6,
             n_swa: 4,
+            epoch: 0,
         };
         let mut b = vec![0xAA; h.unit_len()];
         h.write(&mut b);
@@ -485,14 +499,15 @@ mod tests {
         b.extend([0; 4]);
         assert!(refused(&b).contains("the unit is 140 bytes"));
         assert!(set32(at::TOTAL_LEN, 132).contains("total_len 132"));
-        assert!(set32(at::RESERVED, 1).contains("reserved field 0x1"));
+        assert!(set32(at::EPOCH, 1).contains("unit epoch 1 with flags 0x0"));
         assert!(set32(at::PAGE_SIZE, 8).contains("page_size 8 != this cache's 4"));
         assert!(set32(at::POOLS, 1).contains("pools 1 != this cache's 3"));
         assert!(set32(at::SWA_WINDOW, 9).contains("swa_window 9 != this cache's 8"));
         let mut b = unit();
         put64(&mut b, at::KV_LAYOUT_ID, 78);
         assert!(refused(&b).contains("kv_layout_id 78 != this cache's 77"));
-        assert!(set32(at::FLAGS, 4).contains("flags 0x4"));
+        assert!(set32(at::FLAGS, 8).contains("flags 0x8"));
+        assert!(set32(at::FLAGS, 4).contains("unit epoch 0 with flags 0x4"));
         assert!(set32(at::COMMITTED, 31).contains("committed 31 > allocated 30"));
         assert!(set32(at::ALLOCATED, 65).contains("allocated 65 > this cache's max_context_len 64"));
         assert!(set32(at::PROTECTED, 6).contains("protected 6"));

@@ -7,13 +7,14 @@
 use super::cache::{Backend, Cache};
 use super::error::{bail, Result};
 use super::owned_ops::{check_held, prefix_pages};
-use super::page::pages_for;
+use super::page::{floor_align, pages_for};
 use super::req::Req;
 use super::slots::{Place, Slot};
 use super::tickets::Kind;
+use super::transfer;
 use super::unit::{
     read_unit, write_ids, Destination, Fingerprint, UnitHeader, UNIT_FLAG_ENGINE_SWA, UNIT_FLAG_HOST_PAGES,
-    UNIT_HEADER_LEN, UNIT_POOL_FULL, UNIT_POOL_SWA,
+    UNIT_FLAG_MOVE, UNIT_HEADER_LEN, UNIT_POOL_FULL, UNIT_POOL_SWA,
 };
 
 /// What an import needs besides the unit: the destination's key, row and handles.
@@ -60,16 +61,18 @@ impl Cache {
     }
 
     /// The bytes `export` would write for the slot, or why it would refuse.
-    pub fn export_len(&self, session: u64, branch: u64) -> Result<usize> {
-        Ok(self.export_plan(session, branch)?.2.unit_len())
+    pub fn export_len(&self, session: u64, branch: u64, moving: bool) -> Result<usize> {
+        Ok(self.export_plan(session, branch, moving)?.2.unit_len())
     }
 
     /// `skv_session_export`: writes the unit of an idle slot into `buf` and opens an export
     /// ticket pinning the slot's row (a release meanwhile drains in owned mode and is refused in
     /// external mode); returns the unit's length and the ticket. The engine copies the pages
-    /// the unit names, then completes the ticket.
-    pub fn export(&mut self, session: u64, branch: u64, buf: &mut [u8]) -> Result<(usize, u64)> {
-        let (row, s, h, source) = self.export_plan(session, branch)?;
+    /// the unit names, then completes the ticket. A move (`moving`, docs/transfer.md) writes
+    /// the whole session under a new epoch; its release is refused while the ticket is open,
+    /// and its completion releases the session (success) or lets it serve again (failure).
+    pub fn export(&mut self, session: u64, branch: u64, moving: bool, buf: &mut [u8]) -> Result<(usize, u64)> {
+        let (row, s, h, source) = self.export_plan(session, branch, moving)?;
         let len = h.unit_len();
         if buf.len() < len {
             bail!(
@@ -79,7 +82,8 @@ impl Cache {
             );
         }
         let ps = self.cfg.page_size;
-        let (first, last) = (pages_for(s.protected, ps) as usize, pages_for(s.allocated, ps) as usize);
+        let first = if moving { 0 } else { pages_for(s.protected, ps) as usize };
+        let last = pages_for(s.allocated, ps) as usize;
         let body = &mut buf[UNIT_HEADER_LEN..len];
         match (&mut self.pool, source) {
             (_, Source::Host) => {
@@ -91,16 +95,28 @@ impl Cache {
                 let n = write_ids(body, p.in_use(row).expect("a slot's row").pages[first..last].iter().copied());
                 if let Some(sw) = p.swa.as_ref() {
                     let ids = &sw.rows[row as usize].ids[first..last];
-                    write_ids(&mut body[n..], ids.iter().copied().filter(|&p| p != 0));
+                    match moving {
+                        // The pages the move's window holds (checked present by its plan).
+                        true => write_ids(
+                            &mut body[n..],
+                            ids.iter().zip(h.swa_live(ps)).filter(|&(_, l)| l).map(|(&p, _)| p),
+                        ),
+                        false => write_ids(&mut body[n..], ids.iter().copied().filter(|&p| p != 0)),
+                    };
                 }
             }
             (Backend::Engine(p), Source::Device) => {
-                read_engine_pages(&mut **p, row, s.protected, s.allocated, ps, body)?
+                let from = if moving { 0 } else { s.protected };
+                read_engine_pages(&mut **p, row, from, s.allocated, ps, body)?
             }
         }
         h.write(buf);
-        let t = self.tickets.open(Kind::Export, vec![row]);
+        let t = self.tickets.open(if moving { Kind::Move } else { Kind::Export }, vec![row]);
         self.pin(row, t);
+        if moving {
+            let f = self.fences.get(&(session, branch)).copied().unwrap_or_default();
+            self.fences.insert((session, branch), transfer::exported(f, h.epoch));
+        }
         if source == Source::Host {
             // A release meanwhile drains the host pages to the ticket.
             self.tier.as_deref_mut().expect("tier").copies[row as usize].ticket = t;
@@ -109,7 +125,7 @@ impl Cache {
     }
 
     /// The slot an export writes, its header and where its ids are; refuses what cannot move.
-    fn export_plan(&self, session: u64, branch: u64) -> Result<(u32, Slot, UnitHeader, Source)> {
+    fn export_plan(&self, session: u64, branch: u64, moving: bool) -> Result<(u32, Slot, UnitHeader, Source)> {
         let Some((row, s)) = self.slots.find(session, branch).map(|(r, s)| (r, *s)) else {
             bail!(NotFound, "session {session} branch {branch} has no slot to export");
         };
@@ -123,6 +139,9 @@ impl Cache {
         let ps = self.cfg.page_size;
         let (first, last) = (pages_for(s.protected, ps) as usize, pages_for(s.allocated, ps) as usize);
         let fingerprint = self.unit_fingerprint();
+        if moving {
+            return self.move_plan(row, &s, fingerprint);
+        }
         let (source, flags, n_full, n_swa) = match (s.place, &self.pool) {
             (Place::Parked, _) => {
                 let c = self.tier.as_deref().map(|t| &t.copies[row as usize]).filter(|c| c.clean && c.ticket == 0);
@@ -170,8 +189,68 @@ impl Cache {
             aux_mask,
             n_full: n_full as u32,
             n_swa: n_swa as u32,
+            epoch: 0,
         };
         Ok((row, s, h, source))
+    }
+
+    /// A move's plan: the whole session from position 0 under the next epoch; the window keeps
+    /// its cursor (floored to a page) and no floor, as nothing is protected at the destination.
+    fn move_plan(&self, row: u32, s: &Slot, fingerprint: Fingerprint) -> Result<(u32, Slot, UnitHeader, Source)> {
+        let (session, branch, ps) = (s.session, s.branch, self.cfg.page_size);
+        if s.place != Place::Device {
+            bail!(
+                State,
+                "session {session} branch {branch} is not on the device ({:?}): a move reads device pages; restore \
+                 it first (skv_match_prefix_tier)",
+                s.place
+            );
+        }
+        let f = self.fences.get(&(session, branch)).copied().unwrap_or_default();
+        let Some(epoch) = transfer::next_epoch(f, s.epoch) else {
+            bail!(State, "session {session} branch {branch} has used every move epoch");
+        };
+        let swa = fingerprint.pools & UNIT_POOL_SWA != 0;
+        let mut h = UnitHeader {
+            flags: UNIT_FLAG_MOVE,
+            fingerprint,
+            session,
+            branch,
+            committed: s.committed,
+            allocated: s.allocated,
+            protected: 0,
+            swa_cursor: if swa { floor_align(s.swa, ps) } else { s.swa },
+            swa_floor: 0,
+            aux_mask: s.aux_handles().iter().enumerate().fold(0, |m, (i, &a)| m | ((a != -1) as u32) << i),
+            n_full: pages_for(s.allocated, ps),
+            n_swa: 0,
+            epoch,
+        };
+        match &self.pool {
+            Backend::Owned(p) => {
+                let mapped = p.in_use(row).map_or(0, |r| r.pages.len());
+                if mapped < h.n_full as usize {
+                    bail!(Internal, "row {row} maps {mapped} pages, fewer than the {} its idle slot records", h.n_full);
+                }
+                if let Some(sw) = p.swa.as_ref() {
+                    let ids = &sw.rows[row as usize].ids;
+                    for (i, live) in h.swa_live(ps).enumerate() {
+                        match (live, ids.get(i).copied().unwrap_or(0)) {
+                            (false, _) => {}
+                            (true, 0) => bail!(
+                                State,
+                                "session {session} branch {branch}: its window needs the SWA page of page {i}, which \
+                                 its prefix no longer holds (a tree eviction); a move cannot carry it"
+                            ),
+                            (true, _) => h.n_swa += 1,
+                        }
+                    }
+                }
+            }
+            Backend::Engine(_) if swa => h.flags |= UNIT_FLAG_ENGINE_SWA,
+            Backend::Engine(_) => {}
+        }
+        Ok((row, *s, h, Source::Device))
     }
 
     /// `skv_session_import`: records an idle slot for `spec`'s key from `unit`, whose KV the
@@ -183,6 +262,7 @@ impl Cache {
     pub fn import(&mut self, spec: &ImportSpec, unit: &[u8], out_pages: &mut [i32]) -> Result<(usize, u64)> {
         let dest = Destination { fingerprint: self.unit_fingerprint(), max_context_len: self.cfg.max_context_len };
         let h = read_unit(unit, &dest)?.header;
+        let fence = self.admit(spec, &h)?;
         check_handles(spec, h.aux_mask)?;
         if let Some((row, _)) = self.slots.find(spec.session, spec.branch) {
             bail!(
@@ -192,9 +272,34 @@ impl Cache {
                 spec.branch
             );
         }
-        match self.pool {
+        let out = match self.pool {
             Backend::Owned(_) => self.import_owned(spec, &h, out_pages),
             Backend::Engine(_) => self.import_external(spec, &h),
+        }?;
+        if let Some(f) = fence {
+            self.fences.insert((spec.session, spec.branch), f);
+        }
+        Ok(out)
+    }
+
+    /// A move's unit must carry an epoch this handle has not seen for the key (`transfer`):
+    /// the fence after the import, `None` for a copy's unit.
+    fn admit(&self, spec: &ImportSpec, h: &UnitHeader) -> Result<Option<transfer::Fence>> {
+        if h.flags & UNIT_FLAG_MOVE == 0 {
+            return Ok(None);
+        }
+        let key = (spec.session, spec.branch);
+        let f = self.fences.get(&key).copied().unwrap_or_default();
+        match transfer::admit(f, h.epoch) {
+            Ok(f) => Ok(Some(f)),
+            Err(seen) => bail!(
+                State,
+                "unit epoch {} of session {} branch {} is fenced: this handle has seen epoch {seen} (a duplicate or \
+                 late move; skv_session_fence tells whether it committed here)",
+                h.epoch,
+                key.0,
+                key.1
+            ),
         }
     }
 
@@ -321,6 +426,7 @@ impl Cache {
             track: spec.aux_track,
             in_flight: false,
             finished_at: self.turns_finished,
+            epoch: h.epoch,
             place: Place::Device,
         };
         self.slots.insert(row, slot);
@@ -330,11 +436,60 @@ impl Cache {
         t
     }
 
+    /// An import's completion on `rows`: a move's commits (or not) in the key's fence.
+    pub(crate) fn import_done(&mut self, rows: &[u32], ok: bool) {
+        for &row in rows {
+            let s = self.slots.of_row(row).expect("an import's slot");
+            if s.epoch > 0 {
+                let key = (s.session, s.branch);
+                let f = self.fences.get(&key).copied().unwrap_or_default();
+                self.fences.insert(key, transfer::import_done(f, s.epoch, ok).1);
+            }
+        }
+    }
+
+    /// `skv_session_fence`: whether a move of the key at `epoch` committed here; fences the
+    /// epoch when it did not (`transfer::ask`).
+    pub fn fence(&mut self, session: u64, branch: u64, epoch: u32) -> Result<transfer::Answer> {
+        if epoch == 0 {
+            bail!(InvalidArg, "epoch 0: moves are numbered from 1 (a copy's unit has no epoch to ask about)");
+        }
+        let pending = self.slots.find(session, branch).is_some_and(|(row, s)| {
+            s.epoch == epoch && self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Import)
+        });
+        let f = self.fences.get(&(session, branch)).copied().unwrap_or_default();
+        let (answer, f) = transfer::ask(f, epoch, pending);
+        self.fences.insert((session, branch), f);
+        Ok(answer)
+    }
+
+    /// Whether a move still reads `row`'s pages (its open ticket is a move export's).
+    pub(crate) fn moving(&self, row: u32) -> bool {
+        let t = self.ticket_of(row);
+        t != 0 && self.tickets.get(t).is_some_and(|p| p.kind == Kind::Move)
+    }
+
+    /// Refuses the release of a slot a move still reads: the transfer may touch its pages (its
+    /// prefix's too) until the ticket ends, and a failed move leaves the session here.
+    pub(crate) fn refuse_moving(&self, row: u32, s: &Slot) -> Result<()> {
+        let t = self.ticket_of(row);
+        if self.moving(row) {
+            bail!(
+                State,
+                "session {} branch {} is moving to another instance (ticket {t}): complete the ticket (success \
+                 releases it)",
+                s.session,
+                s.branch
+            );
+        }
+        Ok(())
+    }
+
     /// Refuses a match (not a pre-aborted one, which changes nothing) of a slot an export is
     /// still reading: the request would rewrite its pages under the copy.
     pub(crate) fn refuse_exporting(&self, session: u64, branch: u64, row: u32, pre_aborted: bool) -> Result<()> {
         let t = self.ticket_of(row);
-        if !pre_aborted && t != 0 && self.tickets.get(t).is_some_and(|p| p.kind == Kind::Export) {
+        if !pre_aborted && t != 0 && self.tickets.get(t).is_some_and(|p| matches!(p.kind, Kind::Export | Kind::Move)) {
             bail!(
                 State,
                 "session {session} branch {branch} is being exported (ticket {t}): complete the ticket before \

@@ -82,6 +82,8 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
         lock_receipt: 0,
         aux_state: -1,
         aux_track: [-1, -1],
+        tokens: null(),
+        n_tokens: 0,
     };
     let mut ts = skv_tier_stats { struct_size: std::mem::size_of::<skv_tier_stats>() as u32, ..Default::default() };
     // SAFETY: these are plain integers: all zero is a valid value.

@@ -107,6 +107,8 @@ impl World {
             lock_receipt: lock.wrapping_mul(31),
             aux_state: aux[0],
             aux_track: [aux[1], aux[2]],
+            tokens: null(),
+            n_tokens: 0,
         };
         let n = (field(&unit, 80) + field(&unit, 84)) as usize;
         let mut out = vec![0i32; n + 1];
