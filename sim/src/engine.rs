@@ -141,11 +141,10 @@ struct Branch {
     /// turn's writes start, its writer, and whether it missed (mapping the shared prompt).
     writes: copies::Writes,
     turn_writes: (u32, u64, bool),
-    /// `--migrate`: the slot is being moved (its export open), it was moved and has not run a
-    /// turn since, and its instance has not been handed its tokens (an imported slot).
+    /// `--migrate`: the slot is being moved (its export open); it was moved and has not run a
+    /// turn since.
     moving: bool,
     migrated: bool,
-    unpublished: bool,
 }
 
 impl Branch {
@@ -167,7 +166,6 @@ impl Branch {
             turn_writes: (0, 0, false),
             moving: false,
             migrated: false,
-            unpublished: false,
         }
     }
 }

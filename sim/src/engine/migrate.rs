@@ -12,19 +12,15 @@
 //! Until the move commits, the session waits (its turn is not routed); then its moved
 //! branch's next turn goes where its KV went, under every policy.
 
-use skv::skv_import;
-use skv::skv_status::SKV_ERR_OUT_OF_MEMORY;
+use skv::skv_status::{SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE};
+use skv::{skv_import, SKV_EXPORT_MOVE, SKV_FENCE_ABSENT, SKV_PLACE_NONE};
 
 use super::mamba::real;
 use super::{expect_ok, unexpected, Engine, Fault};
 use crate::cli::Policy;
-use crate::ffi::SHARED_NODE;
-
-/// The export flags of a move (0: today's copy export, the protected prefix left to each
-/// side's tree).
-const EXPORT_FLAGS: u32 = 0;
 
 /// Header fields of a unit (docs/tiers.md#export-and-import): byte offsets of `u32`s.
+const UNIT_EPOCH: usize = 28;
 const UNIT_COMMITTED: usize = 56;
 const UNIT_PROTECTED: usize = 64;
 const UNIT_N_FULL: usize = 80;
@@ -40,15 +36,19 @@ pub struct MigrateMetrics {
     /// Moves committed, and of them those off a drained instance.
     pub migrations: u64,
     pub drain_migrations: u64,
-    /// Imports the destination refused for lack of room (an attempt each; the session stayed).
+    /// Imports the destination refused for lack of room, and as fenced (an epoch it saw
+    /// before): an attempt each, after which the session stayed.
     pub refused: u64,
-    /// What the committed moves carried: the units' pages (both pools), their bytes
-    /// (`pages x --page-size x --kv-bytes-per-token`), and their committed tokens past the
-    /// protected prefix (what the destination would otherwise prefill).
+    pub fenced: u64,
+    /// What the committed moves carried: the units' pages (both pools, the whole session from
+    /// position 0), their bytes (`pages x --page-size x --kv-bytes-per-token`), their committed
+    /// tokens, and of those the ones past the shared prompt (what the destination would
+    /// otherwise prefill: its own tree holds the prompt).
     pub pages: u64,
     pub bytes: u64,
     pub tokens: u64,
-    /// Modelled seconds: the copies at `--link-gbps`, and the prefill of `tokens` at
+    pub saved_tokens: u64,
+    /// Modelled seconds: the copies at `--link-gbps`, and the prefill of `saved_tokens` at
     /// `--prefill-tokens-per-s` they saved.
     pub transfer_s: f64,
     pub recompute_s: f64,
@@ -76,13 +76,15 @@ pub(super) struct Move {
     export_ticket: u64,
     import_ticket: u64,
     finish: f64,
-    /// The destination's recurrent-state handles, and the protected length of its slot.
+    /// The destination's recurrent-state handles.
     handles: [i64; 3],
-    protected: u32,
     /// When the destination's slot was created (a release frees a session's slots oldest first).
     slot_seq: u64,
+    /// Pages carried, and freed at the source when it commits; tokens carried and saved.
     pages: u64,
+    freed: u64,
     tokens: u64,
+    saved: u64,
     drain: bool,
 }
 
@@ -119,7 +121,7 @@ impl Engine<'_> {
 
     /// Pages of `k`'s moves in flight (still held there until they commit).
     fn leaving(&self, k: usize) -> u64 {
-        self.fleet.as_ref().map_or(0, |f| f.moves.open.iter().filter(|m| m.src == k).map(|m| m.pages).sum())
+        self.fleet.as_ref().map_or(0, |f| f.moves.open.iter().filter(|m| m.src == k).map(|m| m.freed).sum())
     }
 
     /// The live instance other than `k` with the fewest pages in use, and that count.
@@ -170,8 +172,8 @@ impl Engine<'_> {
                 break;
             }
             let Some((dst, dst_used)) = self.least_used(k)? else { break };
-            let pages = self.slot_pages(i, b);
-            if dst_used + pages >= used - pages {
+            let (pages, freed) = self.move_pages(i, b);
+            if dst_used + pages >= used - freed {
                 break; // no instance would end up holding fewer pages than this one
             }
             self.start_move(i, b, k, dst, false)?;
@@ -194,79 +196,76 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// Pages the slot of branch `b` holds past its protected prefix (what a copy export
-    /// carries of the full pool).
-    fn slot_pages(&self, i: usize, b: usize) -> u64 {
+    /// Pages a move carries of branch `b`'s slot (all of it, from position 0), and those it
+    /// frees at the source (the protected prefix stays in the source's tree).
+    fn move_pages(&self, i: usize, b: usize) -> (u64, u64) {
         let (br, ps) = (&self.open[i].branches[b], self.cfg.args.page_size);
-        (br.kv_len.div_ceil(ps) - br.protected / ps) as u64
+        let all = br.kv_len.div_ceil(ps) as u64;
+        (all, all - (br.protected / ps) as u64)
     }
 
-    /// Exports branch `b`'s slot on `src` and imports it on `dst`; the copy is then in flight.
-    /// Ok(false): `dst` refused it for lack of room, and the session stayed on `src`.
+    /// Exports branch `b`'s slot on `src` as a move and imports it on `dst` (publishing it
+    /// there); the copy is then in flight. Ok(false): `dst` refused it for lack of room, and
+    /// the session serves on `src` again.
     fn start_move(&mut self, i: usize, b: usize, src: usize, dst: usize, drain: bool) -> Result<bool, Fault> {
         let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
         let what = format!("session {sid} branch {bid} from instance {src} to {dst}");
         let (unit, export_ticket) = self.inst[src]
             .cache
-            .session_export(sid, bid, EXPORT_FLAGS)
-            .map_err(|s| unexpected(&format!("skv_session_export({what})"), s))?;
+            .session_export(sid, bid, SKV_EXPORT_MOVE)
+            .map_err(|s| unexpected(&format!("skv_session_export({what}, SKV_EXPORT_MOVE)"), s))?;
         let (committed, protected) = (unit_u32(&unit, UNIT_COMMITTED), unit_u32(&unit, UNIT_PROTECTED));
-        let n = (unit_u32(&unit, UNIT_N_FULL) + unit_u32(&unit, UNIT_N_SWA)) as usize;
+        let (n_full, n) = (unit_u32(&unit, UNIT_N_FULL), (unit_u32(&unit, UNIT_N_FULL) + unit_u32(&unit, UNIT_N_SWA)));
+        let epoch = unit_u32(&unit, UNIT_EPOCH);
         let br = &self.open[i].branches[b];
-        let want_protected = if EXPORT_FLAGS == 0 { br.protected } else { 0 };
-        if committed != br.kv_len || protected != want_protected {
+        let (all, freed) = self.move_pages(i, b);
+        // The whole session travels: its prefix as its own pages, nothing protected.
+        if committed != br.kv_len || protected != 0 || n_full as u64 != all || epoch == 0 {
             return Err(format!(
-                "skv_session_export({what}): a unit of {committed} committed tokens, {protected} protected; the slot holds {} and protects {want_protected}",
+                "skv_session_export({what}, SKV_EXPORT_MOVE): a unit of {committed} committed tokens in {n_full} pages, \
+                 {protected} protected, epoch {epoch}; the slot holds {} tokens in {all} pages",
                 br.kv_len
             ));
         }
-        let (old, prefix) = (br.handles, self.inst[dst].shared[..protected as usize].to_vec());
+        let (old, saved) = (br.handles, (br.kv_len - br.protected) as u64);
+        let tokens: Vec<i32> = self.conversation(i, b, committed).iter().map(|&t| t as i32).collect();
         let h = &self.inst[dst].cache.hooks.handles;
         let handles = old.map(|x| if x == -1 { -1 } else { h.alloc() });
-        let receipt = self.inst[dst].receipts + 1;
         let spec = skv_import {
             struct_size: size_of::<skv_import>() as u32,
             flags: 0,
             session_id: sid,
             branch_id: bid,
             row: -1,
-            n_prefix: prefix.len() as u32,
-            prefix_indices: if prefix.is_empty() { std::ptr::null() } else { prefix.as_ptr() },
-            lock_node: if prefix.is_empty() { 0 } else { SHARED_NODE },
-            lock_receipt: if prefix.is_empty() { 0 } else { receipt },
+            n_prefix: 0,
+            prefix_indices: std::ptr::null(),
+            lock_node: 0,
+            lock_receipt: 0,
             aux_state: handles[0],
             aux_track: [handles[1], handles[2]],
+            tokens: tokens.as_ptr(),
+            n_tokens: tokens.len() as u64,
         };
-        let import_ticket = match self.inst[dst].cache.session_import(&spec, &unit, n) {
-            Ok((pages, t)) if pages.len() == n => t,
+        let import_ticket = match self.inst[dst].cache.session_import(&spec, &unit, n as usize) {
+            Ok((pages, t)) if pages.len() == n as usize => t,
             Ok((pages, _)) => {
                 return Err(format!("skv_session_import({what}): {} page ids for a unit of {n}", pages.len()))
             }
             Err(SKV_ERR_OUT_OF_MEMORY) => {
-                // No room there: the handles go back to the destination's pool, the session
-                // serves here again.
-                let h = &self.inst[dst].cache.hooks.handles;
-                if !real(handles).all(|x| h.engine_free(x)) {
-                    return Err(format!("skv_session_import({what}): refused, yet took its handles"));
-                }
-                let s = self.inst[src].cache.ticket_done(export_ticket, true);
-                expect_ok(&format!("skv_ticket_done(export of {what}, failed)"), s)?;
-                self.check_stayed(i, b, src, dst, &what)?;
-                self.m.migrate.refused += 1;
-                return Ok(false);
+                return self.refused(i, b, (src, dst), (export_ticket, epoch), handles, &what, false)
             }
+            // Fenced: the destination saw this epoch of the key before. A slot created afresh
+            // starts again at epoch 0, so a session that left `dst` once and came back here by
+            // a new first turn (not a move) may carry an epoch `dst` committed then.
+            Err(SKV_ERR_STATE) => return self.refused(i, b, (src, dst), (export_ticket, epoch), handles, &what, true),
             Err(s) => return Err(unexpected(&format!("skv_session_import({what})"), s)),
         };
-        if !prefix.is_empty() {
-            let d = &mut self.inst[dst];
-            d.receipts = receipt;
-            d.locks_taken += 1;
-            self.m.locks_taken += 1;
-        }
         self.slots_created += 1;
         let slot_seq = self.slots_created;
         self.cur = dst;
         self.note_peak()?;
+        // Stored there before the source can remove anything.
+        self.see_moved(i, b, dst)?;
         // Its waiting turn leaves the source's queue: it is routed again once the move commits.
         let s = &mut self.open[i];
         if let Some(p) = s.pending.take_if(|p| p.branch == b) {
@@ -284,7 +283,6 @@ impl Engine<'_> {
         f.moves.link_free.resize(self.inst.len(), 0.0);
         let finish = f.moves.link_free[src].max(now) + bytes / (a.link_gbps * 1e9);
         f.moves.link_free[src] = finish;
-        let tokens = (committed - protected) as u64;
         f.moves.open.push(Move {
             sid,
             bid,
@@ -294,13 +292,51 @@ impl Engine<'_> {
             import_ticket,
             finish,
             handles,
-            protected: if EXPORT_FLAGS == 0 { protected } else { 0 },
             slot_seq,
             pages: n as u64,
-            tokens,
+            freed,
+            tokens: committed as u64,
+            saved,
             drain,
         });
         Ok(true)
+    }
+
+    /// The destination refused the import: its handles go back to its pool; it never
+    /// committed the epoch (skv_session_fence says so and fences it there; not asked after a
+    /// fenced refusal, where it answers for the earlier move of that epoch), so the source's
+    /// ticket fails and the session serves there again.
+    fn refused(
+        &mut self,
+        i: usize,
+        b: usize,
+        (src, dst): (usize, usize),
+        (export_ticket, epoch): (u64, u32),
+        handles: [i64; 3],
+        what: &str,
+        fenced: bool,
+    ) -> Result<bool, Fault> {
+        let h = &self.inst[dst].cache.hooks.handles;
+        if !real(handles).all(|x| h.engine_free(x)) {
+            return Err(format!("skv_session_import({what}): refused, yet took its handles"));
+        }
+        let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
+        let state = match fenced {
+            true => SKV_FENCE_ABSENT,
+            false => self.inst[dst]
+                .cache
+                .session_fence(sid, bid, epoch)
+                .map_err(|s| unexpected(&format!("skv_session_fence({what}, epoch {epoch})"), s))?,
+        };
+        if state != SKV_FENCE_ABSENT {
+            return Err(format!("skv_session_fence({what}, epoch {epoch}): {state} after a refused import"));
+        }
+        let s = self.inst[src].cache.ticket_done(export_ticket, true);
+        expect_ok(&format!("skv_ticket_done(export of {what}, failed)"), s)?;
+        self.check_stayed(i, b, src, dst, what)?;
+        self.m.migrate.refused += !fenced as u64;
+        self.m.migrate.fenced += fenced as u64;
+        Ok(false)
     }
 
     /// After a refused import: the slot is still on `src`, whole and idle, and `dst` has none.
@@ -334,64 +370,79 @@ impl Engine<'_> {
         Ok(())
     }
 
-    /// The destination's commit, then the source's completion and release; the mirror follows
-    /// the branch to its new instance.
+    /// The destination's commit, then the source's completion, which releases the session
+    /// there; the mirror follows the branch to its new instance.
     fn commit_move(&mut self, m: Move) -> Result<(), Fault> {
         let what = format!("session {} branch {} from instance {} to {}", m.sid, m.bid, m.src, m.dst);
         let i = self.open.iter().position(|s| s.id == m.sid).expect("a moving session stays open");
         let b = m.bid as usize;
         let s = self.inst[m.dst].cache.ticket_done(m.import_ticket, false);
         expect_ok(&format!("skv_ticket_done(import of {what})"), s)?;
-        self.see_moved(i, b, m.dst)?;
         self.cur = m.src;
+        let before = self.free_pages()?;
         let s = self.inst[m.src].cache.ticket_done(m.export_ticket, false);
-        expect_ok(&format!("skv_ticket_done(export of {what})"), s)?;
-        self.m.freed_release += self.release_slot(i, b)?;
+        let done = format!("skv_ticket_done(export of {what})");
+        expect_ok(&done, s)?;
+        self.expect_handed_back(&done, real(self.open[i].branches[b].handles))?;
+        let freed = self.free_pages()? - before;
+        let w = self.inst[m.src].cache.session_where(m.sid, m.bid).map_err(|s| unexpected("skv_session_where", s))?;
+        if w.place != SKV_PLACE_NONE || freed != m.freed {
+            return Err(format!("{done}: the source kept place {} and freed {freed} pages (of {})", w.place, m.freed));
+        }
+        self.m.freed_release += freed;
         self.see_moved(i, b, m.dst)?;
         let br = &mut self.open[i].branches[b];
-        br.has_slot = true;
         br.inst = m.dst;
         br.handles = m.handles;
-        br.protected = m.protected;
+        br.protected = 0;
         br.slot_seq = m.slot_seq;
         // Just arrived for its next turn: the destination's least recently used it is not.
         br.idle_since = self.tick;
-        (br.moving, br.migrated, br.unpublished) = (false, true, !DEST_PUBLISHES);
+        (br.moving, br.migrated) = (false, true);
         let f = self.fleet.as_mut().expect("a multi-instance run");
         if f.policy == Policy::Session {
             f.pinned.insert(m.sid, m.dst);
         }
         let a = &self.cfg.args;
+        let bytes = m.pages * a.page_size as u64 * a.kv_bytes_per_token;
         let mm = &mut self.m.migrate;
         mm.migrations += 1;
         mm.drain_migrations += m.drain as u64;
         mm.pages += m.pages;
-        mm.bytes += m.pages * a.page_size as u64 * a.kv_bytes_per_token;
+        mm.bytes += bytes;
         mm.tokens += m.tokens;
-        mm.transfer_s += (m.pages * a.page_size as u64 * a.kv_bytes_per_token) as f64 / (a.link_gbps * 1e9);
-        mm.recompute_s += m.tokens as f64 / a.prefill_tokens_per_s;
+        mm.saved_tokens += m.saved;
+        mm.transfer_s += bytes as f64 / (a.link_gbps * 1e9);
+        mm.recompute_s += m.saved as f64 / a.prefill_tokens_per_s;
         Ok(())
     }
 
-    /// The router, fed every batch so far, must see branch `b` on `dst` when the destination
-    /// publishes an import's pages: no moment with zero copies of a moved session.
+    /// The router, fed every batch so far, must see branch `b` on `dst` (the import stored
+    /// its full pages there): no moment with zero copies of a moved session.
     fn see_moved(&mut self, i: usize, b: usize, dst: usize) -> Result<(), Fault> {
         self.pump()?;
         let (ps, kv_len) = (self.cfg.args.page_size, self.open[i].branches[b].kv_len);
-        if !DEST_PUBLISHES || kv_len < ps {
+        if kv_len < ps {
             return Ok(());
         }
         let conv = self.conversation(i, b, kv_len);
         let sid = self.open[i].id;
         let f = self.fleet.as_ref().expect("a multi-instance run");
         let got = f.router.overlaps(&conv, &super::multi::salt(sid), self.inst.len())[dst];
-        if got == 0 {
+        if got < kv_len / ps {
             return Err(format!(
-                "the router sees no copy of session {sid} branch {b} on instance {dst}, where it moved"
+                "the router sees {got} of the {} pages of session {sid} branch {b} on instance {dst}, where it moves",
+                kv_len / ps
             ));
         }
         self.m.migrate.event_checks += 1;
         Ok(())
+    }
+
+    /// Where branch `bid` of session `sid` is moving to, while it is.
+    pub(super) fn moving_to(&self, sid: u64, bid: u64) -> Option<usize> {
+        let f = self.fleet.as_ref()?;
+        f.moves.open.iter().find(|m| m.sid == sid && m.bid == bid).map(|m| m.dst)
     }
 
     /// A moved branch's next turn: did it hit where the branch moved to?
@@ -404,7 +455,3 @@ impl Engine<'_> {
         }
     }
 }
-
-/// Whether a destination publishes an import's pages when it commits (with the session's
-/// token ids handed over); until then the branch's next turn hands them from position 0.
-const DEST_PUBLISHES: bool = false;

@@ -313,23 +313,29 @@ impl Engine<'_> {
                 .map(|b| match &s.turn {
                     Some(t) if t.branch == b => Some((t.inst, t.req.origin_input_len)),
                     _ if parked[b] => Some((s.branches[b].inst, s.branches[b].protected)),
-                    // An imported slot whose instance was not handed its tokens yet publishes none.
-                    _ if s.branches[b].has_slot && !s.branches[b].unpublished => {
-                        Some((s.branches[b].inst, s.branches[b].kv_len))
-                    }
+                    _ if s.branches[b].has_slot => Some((s.branches[b].inst, s.branches[b].kv_len)),
                     _ => None,
                 })
                 .collect();
             let convs: Vec<Vec<u32>> = (0..s.branches.len())
                 .map(|b| self.conversation(i, b, published[b].map_or(s.branches[b].history, |p| p.1)))
                 .collect();
+            // A moving branch (`--migrate`) is published on its destination too, since its import.
+            let copies: Vec<(usize, usize, u32)> = (0..s.branches.len())
+                .filter_map(|o| published[o].map(|p| (o, p.0, p.1)))
+                .chain((0..s.branches.len()).filter_map(|o| {
+                    let br = &s.branches[o];
+                    self.moving_to(sid, br.id).filter(|_| br.moving).map(|d| (o, d, br.kv_len))
+                }))
+                .collect();
             let salt = salt(sid);
             for (b, conv) in convs.iter().enumerate() {
                 let got = self.fleet.as_ref().expect("a multi-instance run").router.overlaps(conv, &salt, n);
                 for (k, &got) in got.iter().enumerate() {
-                    let want = (0..convs.len())
-                        .filter_map(|o| published[o].filter(|p| p.0 == k).map(|p| (o, p.1)))
-                        .map(|(o, len)| {
+                    let want = copies
+                        .iter()
+                        .filter(|c| c.1 == k)
+                        .map(|&(o, _, len)| {
                             let shared = conv.iter().zip(&convs[o][..len as usize]).take_while(|(x, y)| x == y).count();
                             shared as u32 / ps
                         })

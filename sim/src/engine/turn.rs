@@ -155,10 +155,7 @@ impl Engine<'_> {
         if self.fleet.is_some() {
             // The prefill's one chunk: its tokens, from where the reuse ended (0 on a miss:
             // the shared prompt's pages are the session's to publish too).
-            // An imported slot's instance knows none of its tokens yet: all of them, once.
-            let br = &mut self.open[i].branches[b];
-            let from = if hit && !br.unpublished { origin - n } else { 0 };
-            br.unpublished = false;
+            let from = if hit { origin - n } else { 0 };
             self.hand_tokens(i, b, &req, from, origin)?;
         }
         self.open[i].turn = Some(Turn { branch: b, inst: k, charged_blocks, req, plan, track });

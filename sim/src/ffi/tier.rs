@@ -138,3 +138,14 @@ impl Cache {
         })
     }
 }
+
+impl Cache {
+    /// Whether the import of (`sid`, `bid`) at `epoch` committed here (SKV_FENCE_*); fences the
+    /// epoch when it did not.
+    pub fn session_fence(&mut self, sid: u64, bid: u64, epoch: u32) -> Result<i32, skv_status> {
+        let mut state = -1;
+        // SAFETY: a live handle; state is a reference.
+        let s = unsafe { skv::skv_session_fence(self.ptr, sid, bid, epoch, &mut state) };
+        ok(s, state)
+    }
+}
