@@ -88,6 +88,17 @@ pub(super) struct Move {
     drain: bool,
 }
 
+/// A move whose export is open and whose import is tried.
+#[derive(Clone, Copy)]
+struct Attempt {
+    src: usize,
+    dst: usize,
+    export_ticket: u64,
+    epoch: u32,
+    /// The destination's recurrent-state handles offered to the import.
+    handles: [i64; 3],
+}
+
 /// The moves in flight and each source's link.
 #[derive(Default)]
 pub(super) struct Moves {
@@ -246,18 +257,17 @@ impl Engine<'_> {
             tokens: tokens.as_ptr(),
             n_tokens: tokens.len() as u64,
         };
+        let attempt = Attempt { src, dst, export_ticket, epoch, handles };
         let import_ticket = match self.inst[dst].cache.session_import(&spec, &unit, n as usize) {
             Ok((pages, t)) if pages.len() == n as usize => t,
             Ok((pages, _)) => {
                 return Err(format!("skv_session_import({what}): {} page ids for a unit of {n}", pages.len()))
             }
-            Err(SKV_ERR_OUT_OF_MEMORY) => {
-                return self.refused(i, b, (src, dst), (export_ticket, epoch), handles, &what, false)
-            }
+            Err(SKV_ERR_OUT_OF_MEMORY) => return self.refused(i, b, attempt, &what, false),
             // Fenced: the destination saw this epoch of the key before. A slot created afresh
             // starts again at epoch 0, so a session that left `dst` once and came back here by
             // a new first turn (not a move) may carry an epoch `dst` committed then.
-            Err(SKV_ERR_STATE) => return self.refused(i, b, (src, dst), (export_ticket, epoch), handles, &what, true),
+            Err(SKV_ERR_STATE) => return self.refused(i, b, attempt, &what, true),
             Err(s) => return Err(unexpected(&format!("skv_session_import({what})"), s)),
         };
         self.slots_created += 1;
@@ -306,16 +316,8 @@ impl Engine<'_> {
     /// committed the epoch (skv_session_fence says so and fences it there; not asked after a
     /// fenced refusal, where it answers for the earlier move of that epoch), so the source's
     /// ticket fails and the session serves there again.
-    fn refused(
-        &mut self,
-        i: usize,
-        b: usize,
-        (src, dst): (usize, usize),
-        (export_ticket, epoch): (u64, u32),
-        handles: [i64; 3],
-        what: &str,
-        fenced: bool,
-    ) -> Result<bool, Fault> {
+    fn refused(&mut self, i: usize, b: usize, a: Attempt, what: &str, fenced: bool) -> Result<bool, Fault> {
+        let Attempt { src, dst, export_ticket, epoch, handles } = a;
         let h = &self.inst[dst].cache.hooks.handles;
         if !real(handles).all(|x| h.engine_free(x)) {
             return Err(format!("skv_session_import({what}): refused, yet took its handles"));
