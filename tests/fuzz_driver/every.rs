@@ -7,7 +7,7 @@ use std::ptr::{null, null_mut};
 use skv::*;
 
 /// The exports `call_export` makes, by index.
-pub const HANDLE_EXPORTS: [&str; 49] = [
+pub const HANDLE_EXPORTS: [&str; 50] = [
     "skv_cache_set_trace",
     "skv_match_prefix",
     "skv_cache_finished_req",
@@ -57,6 +57,7 @@ pub const HANDLE_EXPORTS: [&str; 49] = [
     "skv_cache_tier_stats",
     "skv_session_export",
     "skv_session_import",
+    "skv_session_fence",
 ];
 
 /// `HANDLE_EXPORTS[k]` on handle `c`, every other argument honest: a fresh req, outputs and
@@ -165,7 +166,8 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             45 => skv_session_where(c, 0, 0, &mut wh),
             46 => skv_cache_tier_stats(c, &mut ts),
             47 => skv_session_export(c, 0, 0, 0, null_mut(), 0, &mut n, ip2),
-            _ => skv_session_import(c, &imp, u64s.as_ptr().cast(), 8, ip, 8, &mut n, ip2),
+            48 => skv_session_import(c, &imp, u64s.as_ptr().cast(), 8, ip, 8, &mut n, ip2),
+            _ => skv_session_fence(c, 0, 0, 1, ip),
         }
     }
 }

@@ -21,6 +21,7 @@ mod hybrid;
 mod misc;
 mod sched;
 mod tier;
+mod transfer;
 mod unit;
 
 use hybrid::dead_lo;
@@ -626,6 +627,7 @@ impl World {
             85..=264 if self.sides[s].cfg.host_num_token_slots > 0 => return self.op_tier(s),
             85..=94 => return self.op_tier(s),
             265..=289 => return self.op_unit(s),
+            290..=304 => return self.op_transfer(s),
             _ => {}
         }
         let k = self.rng.below(1000);

@@ -145,8 +145,34 @@ impl World {
         })
     }
 
+    /// skv_match_prefix_tier with a req naming an owned row that is not in use (NOT_FOUND).
+    fn tier_match_free_row(&mut self, s: usize) -> Option<skv_status> {
+        let c = self.sides[s].c;
+        let rows = self.sides[s].cfg.num_rows as i32;
+        let mut scratch = [0i32; 1];
+        // SAFETY: the side's live handle; an empty range writes nothing.
+        let free =
+            (0..rows).find(|&r| unsafe { skv_row_indices(c, r, 0, 0, scratch.as_mut_ptr()) } == SKV_ERR_NOT_FOUND)?;
+        let mut r = skv_req { req_pool_idx: free, ..skv_req::default() };
+        let mut m = skv_tier_match { struct_size: 24, ..Default::default() };
+        let rp: *mut skv_req = &mut r;
+        // SAFETY: the side's live handle, a local req and out.
+        Some(self.call(
+            s,
+            format!("skv_match_prefix_tier(free row {free})"),
+            rp,
+            Expect::Is(SKV_ERR_NOT_FOUND),
+            || unsafe { skv_match_prefix_tier(c, 0, 0, rp, 0, 0, &mut m) },
+        ))
+    }
+
     /// skv_match_prefix_tier as op_match makes skv_match_prefix, with short or NULL outs.
     fn tier_match(&mut self, s: usize) -> skv_status {
+        if self.sides[s].owned && self.rng.chance(40) {
+            if let Some(st) = self.tier_match_free_row(s) {
+                return st;
+            }
+        }
         let (sid, b) = match self.parked(s) {
             Some(k) if self.rng.chance(500) => k,
             _ => (self.session(), self.branch()),
