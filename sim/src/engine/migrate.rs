@@ -184,7 +184,7 @@ impl Engine<'_> {
             }
             let Some((dst, dst_used)) = self.least_used(k)? else { break };
             let (pages, freed) = self.move_pages(i, b);
-            if dst_used + pages >= used - freed {
+            if dst_used + pages >= used.saturating_sub(freed) {
                 break; // no instance would end up holding fewer pages than this one
             }
             self.start_move(i, b, k, dst, false)?;
