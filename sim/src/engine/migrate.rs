@@ -3,11 +3,13 @@
 //! above hands its idle sessions, least recently used first, to the live instance with the
 //! fewest pages in use while that one would still hold fewer than it; a drained instance
 //! hands every idle session it holds to the least used live instance, each step until none
-//! is left. A move is libskv's export at the source, an import at the destination, and the
-//! copy the sim models: it takes the unit's bytes over the source's link at `--link-gbps`,
-//! and its tickets complete at the first step boundary past that (the destination's first:
-//! its commit; then the source's, and its release). A destination without room refuses the
-//! import: the source's ticket fails and the session stays where it was.
+//! is left. A move is libskv's move export at the source, an import at the destination
+//! (handed the token ids, so it publishes the session before the source can remove it), and
+//! the copy the sim models: it takes the unit's bytes over the source's link at
+//! `--link-gbps`, and its tickets complete at the first step boundary past that (the
+//! destination's first: the commit; then the source's, which releases the session there). A
+//! destination without room refuses the import: the source's ticket fails and the session
+//! stays where it was.
 //!
 //! Until the move commits, the session waits (its turn is not routed); then its moved
 //! branch's next turn goes where its KV went, under every policy.
