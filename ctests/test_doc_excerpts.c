@@ -103,6 +103,7 @@ int main(void) {
   check(check_page(root, "docs/hybrid.md") >= 2, "hybrid.md", "fewer excerpts than expected");
   check(check_page(root, "docs/events.md") >= 2, "events.md", "fewer excerpts than expected");
   check(check_page(root, "docs/tiers.md") >= 5, "tiers.md", "fewer excerpts than expected");
+  check(check_page(root, "docs/transfer.md") >= 2, "transfer.md", "fewer excerpts than expected");
   check(check_page(root, "README.md") >= 3, "README.md", "fewer excerpts than expected");
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;

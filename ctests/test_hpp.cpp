@@ -585,6 +585,21 @@ void owned_swa_pool() {
   CHECK(cache.stats().swa_free_pages == 7 && cache.stats().free_pages == kPages - 1);
 }
 
+// The descriptor glue: runs merge where both sides' ids are consecutive; a bad layout throws.
+void transfer_glue() {
+  const uint64_t mine[2] = {0x1000, 0x9000}, theirs[2] = {0x100000, 0x200000};
+  const skv_kv_layout l{sizeof(skv_kv_layout), 2, mine, 64, 64};
+  const skv_kv_layout r{sizeof(skv_kv_layout), 2, theirs, 64, 64};
+  auto d = skv::transfer_descs(l, {1, 2, 3, 9}, r, {4, 5, 6, 7});
+  CHECK(d.size() == 4);
+  CHECK(d[0].local_addr == 0x1000 + 64 && d[0].remote_addr == 0x100000 + 4 * 64 && d[0].len == 192);
+  CHECK(d[1].local_addr == 0x1000 + 9 * 64 && d[1].len == 64);
+  CHECK(d[2].local_addr == 0x9000 + 64);
+  CHECK(skv::transfer_descs(l, {}, r, {}).empty());
+  const skv_kv_layout bad{sizeof(skv_kv_layout), 2, theirs, 64, 32};
+  CHECK(throws<skv::Error>([&] { skv::transfer_descs(l, {1}, bad, {1}); }));
+}
+
 int main() {
   read_row_throws();
   free_callbacks_throw();
@@ -599,6 +614,7 @@ int main() {
   scheduler_queries();
   hybrid_pools();
   owned_swa_pool();
+  transfer_glue();
   std::printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

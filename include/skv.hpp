@@ -110,6 +110,29 @@ inline const char *last_error() noexcept { return skv_last_error(); }
 inline uint32_t abi_version() noexcept { return skv_abi_version(); }
 inline const char *version() noexcept { return skv_version(); }
 
+/// The ranges a transfer engine moves `remote_pages` into `local_pages` with, contiguous runs
+/// merged (skv_transfer_descs; docs/transfer.md#the-nixl-glue).
+inline std::vector<skv_xfer_desc> transfer_descs(const skv_kv_layout &local,
+                                                 const std::vector<int32_t> &local_pages,
+                                                 const skv_kv_layout &remote,
+                                                 const std::vector<int32_t> &remote_pages) {
+  if (local_pages.size() != remote_pages.size()) {
+    throw std::invalid_argument("transfer_descs: local_pages and remote_pages differ in length");
+  }
+  size_t n = 0;
+  std::vector<skv_xfer_desc> out;
+  skv_status s = skv_transfer_descs(&local, local_pages.data(), &remote, remote_pages.data(),
+                                    local_pages.size(), nullptr, 0, &n);
+  if (s == SKV_ERR_BUFFER) {
+    out.resize(n);
+    s = skv_transfer_descs(&local, local_pages.data(), &remote, remote_pages.data(),
+                           local_pages.size(), out.data(), out.size(), &n);
+  }
+  detail::check(s);
+  out.resize(n);
+  return out;
+}
+
 /// A cache configuration with struct_size filled in. swa_num_token_slots sizes owned mode's
 /// sliding-window pool (0: none; docs/hybrid.md, "Owned mode: two pools").
 inline skv_cache_config make_config(uint32_t page_size, uint64_t num_token_slots,
@@ -439,15 +462,17 @@ class Cache {
     return out;
   }
   /// The unit of an idle session (skv_session_export), into `unit` (grown to fit); returns
-  /// the ticket pinning its pages until the engine's copy of them completes.
-  uint64_t session_export(uint64_t session_id, uint64_t branch_id, std::vector<uint8_t> &unit) {
+  /// the ticket pinning its pages until the engine's copy of them completes. `flags`:
+  /// SKV_EXPORT_MOVE moves the session to another instance (docs/transfer.md).
+  uint64_t session_export(uint64_t session_id, uint64_t branch_id, std::vector<uint8_t> &unit,
+                          uint32_t flags = 0) {
     size_t len = 0;
     uint64_t ticket = 0;
-    skv_status s =
-        skv_session_export(handle_, session_id, branch_id, 0, unit.data(), unit.size(), &len, &ticket);
+    skv_status s = skv_session_export(handle_, session_id, branch_id, flags, unit.data(),
+                                      unit.size(), &len, &ticket);
     if (s == SKV_ERR_BUFFER) {
       unit.resize(len);
-      s = skv_session_export(handle_, session_id, branch_id, 0, unit.data(), unit.size(), &len,
+      s = skv_session_export(handle_, session_id, branch_id, flags, unit.data(), unit.size(), &len,
                              &ticket);
     }
     detail::check(s);
@@ -466,6 +491,13 @@ class Cache {
     });
     out_pages.resize(n);
     return ticket;
+  }
+  /// Whether a move of the session at `epoch` committed here (skv_session_fence):
+  /// SKV_FENCE_ABSENT (and fenced from now on), SKV_FENCE_PENDING or SKV_FENCE_COMMITTED.
+  int32_t session_fence(uint64_t session_id, uint64_t branch_id, uint32_t epoch) {
+    int32_t state = -1;
+    detail::call([&] { return skv_session_fence(handle_, session_id, branch_id, epoch, &state); });
+    return state;
   }
   /// The copies of `ticket` ran (status 0) or failed (skv_ticket_done).
   void ticket_done(uint64_t ticket, int32_t status = 0) {

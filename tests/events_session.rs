@@ -1689,3 +1689,66 @@ fn a_parked_session_moves_to_the_cpu_medium_and_a_restore_brings_it_back() {
     e.check(2, 0, &other);
     assert_eq!(e.router.blocks(), 4, "only session 2's blocks are left");
 }
+
+/// A move (docs/transfer.md#kv-events): the destination's import, given the session's tokens,
+/// stores its full pages before the source's release removes them, so at no point does the
+/// router (one tree per worker here) see the session on neither instance.
+#[test]
+fn a_moved_session_is_stored_at_the_destination_before_the_source_removes_it() {
+    let (mut a, mut b) = (Engine::new(&Setup::new(Mode::Owned)), Engine::new(&Setup::new(Mode::Owned)));
+    let seq = a.turn(1, 0, &[], &Turn::plain(&toks(1, 22), &toks(2, 9)));
+    a.check(1, 0, &seq);
+    let full = (a.usage(1, 0).committed_tokens / a.ps as u64) as u32;
+    assert!(full > 0);
+    let salt = salt_of(1);
+    let mut seen = |a: &mut Engine, b: &mut Engine, when: &str| {
+        a.pump();
+        b.pump();
+        let (sa, sb) = (a.router.score(&seq, &salt), b.router.score(&seq, &salt));
+        assert!(
+            sa == full || sb == full,
+            "{when}: the router sees {sa} pages at the source and {sb} at the destination"
+        );
+        (sa, sb)
+    };
+    let (mut len, mut te) = (0usize, 0u64);
+    let mut unit = vec![0u8; 4096];
+    // SAFETY: a live handle; unit holds its length.
+    ok(
+        unsafe { skv_session_export(a.c, 1, 0, SKV_EXPORT_MOVE, unit.as_mut_ptr(), unit.len(), &mut len, &mut te) },
+        "export",
+    );
+    assert_eq!(seen(&mut a, &mut b, "exported"), (full, 0), "an export publishes nothing");
+    let toks_i32: Vec<i32> = seq.iter().map(|&t| t as i32).collect();
+    let spec = skv_import {
+        struct_size: std::mem::size_of::<skv_import>() as u32,
+        flags: 0,
+        session_id: 1,
+        branch_id: 0,
+        row: -1,
+        n_prefix: 0,
+        prefix_indices: null(),
+        lock_node: 0,
+        lock_receipt: 0,
+        aux_state: -1,
+        aux_track: [-1, -1],
+        tokens: toks_i32.as_ptr(),
+        n_tokens: toks_i32.len() as u64,
+    };
+    let mut out = vec![0i32; 64];
+    let (mut n, mut ti) = (0usize, 0u64);
+    // SAFETY: a live handle, the unit's len bytes, out's 64 values.
+    ok(
+        unsafe { skv_session_import(b.c, &spec, unit.as_ptr(), len, out.as_mut_ptr(), out.len(), &mut n, &mut ti) },
+        "import",
+    );
+    assert_eq!(seen(&mut a, &mut b, "imported"), (full, full), "the destination stores at its import");
+    // SAFETY: a live handle.
+    ok(unsafe { skv_ticket_done(b.c, ti, 0) }, "the commit");
+    assert_eq!(seen(&mut a, &mut b, "committed"), (full, full));
+    // SAFETY: a live handle.
+    ok(unsafe { skv_ticket_done(a.c, te, 0) }, "the source's completion");
+    assert_eq!(seen(&mut a, &mut b, "released"), (0, full), "the source's release removes its blocks");
+    b.check(1, 0, &seq);
+    assert_eq!(a.router.blocks(), 0, "nothing left at the source");
+}

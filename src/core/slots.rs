@@ -43,6 +43,9 @@ pub struct Slot {
     pub place: Place,
 }
 
+// A slot is one and a half cache lines; the epoch fits in its padding.
+const _: () = assert!(std::mem::size_of::<Slot>() == 96);
+
 /// Where a slot's session-owned KV is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Place {
