@@ -107,6 +107,18 @@ pub struct Args {
     /// released, and nothing is routed to it afterwards
     #[arg(long)]
     pub drain: Option<u32>,
+    /// Move idle sessions off an overloaded or draining instance to another through libskv's
+    /// move export and import (needs --instances 2 or more; docs/simulator.md#migration)
+    #[arg(long)]
+    pub migrate: bool,
+    /// --migrate: the pool use (used pages of an instance's pool, a fraction) at which its
+    /// idle sessions move, least recently used first, until its use is below it again
+    #[arg(long, default_value_t = 0.9)]
+    pub migrate_threshold: f64,
+    /// --migrate: the modelled link between two instances, in GB/s (each source instance's
+    /// moves queue on its own link; the default 50 is a 400 Gb/s RDMA NIC)
+    #[arg(long, default_value_t = 50.0)]
+    pub link_gbps: f64,
     /// The kv router's credit per cached block against a block of load: Dynamo's
     /// `overlap_score_credit` (its default 1)
     #[arg(long, default_value_t = 1.0)]
@@ -124,13 +136,13 @@ pub struct Args {
     /// Modelled copy bandwidth between device and host, each way, in GB/s (--host-pool-tokens)
     #[arg(long, default_value_t = 25.0)]
     pub copy_gbps: f64,
-    /// Modelled KV bytes per token across all layers (--host-pool-tokens); the default 131072
+    /// Modelled KV bytes per token across all layers (--host-pool-tokens, --migrate); the default 131072
     /// (128 KiB) is a 70B-class model's order (Llama-3-70B with grouped-query attention: 80
     /// layers x 8 KV heads x 128 dims, K and V, is 160 KiB in FP8)
     #[arg(long, default_value_t = 131_072)]
     pub kv_bytes_per_token: u64,
-    /// Modelled prefill speed in tokens per second (--host-pool-tokens): a step takes its
-    /// prefill tokens at this rate plus --step-ms of decode
+    /// Modelled prefill speed in tokens per second (--host-pool-tokens, --migrate): a step takes
+    /// its prefill tokens at this rate plus --step-ms of decode
     #[arg(long, default_value_t = 20_000.0)]
     pub prefill_tokens_per_s: f64,
     /// Host tier: a finished session is written back once idle this many steps
@@ -259,6 +271,7 @@ impl Config {
             }
             _ => {}
         }
+        check_migrate(&a)?;
         if !(a.step_ms > 0.0 && a.step_ms.is_finite()) {
             return Err(format!("--step-ms {}: must be a positive number", a.step_ms));
         }
@@ -343,4 +356,28 @@ fn check_tier(a: &Args) -> Result<u64, String> {
         ));
     }
     Ok(pages)
+}
+
+/// `--migrate` and its model: two instances at least, no host tier (a parked session's unit
+/// names host pages the move would have to read from another pool).
+fn check_migrate(a: &Args) -> Result<(), String> {
+    if !(a.migrate_threshold > 0.0 && a.migrate_threshold <= 1.0) {
+        return Err(format!("--migrate-threshold {}: must be within (0, 1]", a.migrate_threshold));
+    }
+    if !(a.link_gbps > 0.0 && a.link_gbps.is_finite()) {
+        return Err(format!("--link-gbps {}: must be a positive number", a.link_gbps));
+    }
+    if !a.migrate {
+        return Ok(());
+    }
+    if a.instances < 2 {
+        return Err(format!("--migrate: needs --instances 2 or more (--instances {})", a.instances));
+    }
+    if a.host_pool_tokens > 0 {
+        return Err(format!(
+            "--migrate with --host-pool-tokens {}: not modelled (a session moves between device pools)",
+            a.host_pool_tokens
+        ));
+    }
+    Ok(())
 }

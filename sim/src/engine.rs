@@ -25,11 +25,15 @@ mod copies;
 mod decode;
 mod mamba;
 #[cfg(feature = "router")]
+mod migrate;
+#[cfg(feature = "router")]
 mod multi;
 mod tier;
 mod turn;
 mod window;
 
+#[cfg(feature = "router")]
+pub use migrate::MigrateMetrics;
 #[cfg(feature = "router")]
 pub use multi::RouterMetrics;
 pub use tier::TierMetrics;
@@ -104,6 +108,9 @@ pub struct Metrics {
     /// The router's figures (multi-instance runs).
     #[cfg(feature = "router")]
     pub router: RouterMetrics,
+    /// The moves between instances (`--migrate`).
+    #[cfg(feature = "router")]
+    pub migrate: MigrateMetrics,
     /// The host tier's figures and the modelled time (`--host-pool-tokens`).
     pub tier: TierMetrics,
 }
@@ -134,6 +141,10 @@ struct Branch {
     /// turn's writes start, its writer, and whether it missed (mapping the shared prompt).
     writes: copies::Writes,
     turn_writes: (u32, u64, bool),
+    /// `--migrate`: the slot is being moved (its export open); it was moved and has not run a
+    /// turn since.
+    moving: bool,
+    migrated: bool,
 }
 
 impl Branch {
@@ -153,6 +164,8 @@ impl Branch {
             tokens: Vec::new(),
             writes: Vec::new(),
             turn_writes: (0, 0, false),
+            moving: false,
+            migrated: false,
         }
     }
 }
@@ -416,7 +429,7 @@ impl<'a> Engine<'a> {
             }
             // With nothing running every idle slot could be evicted, so a request that
             // still does not fit never will.
-            if self.running == 0 && !self.open.is_empty() {
+            if self.running == 0 && !self.open.is_empty() && !self.moving() {
                 return Err("no progress: the pool cannot hold one request".into());
             }
         }
@@ -445,6 +458,11 @@ impl<'a> Engine<'a> {
                 replay: None,
             });
         }
+    }
+
+    /// A branch's slot is moving between instances (`--migrate`): its session waits for it.
+    fn moving(&self) -> bool {
+        self.open.iter().any(|s| s.branches.iter().any(|b| b.moving))
     }
 
     fn free_pages(&self) -> Result<u64, Fault> {
@@ -491,6 +509,7 @@ impl<'a> Engine<'a> {
                 if br.has_slot
                     && br.inst == self.cur
                     && s.busy != Some(b)
+                    && !br.moving
                     && victim.is_none_or(|(t, _, _)| br.idle_since < t)
                 {
                     victim = Some((br.idle_since, i, b));

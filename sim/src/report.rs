@@ -79,6 +79,11 @@ pub fn fleet_table(cfg: &Config, runs: &[Run]) -> String {
             );
         }
     }
+    if a.migrate {
+        for r in runs {
+            let _ = writeln!(t, "  {:<9}{}", r.m.router.policy, migrate_line(cfg, &r.m));
+        }
+    }
     for r in runs {
         let m = &r.m;
         let verdict = match &r.fault {
@@ -100,6 +105,29 @@ pub fn fleet_table(cfg: &Config, runs: &[Run]) -> String {
         );
     }
     t
+}
+
+/// `--migrate`: the moves, their bytes against the prefill they saved, and the next turns.
+#[cfg(feature = "router")]
+fn migrate_line(cfg: &Config, m: &Metrics) -> String {
+    let (a, mm) = (&cfg.args, &m.migrate);
+    format!(
+        "migrated {} sessions ({} off the drained instance; refused {} for room, {} fenced): {} pages, {:.3} GB; transfer {:.3} s at {} GB/s vs prefill {:.3} s of {} tokens at {} tokens/s; next turns {} of {} hit where they moved ({:.2}%)",
+        mm.migrations,
+        mm.drain_migrations,
+        mm.refused,
+        mm.fenced,
+        mm.pages,
+        mm.bytes as f64 / 1e9,
+        mm.transfer_s,
+        a.link_gbps,
+        mm.recompute_s,
+        mm.saved_tokens,
+        a.prefill_tokens_per_s,
+        mm.next_hits,
+        mm.next_turns,
+        100.0 * mm.hit_rate_after()
+    )
 }
 
 pub struct Latency {
@@ -360,6 +388,28 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
             fields.push((k.into(), v.to_string()));
         }
         fields.push(("drained".into(), rm.drained.map_or("null".into(), |k| k.to_string())));
+        let mm = &m.migrate;
+        for (k, v) in [
+            ("migrations", mm.migrations),
+            ("drain_migrations", mm.drain_migrations),
+            ("migrations_refused", mm.refused),
+            ("migrations_fenced", mm.fenced),
+            ("migrated_pages", mm.pages),
+            ("migrated_bytes", mm.bytes),
+            ("migrated_tokens", mm.tokens),
+            ("migrate_saved_tokens", mm.saved_tokens),
+            ("turns_after_migration", mm.next_turns),
+            ("hits_after_migration", mm.next_hits),
+            ("migrate_event_checks", mm.event_checks),
+        ] {
+            fields.push((k.into(), v.to_string()));
+        }
+        fields.push(("migrate".into(), cfg.args.migrate.to_string()));
+        fields.push(("migrate_threshold".into(), format!("{}", cfg.args.migrate_threshold)));
+        fields.push(("link_gbps".into(), format!("{}", cfg.args.link_gbps)));
+        fields.push(("migrate_transfer_s".into(), format!("{:.6}", mm.transfer_s)));
+        fields.push(("migrate_recompute_s".into(), format!("{:.6}", mm.recompute_s)));
+        fields.push(("hit_rate_after_migration".into(), format!("{:.6}", mm.hit_rate_after())));
         fields.push(("hit_rate".into(), format!("{:.6}", hit_rate(m))));
         fields.push(("reuse_rate".into(), format!("{:.6}", reuse_rate(m))));
         fields.push(("imbalance".into(), format!("{:.6}", rm.imbalance())));

@@ -59,6 +59,12 @@ impl Engine<'_> {
             .flat_map(|s| s.branches.iter().enumerate().filter(move |&(b, br)| slot_on(s, b, br) && s.busy != Some(b)))
             .map(|(_, br)| real(br.handles).count() as u64)
             .sum::<u64>();
+        // Imports in flight (`--migrate`) are idle slots here already.
+        #[cfg(feature = "router")]
+        let (slots, idle, handles) = {
+            let (s, h) = self.moves_into(k);
+            (slots + s, idle + s, handles + h)
+        };
         if held.sessions != slots || held.rows != idle || held.aux_handles != handles {
             return Err(format!(
                 "skv_session_held: {} slots / {} idle rows / {} handles, the engine expects {slots} / {idle} / {handles}",

@@ -58,14 +58,16 @@ impl RouterMetrics {
 
 /// The router and what it keeps besides Dynamo's tree.
 pub struct Fleet {
-    policy: Policy,
-    router: Router,
+    pub(super) policy: Policy,
+    pub(super) router: Router,
     /// Tie breaks and the random policy.
     rng: Rng,
     buf: Vec<u8>,
     /// `session`: where each session's turns go.
-    pinned: HashMap<u64, usize>,
+    pub(super) pinned: HashMap<u64, usize>,
     drain_done: bool,
+    /// `--migrate`: the moves in flight.
+    pub(super) moves: super::migrate::Moves,
 }
 
 impl Fleet {
@@ -90,11 +92,12 @@ impl Fleet {
             buf: Vec::new(),
             pinned: HashMap::new(),
             drain_done: false,
+            moves: Default::default(),
         })
     }
 }
 
-fn salt(sid: u64) -> String {
+pub(super) fn salt(sid: u64) -> String {
     format!("skv-session:{sid}")
 }
 
@@ -119,7 +122,7 @@ impl Engine<'_> {
     }
 
     /// Every instance's pending batches into the router.
-    fn pump(&mut self) -> Result<(), Fault> {
+    pub(super) fn pump(&mut self) -> Result<(), Fault> {
         let f = self.fleet.as_mut().expect("a multi-instance run");
         for k in 0..self.inst.len() {
             loop {
@@ -148,9 +151,13 @@ impl Engine<'_> {
                 self.drain_instance(k as usize)?;
             }
         }
+        if self.cfg.args.migrate {
+            self.migrate_step()?;
+        }
         for i in 0..self.open.len() {
             let s = &self.open[i];
-            if s.turn.is_none() && s.pending.is_none() && s.turns_left > 0 {
+            // A session waits while one of its branches moves.
+            if s.turn.is_none() && s.pending.is_none() && s.turns_left > 0 && !s.branches.iter().any(|b| b.moving) {
                 self.route(i);
             }
         }
@@ -223,7 +230,11 @@ impl Engine<'_> {
             }
             pick.1
         };
+        // A branch that moved (`--migrate`) runs its next turn where its KV went.
+        let br = &self.open[i].branches[b];
+        let moved_to = Some(br.inst).filter(|&k| br.migrated && br.has_slot && self.inst[k].live);
         let k = match f.policy {
+            _ if moved_to.is_some() => moved_to.expect("checked"),
             Policy::Kv => best(f, true),
             Policy::Session => match f.pinned.get(&sid) {
                 Some(&k) if self.inst[k].live => k,
@@ -269,16 +280,20 @@ impl Engine<'_> {
             }
         }
         self.cur = k;
-        for i in 0..self.open.len() {
-            for b in 0..self.open[i].branches.len() {
-                let br = &self.open[i].branches[b];
-                if br.has_slot && br.inst == k {
-                    self.m.freed_release += self.release_slot(i, b)?;
-                    self.m.router.drain_released_slots += 1;
+        // With --migrate its idle slots move instead (from this step on, until none is left),
+        // then its shared prompt goes.
+        if !self.cfg.args.migrate {
+            for i in 0..self.open.len() {
+                for b in 0..self.open[i].branches.len() {
+                    let br = &self.open[i].branches[b];
+                    if br.has_slot && br.inst == k {
+                        self.m.freed_release += self.release_slot(i, b)?;
+                        self.m.router.drain_released_slots += 1;
+                    }
                 }
             }
+            self.free_shared()?;
         }
-        self.free_shared()?;
         self.inst[k].active_tokens = 0;
         self.audit()
     }
@@ -305,13 +320,22 @@ impl Engine<'_> {
             let convs: Vec<Vec<u32>> = (0..s.branches.len())
                 .map(|b| self.conversation(i, b, published[b].map_or(s.branches[b].history, |p| p.1)))
                 .collect();
+            // A moving branch (`--migrate`) is published on its destination too, since its import.
+            let copies: Vec<(usize, usize, u32)> = (0..s.branches.len())
+                .filter_map(|o| published[o].map(|p| (o, p.0, p.1)))
+                .chain((0..s.branches.len()).filter_map(|o| {
+                    let br = &s.branches[o];
+                    self.moving_to(sid, br.id).filter(|_| br.moving).map(|d| (o, d, br.kv_len))
+                }))
+                .collect();
             let salt = salt(sid);
             for (b, conv) in convs.iter().enumerate() {
                 let got = self.fleet.as_ref().expect("a multi-instance run").router.overlaps(conv, &salt, n);
                 for (k, &got) in got.iter().enumerate() {
-                    let want = (0..convs.len())
-                        .filter_map(|o| published[o].filter(|p| p.0 == k).map(|p| (o, p.1)))
-                        .map(|(o, len)| {
+                    let want = copies
+                        .iter()
+                        .filter(|c| c.1 == k)
+                        .map(|&(o, _, len)| {
                             let shared = conv.iter().zip(&convs[o][..len as usize]).take_while(|(x, y)| x == y).count();
                             shared as u32 / ps
                         })

@@ -107,6 +107,8 @@ impl Engine<'_> {
         self.running += 1;
 
         let hit = self.do_match(i, b, &mut req, key_len)?;
+        #[cfg(feature = "router")]
+        self.note_moved_turn(i, b, hit);
         let mut track = self.open[i].branches[b].track;
         if hit {
             self.m.hits += 1

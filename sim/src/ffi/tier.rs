@@ -2,7 +2,7 @@
 //! since they are not the session operations the latency table reports.
 
 use skv::skv_status::{self, SKV_OK};
-use skv::{skv_req, skv_tier_evicted, skv_tier_match, skv_tier_stats, skv_where};
+use skv::{skv_import, skv_req, skv_tier_evicted, skv_tier_match, skv_tier_stats, skv_where};
 
 use super::Cache;
 
@@ -82,5 +82,70 @@ impl Cache {
         // SAFETY: a live handle; out has room for end - start values.
         let s = unsafe { skv::skv_row_swa_indices(self.ptr, row, start, end, out.as_mut_ptr()) };
         ok(s, out)
+    }
+}
+
+/// A session's export and import between handles (`--migrate`; docs/simulator.md#migration).
+impl Cache {
+    /// The unit of the idle slot of (`sid`, `bid`) and the ticket pinning its pages.
+    pub fn session_export(&mut self, sid: u64, bid: u64, flags: u32) -> Result<(Vec<u8>, u64), skv_status> {
+        let (mut len, mut ticket) = (0usize, 0u64);
+        // SAFETY: a live handle; buf NULL with cap 0 asks the size; len and ticket are references.
+        let s = unsafe {
+            skv::skv_session_export(self.ptr, sid, bid, flags, std::ptr::null_mut(), 0, &mut len, &mut ticket)
+        };
+        if s != skv_status::SKV_ERR_BUFFER {
+            return Err(s);
+        }
+        let mut unit = vec![0u8; len];
+        // SAFETY: a live handle; unit holds len writable bytes; len and ticket are references.
+        let s = unsafe {
+            skv::skv_session_export(self.ptr, sid, bid, flags, unit.as_mut_ptr(), unit.len(), &mut len, &mut ticket)
+        };
+        ok(s, ()).map(|_| {
+            unit.truncate(len);
+            (unit, ticket)
+        })
+    }
+
+    /// Records the slot `unit` describes; the new pages' ids (the copy's destinations, full
+    /// then SWA) and the ticket its KV arrives under.
+    pub fn session_import(
+        &mut self,
+        spec: &skv_import,
+        unit: &[u8],
+        pages: usize,
+    ) -> Result<(Vec<i32>, u64), skv_status> {
+        let mut out = vec![0i32; pages];
+        let (mut n, mut ticket) = (0usize, 0u64);
+        // SAFETY: a live handle; spec a reference whose prefix slice outlives the call; unit a
+        // slice; out holds `pages` values; n and ticket are references.
+        let s = unsafe {
+            skv::skv_session_import(
+                self.ptr,
+                spec,
+                unit.as_ptr(),
+                unit.len(),
+                out.as_mut_ptr(),
+                out.len(),
+                &mut n,
+                &mut ticket,
+            )
+        };
+        ok(s, ()).map(|_| {
+            out.truncate(n);
+            (out, ticket)
+        })
+    }
+}
+
+impl Cache {
+    /// Whether the import of (`sid`, `bid`) at `epoch` committed here (SKV_FENCE_*); fences the
+    /// epoch when it did not.
+    pub fn session_fence(&mut self, sid: u64, bid: u64, epoch: u32) -> Result<i32, skv_status> {
+        let mut state = -1;
+        // SAFETY: a live handle; state is a reference.
+        let s = unsafe { skv::skv_session_fence(self.ptr, sid, bid, epoch, &mut state) };
+        ok(s, state)
     }
 }
