@@ -176,7 +176,7 @@ int main(void) {
   EXPECT(skv_release_branch(b.c, 1, 0) == SKV_ERR_STATE); /* the read may still touch it */
   TRY(skv_session_import(a.c, &in, unit, len, out_pages, PAGES, &n, &t_in));
   TRY(skv_ticket_done(a.c, t_in, 1));
-  TRY(skv_session_fence(a.c, 1, 0, epoch, &state));
+  TRY(skv_session_fence(a.c, unit, len, &state)); /* what B asks A: this unit's move */
   EXPECT(state == SKV_FENCE_ABSENT);
   EXPECT(skv_session_import(a.c, &in, unit, len, out_pages, PAGES, &n, &t_in) == SKV_ERR_STATE);
   TRY(skv_ticket_done(b.c, t_out, 1));

@@ -1396,9 +1396,8 @@ typedef struct skv_api {
    * Same as skv_session_fence.
    */
   enum skv_status (*session_fence)(struct skv_cache *c,
-                                   uint64_t session_id,
-                                   uint64_t branch_id,
-                                   uint32_t epoch,
+                                   const uint8_t *unit,
+                                   size_t len,
                                    int32_t *out_state);
   /**
    * Same as skv_transfer_descs.
@@ -2139,17 +2138,19 @@ enum skv_status skv_cache_tier_stats(const struct skv_cache *c, struct skv_tier_
 
 /**
  * What a move's source asks its destination after a lost or late notification: whether the
- * import of (session_id, branch_id) at `epoch` committed here. `*out_state` receives
- * SKV_FENCE_COMMITTED, SKV_FENCE_PENDING (its import ticket is still open) or SKV_FENCE_ABSENT
- * (never committed; from now on an import of that epoch or lower is refused, so the source
- * may serve the session again) (docs/transfer.md#when-the-notification-is-lost).
+ * move `unit` describes (the source's own unit, `len` bytes: its session, incarnation and
+ * epoch) committed here. `*out_state` receives SKV_FENCE_COMMITTED, SKV_FENCE_PENDING (its
+ * import ticket is still open) or SKV_FENCE_ABSENT (never committed; from now on an import of
+ * that epoch or lower is refused, so the source may serve the session again)
+ * (docs/transfer.md#when-the-notification-is-lost).
  *
- * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+ * The caller must pass unit holding len bytes.
+ *
+ * refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
  */
 enum skv_status skv_session_fence(struct skv_cache *c,
-                                  uint64_t session_id,
-                                  uint64_t branch_id,
-                                  uint32_t epoch,
+                                  const uint8_t *unit,
+                                  size_t len,
                                   int32_t *out_state);
 
 /**

@@ -10,6 +10,7 @@ typedef struct incoming {
   int open, posted;
   uint64_t ticket;
   uint32_t epoch, committed, cursor, floor, n_full, n_swa, unit_len;
+  uint8_t unit[MSG_MAX]; /* the unit: what skv_session_fence is asked about */
   int32_t src[2 * MAX_PAGES], dst[2 * MAX_PAGES]; /* full ids, then SWA ids */
   int32_t row;                                    /* external mode: the engine's row */
   nixl_read rd;
@@ -47,6 +48,7 @@ static skv_status import_unit(engine *e, const msg *m, incoming *in) {
   memset(in, 0, sizeof *in);
   in->epoch = m->epoch;
   in->unit_len = m->len;
+  memcpy(in->unit, m->data, m->len);
   in->committed = u32_at(m->data, 56);
   in->cursor = u32_at(m->data, 68);
   in->floor = u32_at(m->data, 72);
@@ -150,7 +152,7 @@ static int finish_read(inst *I, engine *e, incoming *in, const step *s) {
   CHECK_EQ_U64(check_moved(e, in, s->sid), 0);
   if (nl_read_release(&I->nl, &in->rd) != 0) return -1;
   CHECK_OK(skv_ticket_done(e->c, in->ticket, SKV_OK)); /* the commit point */
-  CHECK_OK(skv_session_fence(e->c, s->sid, 0, in->epoch, &state));
+  CHECK_OK(skv_session_fence(e->c, in->unit, in->unit_len, &state));
   CHECK_EQ_INT(state, SKV_FENCE_COMMITTED);
   in->open = 0;
   e->len[s->sid] = in->committed;
@@ -198,7 +200,7 @@ static int move_in(inst *I, const step *s) {
         CHECK_EQ_U64(f[0], f0[0]);
         CHECK_EQ_U64(f[1], f0[1]);
       }
-      CHECK_OK(skv_session_fence(e->c, s->sid, 0, in.epoch, &state));
+      CHECK_OK(skv_session_fence(e->c, m->data, m->len, &state)); /* the re-offered unit */
       CHECK_EQ_INT(state, in.open ? SKV_FENCE_PENDING : SKV_FENCE_ABSENT);
       if (chan_send(I->fd, M_ANSWER, m->kind, s->sid, in.epoch, state, NULL, 0) != 0) return -1;
       if (in.open) { /* the late completion */
@@ -212,7 +214,7 @@ static int move_in(inst *I, const step *s) {
       if (st == SKV_ERR_STATE) {
         /* an epoch this handle has seen: a duplicate, or a move it answered ABSENT for */
         CHECK_MSG_HAS("fenced");
-        CHECK_OK(skv_session_fence(e->c, s->sid, 0, m->epoch, &state));
+        CHECK_OK(skv_session_fence(e->c, m->data, m->len, &state));
         if (s->inject == I_DROP_NOTIF) CHECK_EQ_INT(state, SKV_FENCE_COMMITTED);
         if (chan_send(I->fd, M_ANSWER, m->kind, s->sid, m->epoch, state, NULL, 0) != 0) return -1;
         continue;

@@ -112,11 +112,10 @@ pub fn fleet_table(cfg: &Config, runs: &[Run]) -> String {
 fn migrate_line(cfg: &Config, m: &Metrics) -> String {
     let (a, mm) = (&cfg.args, &m.migrate);
     format!(
-        "migrated {} sessions ({} off the drained instance; refused {} for room, {} fenced): {} pages, {:.3} GB; transfer {:.3} s at {} GB/s vs prefill {:.3} s of {} tokens at {} tokens/s; next turns {} of {} hit where they moved ({:.2}%)",
+        "migrated {} sessions ({} off the drained instance; refused {} for room): {} pages, {:.3} GB; transfer {:.3} s at {} GB/s vs prefill {:.3} s of {} tokens at {} tokens/s; next turns {} of {} hit where they moved ({:.2}%)",
         mm.migrations,
         mm.drain_migrations,
         mm.refused,
-        mm.fenced,
         mm.pages,
         mm.bytes as f64 / 1e9,
         mm.transfer_s,
@@ -393,7 +392,6 @@ pub fn json(cfg: &Config, m: &Metrics, lat: &[Latency], fault: Option<&str>) -> 
             ("migrations", mm.migrations),
             ("drain_migrations", mm.drain_migrations),
             ("migrations_refused", mm.refused),
-            ("migrations_fenced", mm.fenced),
             ("migrated_pages", mm.pages),
             ("migrated_bytes", mm.bytes),
             ("migrated_tokens", mm.tokens),

@@ -206,7 +206,6 @@ fn without_migrate_nothing_moves() {
         for key in [
             "migrations",
             "migrations_refused",
-            "migrations_fenced",
             "migrated_pages",
             "migrated_bytes",
             "turns_after_migration",

@@ -44,29 +44,32 @@ pub(crate) const LAYOUT_SIZES: [u32; 1] = [32];
 const _: () = assert!(std::mem::size_of::<skv_kv_layout>() as u32 == LAYOUT_SIZES[0]);
 
 /// What a move's source asks its destination after a lost or late notification: whether the
-/// import of (session_id, branch_id) at `epoch` committed here. `*out_state` receives
-/// SKV_FENCE_COMMITTED, SKV_FENCE_PENDING (its import ticket is still open) or SKV_FENCE_ABSENT
-/// (never committed; from now on an import of that epoch or lower is refused, so the source
-/// may serve the session again) (docs/transfer.md#when-the-notification-is-lost).
+/// move `unit` describes (the source's own unit, `len` bytes: its session, incarnation and
+/// epoch) committed here. `*out_state` receives SKV_FENCE_COMMITTED, SKV_FENCE_PENDING (its
+/// import ticket is still open) or SKV_FENCE_ABSENT (never committed; from now on an import of
+/// that epoch or lower is refused, so the source may serve the session again)
+/// (docs/transfer.md#when-the-notification-is-lost).
 ///
-/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE
+/// The caller must pass unit holding len bytes.
+///
+/// refuses: SKV_ERR_NULL_ARG, SKV_ERR_INVALID_ARG, SKV_ERR_STATE, SKV_ERR_UNSUPPORTED
 #[no_mangle]
 pub unsafe extern "C" fn skv_session_fence(
     c: *mut skv_cache,
-    session_id: u64,
-    branch_id: u64,
-    epoch: u32,
+    unit: *const u8,
+    len: usize,
     out_state: *mut i32,
 ) -> skv_status {
     export!(
         skv_session_fence,
         c,
-        |t| t.num("session_id", session_id).num("branch_id", branch_id).num("epoch", epoch),
-        // SAFETY: c and out_state are NULL or valid (the contract above); lock and out_mut
-        // refuse NULL.
+        |t| t.num("len", len as u64),
+        // SAFETY: c, unit (len bytes) and out_state are NULL or valid (the contract above);
+        // lock, slice and out_mut refuse NULL.
         || unsafe {
             let out = out_mut(out_state, "out_state")?;
-            *out = lock(c)?.fence(session_id, branch_id, epoch)? as i32;
+            let unit = slice(unit, len, "unit")?;
+            *out = lock(c)?.fence(unit)? as i32;
             Ok(())
         },
         |t| {

@@ -45,9 +45,15 @@ pub struct Cache {
     /// What the host tier's call in progress did to which sessions (for KV events; the call's
     /// export clears it first).
     pub moves: Vec<(u64, u64, Move)>,
-    /// What this handle knows of each moved session key's epochs (`transfer`): one entry per
-    /// key it ever exported with `SKV_EXPORT_MOVE`, imported from a move, or was asked about.
-    pub(crate) fences: std::collections::HashMap<(u64, u64), super::transfer::Fence>,
+    /// What this handle knows of each moved session's epochs (`transfer`), by key and
+    /// incarnation: one entry per session it ever exported with `SKV_EXPORT_MOVE`, imported
+    /// from a move, or was asked about.
+    pub(crate) fences: std::collections::HashMap<super::transfer::Incarnation, super::transfer::Fence>,
+    /// The incarnation of the slot on each row that has one: a slot that arrived by a move, or
+    /// one born here that a move exported (`transfer`). Empty until the first move.
+    pub(crate) origins: std::collections::HashMap<u32, u64>,
+    /// Draws the incarnations this handle's first moves of a session start.
+    pub(crate) origin_seed: super::transfer::Origins,
 }
 
 /// A session's KV changed place (`Cache::moves`).
@@ -86,6 +92,8 @@ impl Cache {
             engine_pins: Pins::default(),
             moves: Vec::new(),
             fences: std::collections::HashMap::new(),
+            origins: std::collections::HashMap::new(),
+            origin_seed: super::transfer::Origins::default(),
             tier: match cfg.tier.host_num_token_slots {
                 0 => None,
                 _ => Some(Box::new(Tier::new(cfg.tier, cfg.page_size, cfg.num_rows)?)),

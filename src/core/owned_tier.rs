@@ -48,6 +48,22 @@ impl OwnedPool {
         Ok(Undo { keep, passed, swa_taken: taken })
     }
 
+    /// Orders the pages past `keep` that `restore_pages` just mapped ascending (the full ids,
+    /// then the SWA ids among themselves), so that a transfer into them coalesces: a LIFO stack
+    /// hands a run a release freed back in descending order.
+    pub(crate) fn ascend_from(&mut self, row: u32, keep: usize) {
+        let r = self.rows[row as usize].in_use.as_mut().expect("row in use");
+        r.pages.edit(|v| v[keep..].sort_unstable());
+        if let Some(s) = self.swa.as_mut() {
+            let ids = &mut s.rows[row as usize].ids[keep..];
+            let mut taken: Vec<u32> = ids.iter().copied().filter(|&p| p != 0).collect();
+            taken.sort_unstable();
+            for (slot, p) in ids.iter_mut().filter(|p| **p != 0).zip(taken) {
+                *slot = p;
+            }
+        }
+    }
+
     /// Takes back what `restore_pages` mapped: both free stacks are as before it.
     pub(crate) fn undo_restore(&mut self, row: u32, undo: Undo) {
         let r = self.rows[row as usize].in_use.as_mut().expect("row in use");

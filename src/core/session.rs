@@ -439,6 +439,9 @@ impl Cache {
             t.drop_copy(row);
         }
         self.slots.remove(row);
+        if !self.origins.is_empty() {
+            self.origins.remove(&row);
+        }
         self.sync_idle(row);
     }
 

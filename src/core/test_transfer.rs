@@ -75,9 +75,9 @@ fn move_and_back(swa_pages: u64) {
     let d = *b.slots().find(1, 0).unwrap().1;
     assert_eq!((d.protected, d.lock_node, d.epoch), (0, 0, 1));
     check(&b);
-    assert_eq!(b.fence(1, 0, 1).unwrap(), Answer::Pending, "the import is open");
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Pending, "the import is open");
     b.ticket_done(ti, true).unwrap();
-    assert_eq!(b.fence(1, 0, 1).unwrap(), Answer::Committed, "the commit point");
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Committed, "the commit point");
     a.ticket_done(te, true).unwrap();
     assert!(a.slots().find(1, 0).is_none(), "success releases the source's session");
     let a_after = a.stats().unwrap();
@@ -87,7 +87,7 @@ fn move_and_back(swa_pages: u64) {
     // A duplicate of the unit (the notification lost after the commit) is fenced.
     let mut out2 = vec![0; out.len()];
     assert!(
-        matches!(b.import(&spec(1, &[]), &unit, &mut out2), Err(Error::State(m)) if m.contains("epoch 1 of session 1 branch 0 is fenced"))
+        matches!(b.import(&spec(1, &[]), &unit, &mut out2), Err(Error::State(m)) if m.contains("epoch 1 of session 1 branch 0 (origin"))
     );
     // Back: epoch 2; the stale epoch-1 unit is fenced at the first handle too.
     let mut r = Req::default();
@@ -131,7 +131,7 @@ fn a_failed_move_leaves_the_session_serving() {
     // The read failed: the destination releases once its transfer ended, and says so.
     b.ticket_done(ti, false).unwrap();
     assert!(b.slots().find(1, 0).is_none());
-    assert_eq!(b.fence(1, 0, 1).unwrap(), Answer::Absent);
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Absent);
     assert!(matches!(b.import(&spec(1, &[]), &unit, &mut out), Err(Error::State(m)) if m.contains("fenced")));
     a.ticket_done(te, false).unwrap();
     assert_eq!(a.stats().unwrap().free_pages, held.free_pages, "nothing freed at the source");
@@ -151,12 +151,18 @@ fn a_late_notification_is_answered_by_the_fence() {
     saved(&mut a, 1, 0, 13);
     let (unit, _te) = move_vec(&mut a, 1);
     // The unit never arrived: the destination fences the epoch, and a late arrival is refused.
-    assert_eq!(b.fence(1, 0, 1).unwrap(), Answer::Absent);
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Absent);
     let mut out = vec![0; 4];
     let before = b.stats().unwrap();
     assert!(matches!(b.import(&spec(1, &[]), &unit, &mut out), Err(Error::State(m)) if m.contains("fenced")));
     assert_eq!(b.stats().unwrap().free_pages, before.free_pages, "a refusal changes nothing");
-    assert!(matches!(b.fence(1, 0, 0), Err(Error::InvalidArg(m)) if m.contains("epoch 0")));
+    let (copy, _) = {
+        saved(&mut a, 2, 0, 13);
+        let mut buf = vec![0; a.export_len(2, 0, false).unwrap()];
+        let t = a.export(2, 0, false, &mut buf).unwrap().1;
+        (buf, t)
+    };
+    assert!(matches!(b.fence(&copy), Err(Error::InvalidArg(m)) if m.contains("a copy's unit")));
 }
 
 #[test]
@@ -166,7 +172,7 @@ fn a_destination_out_of_pages_refuses_and_changes_nothing() {
     let (unit, _) = move_vec(&mut a, 1);
     let mut out = vec![0; 8];
     assert!(matches!(b.import(&spec(1, &[]), &unit, &mut out), Err(Error::OutOfMemory(_))));
-    assert_eq!(b.fence(1, 0, 1).unwrap(), Answer::Absent, "nothing was recorded");
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Absent, "nothing was recorded");
 }
 
 #[test]
@@ -180,4 +186,38 @@ fn an_eviction_passes_over_a_moving_session() {
     assert!(a.slots().find(1, 0).is_some());
     a.ticket_done(te, true).unwrap();
     assert!(a.slots().find(1, 0).is_none());
+}
+
+/// A session that left a handle, ended there, and began afresh elsewhere is another
+/// incarnation: its first move is not mistaken for the old one's epoch 1, and the old
+/// incarnation's late duplicate is still fenced.
+#[test]
+fn a_new_incarnation_is_not_fenced_by_an_old_one() {
+    let (mut a, mut b, mut c) = (owned(4, 600, 0), owned(4, 600, 0), owned(4, 600, 0));
+    saved(&mut a, 1, 0, 13);
+    let (old, te) = move_vec(&mut a, 1);
+    let mut out = vec![0; 8];
+    let (_, ti) = b.import(&spec(1, &[]), &old, &mut out).unwrap();
+    b.ticket_done(ti, true).unwrap();
+    a.ticket_done(te, true).unwrap();
+    b.release_branch(1, 0).unwrap();
+    // Begun afresh on a third handle, and moved to the second: epoch 1 again, a new origin.
+    saved(&mut c, 1, 0, 21);
+    let (new, te2) = move_vec(&mut c, 1);
+    let dest = Destination { fingerprint: b.unit_fingerprint(), max_context_len: 4096 };
+    let (ho, hn) = (read_unit(&old, &dest).unwrap().header, read_unit(&new, &dest).unwrap().header);
+    assert_eq!((ho.epoch, hn.epoch), (1, 1));
+    assert_ne!(ho.origin, hn.origin, "another incarnation");
+    assert_eq!(b.fence(&new).unwrap(), Answer::Absent, "never committed here");
+    // The question fenced epoch 1 of the new incarnation: its retry goes as epoch 2.
+    c.ticket_done(te2, false).unwrap();
+    let (retry, _) = move_vec(&mut c, 1);
+    assert_eq!(read_unit(&retry, &dest).unwrap().header.epoch, 2);
+    let (_, ti2) = b.import(&spec(1, &[]), &retry, &mut out).unwrap();
+    b.ticket_done(ti2, true).unwrap();
+    assert_eq!(b.fence(&retry).unwrap(), Answer::Committed);
+    // The old incarnation's duplicate: still fenced, and its answer is its own.
+    b.release_branch(1, 0).unwrap();
+    assert!(matches!(b.import(&spec(1, &[]), &old, &mut out), Err(Error::State(m)) if m.contains("fenced")));
+    assert_eq!(b.fence(&old).unwrap(), Answer::Committed);
 }

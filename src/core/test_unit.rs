@@ -324,7 +324,7 @@ fn every_bad_unit_is_refused_and_changes_nothing() {
     };
     let le32 = |v: u32| v.to_ne_bytes().to_vec();
     let cases: Vec<(Vec<u8>, &str)> = vec![
-        (good[..95].to_vec(), "95 bytes"),
+        (good[..103].to_vec(), "103 bytes"),
         (good[..good.len() - 4].to_vec(), "total_len"),
         (set(at::MAGIC, b"SKVX"), "magic"),
         (set(at::BYTE_ORDER, &0x0102_0304u32.swap_bytes().to_ne_bytes()), "other byte order"),
@@ -335,6 +335,7 @@ fn every_bad_unit_is_refused_and_changes_nothing() {
         (set(at::POOLS, &le32(1)), "pools 1"),
         (set(at::SWA_WINDOW, &le32(4)), "swa_window 4"),
         (set(at::EPOCH, &le32(1)), "epoch 1"),
+        (set(at::ORIGIN, &7u64.to_ne_bytes()), "origin 0x7"),
         (set(at::KV_LAYOUT_ID, &(LAYOUT + 1).to_ne_bytes()), "kv_layout_id"),
         (set(at::COMMITTED, &le32(31)), "committed 31"),
         (set(at::ALLOCATED, &le32(5000)), "allocated 5000"),
@@ -347,7 +348,7 @@ fn every_bad_unit_is_refused_and_changes_nothing() {
         (set(at::N_FULL, &le32(7)), "total_len"),
         (set(at::N_SWA, &le32(0)), "total_len"),
         (set(at::TOTAL_LEN, &0u64.to_ne_bytes()), "total_len 0"),
-        (set(96, &le32(0)), "full[0] = 0"),
+        (set(104, &le32(0)), "full[0] = 0"),
         (set(good.len() - 4, &le32(u32::MAX)), "= -1"),
     ];
     let before = snapshot(&dst);
@@ -414,12 +415,12 @@ fn export_refusals_change_nothing() {
     let mut c = owned(4, 64, 0);
     saved(&mut c, 1, 0, 30);
     let need = c.export_len(1, 0, false).unwrap();
-    assert_eq!(need, 96 + 4 * 8);
+    assert_eq!(need, 104 + 4 * 8);
     let before = snapshot(&c);
     let mut buf = vec![0xAA; need - 1];
     let err = c.export(1, 0, false, &mut buf).unwrap_err();
     assert!(
-        matches!(&err, Error::Buffer(m) if m.contains(&format!("needs {need} bytes")) && m.contains("holds 127")),
+        matches!(&err, Error::Buffer(m) if m.contains(&format!("needs {need} bytes")) && m.contains("holds 135")),
         "{err}"
     );
     assert!(buf.iter().all(|&b| b == 0xAA), "the buffer is untouched");

@@ -5,9 +5,11 @@
 //! notification, or `skv_session_fence`): success releases the session there, failure lets it
 //! serve again. Until then both sides keep every page the transfer may touch.
 //!
-//! Each move carries an epoch, one more than any its session had on the source. A handle keeps
-//! one `Fence` per session key it moved: the highest epoch it wrote, imported or was asked to
-//! fence, and the highest it committed. The functions here are the lifecycle's decisions over a
+//! Each move carries an epoch, one more than any its session had on the source, and the
+//! session's incarnation (`origin`): a random id the first move of a session born on a handle
+//! draws, which every later move of it carries. A session released and begun afresh is another
+//! incarnation, whose epochs start again. A handle keeps one `Fence` per incarnation it moved:
+//! the highest epoch it wrote, imported or was asked to fence, and the highest it committed. The functions here are the lifecycle's decisions over a
 //! fence; `Cache` calls them (`unit_ops`, `tier_ops::ticket_done`, `Cache::fence`), and so does
 //! the model checker that explores every interleaving of the two sides, the transfer and the
 //! notification (`tests/transfer_model.rs`).
@@ -20,7 +22,33 @@ use std::ops::Range;
 use super::error::{bail, Result};
 use super::records::XferDesc as Desc;
 
-/// What a handle knows of one session key's moves.
+/// A session key and its incarnation: what a fence is kept for.
+pub type Incarnation = (u64, u64, u64);
+
+/// Draws incarnations: 64 random bits each, from a per-handle random key and a counter (the
+/// standard library's `RandomState`, seeded from the operating system).
+#[derive(Debug)]
+pub struct Origins {
+    state: std::collections::hash_map::RandomState,
+    drawn: u64,
+}
+
+impl Default for Origins {
+    fn default() -> Self {
+        Origins { state: std::collections::hash_map::RandomState::new(), drawn: 0 }
+    }
+}
+
+impl Origins {
+    /// The next incarnation: never 0 (a copy's unit carries 0).
+    pub fn draw(&mut self) -> u64 {
+        use std::hash::BuildHasher;
+        self.drawn += 1;
+        self.state.hash_one(self.drawn).max(1)
+    }
+}
+
+/// What a handle knows of one session incarnation's moves.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct Fence {
     /// The highest epoch this handle exported, imported, or was asked about: an import of this

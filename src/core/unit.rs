@@ -4,7 +4,7 @@
 //! recurrent-state handles it holds; the KV bytes themselves are the engine's to copy.
 //!
 //! Version 1, in the writer's byte order (a unit is refused, never swapped, on a machine of the
-//! other order): a 96-byte header, then `n_full` then `n_swa` i32 page ids.
+//! other order): a 104-byte header, then `n_full` then `n_swa` i32 page ids.
 //!
 //! ```text
 //!  0 u32 magic 0x55564B53                         4 u32 byte_order 0x01020304   8 u16 version
@@ -13,6 +13,7 @@
 //! 48 u64 branch_id      56 u32 committed          60 u32 allocated             64 u32 protected
 //! 68 u32 swa_cursor     72 u32 swa_floor          76 u32 aux_mask              80 u32 n_full
 //! 84 u32 n_swa          88 u64 total_len (bytes, header included)
+//! 96 u64 origin (a move's: the session's incarnation, `transfer`; 0 in a copy's)
 //! ```
 //!
 //! A later version appends to the header (`header_len` says where the ids start); a reader of
@@ -30,7 +31,7 @@ pub(crate) const UNIT_BYTE_ORDER: u32 = 0x0102_0304;
 /// The version this library writes and reads.
 pub(crate) const UNIT_VERSION: u16 = 1;
 /// Bytes before the page ids in version 1.
-pub(crate) const UNIT_HEADER_LEN: usize = 96;
+pub(crate) const UNIT_HEADER_LEN: usize = 104;
 /// `flags`: the ids are host-tier pages (the slot was parked), not device pages.
 pub(crate) const UNIT_FLAG_HOST_PAGES: u32 = 1;
 /// `flags`: the SWA side stays the engine's (external mode with SWA frees): the engine's rows
@@ -68,6 +69,7 @@ pub(crate) mod at {
     pub(crate) const N_FULL: usize = 80;
     pub(crate) const N_SWA: usize = 84;
     pub(crate) const TOTAL_LEN: usize = 88;
+    pub(crate) const ORIGIN: usize = 96;
 }
 
 /// What a unit must share with the cache that imports it.
@@ -98,6 +100,9 @@ pub struct UnitHeader {
     pub n_swa: u32,
     /// A move's epoch (`transfer`); 0 in a copy's unit.
     pub epoch: u32,
+    /// A move's session incarnation (`transfer`): a random id its first move drew, carried by
+    /// every later one; 0 in a copy's unit.
+    pub origin: u64,
 }
 
 impl UnitHeader {
@@ -106,7 +111,7 @@ impl UnitHeader {
         UNIT_HEADER_LEN + 4 * (self.n_full as usize + self.n_swa as usize)
     }
 
-    /// Writes the header into `buf[..96]` (the caller checked `buf` holds the unit).
+    /// Writes the header into `buf[..104]` (the caller checked `buf` holds the unit).
     pub(crate) fn write(&self, buf: &mut [u8]) {
         let f = &self.fingerprint;
         let b = &mut buf[..UNIT_HEADER_LEN];
@@ -131,6 +136,7 @@ impl UnitHeader {
         put32(b, at::N_FULL, self.n_full);
         put32(b, at::N_SWA, self.n_swa);
         put64(b, at::TOTAL_LEN, self.unit_len() as u64);
+        put64(b, at::ORIGIN, self.origin);
     }
 
     /// The SWA pages a slot of these lengths holds past its prefix, one flag a page: false
@@ -284,6 +290,7 @@ fn header(b: &[u8]) -> UnitHeader {
         n_full: get32(b, at::N_FULL),
         n_swa: get32(b, at::N_SWA),
         epoch: get32(b, at::EPOCH),
+        origin: get64(b, at::ORIGIN),
     }
 }
 
@@ -311,12 +318,13 @@ fn check_lengths(h: &UnitHeader, max_context_len: u32) -> Result<()> {
         bail!(InvalidArg, "unit flags {:#x} has bits this version does not define (known: {known:#x})", h.flags);
     }
     let moving = h.flags & UNIT_FLAG_MOVE != 0;
-    if moving != (h.epoch > 0) || moving && h.protected != 0 {
+    if moving != (h.epoch > 0) || moving != (h.origin != 0) || moving && h.protected != 0 {
         bail!(
             InvalidArg,
-            "unit epoch {} with flags {:#x} and protected {}: a move (flag {UNIT_FLAG_MOVE:#x}) has an epoch > 0 \
-             and protects nothing; a copy has epoch 0",
+            "unit epoch {} origin {:#x} with flags {:#x} and protected {}: a move (flag {UNIT_FLAG_MOVE:#x}) has an \
+             epoch and an origin, and protects nothing; a copy has neither",
             h.epoch,
+            h.origin,
             h.flags,
             h.protected
         );
@@ -418,6 +426,7 @@ mod tests {
             n_full: 6,
             n_swa: 4,
             epoch: 0,
+            origin: 0,
         };
         let mut b = vec![0xAA; h.unit_len()];
         h.write(&mut b);
@@ -436,7 +445,7 @@ mod tests {
     #[test]
     fn a_written_unit_reads_back() {
         let b = unit();
-        assert_eq!(b.len(), 96 + 40);
+        assert_eq!(b.len(), 104 + 40);
         assert_eq!(u32::from_le_bytes(*b"SKVU"), UNIT_MAGIC);
         #[cfg(target_endian = "little")]
         assert_eq!(&b[..4], b"SKVU", "the magic reads as text on a little-endian machine");
@@ -468,7 +477,7 @@ mod tests {
     fn a_longer_header_is_skipped() {
         let mut b = unit();
         b.splice(UNIT_HEADER_LEN..UNIT_HEADER_LEN, [0u8; 8]);
-        b[at::HEADER_LEN..at::HEADER_LEN + 2].copy_from_slice(&104u16.to_ne_bytes());
+        b[at::HEADER_LEN..at::HEADER_LEN + 2].copy_from_slice(&112u16.to_ne_bytes());
         let len = b.len() as u64;
         put64(&mut b, at::TOTAL_LEN, len);
         let u = read_unit(&b, &dest()).unwrap();
@@ -482,7 +491,7 @@ mod tests {
             put32(&mut b, at, v);
             refused(&b)
         };
-        assert!(refused(&unit()[..95]).contains("95 bytes"));
+        assert!(refused(&unit()[..103]).contains("103 bytes"));
         assert!(set32(at::MAGIC, 0x5556_4B54).contains("magic 0x55564b54"));
         assert!(set32(at::BYTE_ORDER, 0x04030201).contains("other byte order"));
         assert!(set32(at::BYTE_ORDER, 7).contains("byte_order 0x00000007"));
@@ -494,12 +503,12 @@ mod tests {
         let mut b = unit();
         b[at::HEADER_LEN..at::HEADER_LEN + 2].copy_from_slice(&95u16.to_ne_bytes());
         assert!(refused(&b).contains("header_len 95"));
-        assert!(refused(&unit()[..132]).contains("total_len 136: the unit is 132 bytes"));
+        assert!(refused(&unit()[..140]).contains("total_len 144: the unit is 140 bytes"));
         let mut b = unit();
         b.extend([0; 4]);
-        assert!(refused(&b).contains("the unit is 140 bytes"));
-        assert!(set32(at::TOTAL_LEN, 132).contains("total_len 132"));
-        assert!(set32(at::EPOCH, 1).contains("unit epoch 1 with flags 0x0"));
+        assert!(refused(&b).contains("the unit is 148 bytes"));
+        assert!(set32(at::TOTAL_LEN, 140).contains("total_len 140"));
+        assert!(set32(at::EPOCH, 1).contains("unit epoch 1 origin 0x0 with flags 0x0"));
         assert!(set32(at::PAGE_SIZE, 8).contains("page_size 8 != this cache's 4"));
         assert!(set32(at::POOLS, 1).contains("pools 1 != this cache's 3"));
         assert!(set32(at::SWA_WINDOW, 9).contains("swa_window 9 != this cache's 8"));
@@ -507,7 +516,7 @@ mod tests {
         put64(&mut b, at::KV_LAYOUT_ID, 78);
         assert!(refused(&b).contains("kv_layout_id 78 != this cache's 77"));
         assert!(set32(at::FLAGS, 8).contains("flags 0x8"));
-        assert!(set32(at::FLAGS, 4).contains("unit epoch 0 with flags 0x4"));
+        assert!(set32(at::FLAGS, 4).contains("unit epoch 0 origin 0x0 with flags 0x4"));
         assert!(set32(at::COMMITTED, 31).contains("committed 31 > allocated 30"));
         assert!(set32(at::ALLOCATED, 65).contains("allocated 65 > this cache's max_context_len 64"));
         assert!(set32(at::PROTECTED, 6).contains("protected 6"));
@@ -520,10 +529,10 @@ mod tests {
         assert!(set32(at::SWA_CURSOR, 20).contains("n_swa 4 != the 3 SWA pages"));
         assert!(set32(at::FLAGS, UNIT_FLAG_ENGINE_SWA).contains("n_swa 4 != the 0"));
         let mut b = unit();
-        put32(&mut b, 96 + 8, 0);
+        put32(&mut b, 104 + 8, 0);
         assert!(refused(&b).contains("full[2] = 0"));
         let mut b = unit();
-        put32(&mut b, 96 + 24 + 12, u32::MAX);
+        put32(&mut b, 104 + 24 + 12, u32::MAX);
         assert!(refused(&b).contains("swa[3] = -1"));
     }
 

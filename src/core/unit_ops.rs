@@ -72,7 +72,7 @@ impl Cache {
     /// the whole session under a new epoch; its release is refused while the ticket is open,
     /// and its completion releases the session (success) or lets it serve again (failure).
     pub fn export(&mut self, session: u64, branch: u64, moving: bool, buf: &mut [u8]) -> Result<(usize, u64)> {
-        let (row, s, h, source) = self.export_plan(session, branch, moving)?;
+        let (row, s, mut h, source) = self.export_plan(session, branch, moving)?;
         let len = h.unit_len();
         if buf.len() < len {
             bail!(
@@ -110,12 +110,18 @@ impl Cache {
                 read_engine_pages(&mut **p, row, from, s.allocated, ps, body)?
             }
         }
+        if moving && h.origin == 0 {
+            // The first move of a session born here: a new incarnation.
+            h.origin = self.origin_seed.draw();
+        }
         h.write(buf);
         let t = self.tickets.open(if moving { Kind::Move } else { Kind::Export }, vec![row]);
         self.pin(row, t);
         if moving {
-            let f = self.fences.get(&(session, branch)).copied().unwrap_or_default();
-            self.fences.insert((session, branch), transfer::exported(f, h.epoch));
+            let key = (session, branch, h.origin);
+            let f = self.fences.get(&key).copied().unwrap_or_default();
+            self.fences.insert(key, transfer::exported(f, h.epoch));
+            self.origins.insert(row, h.origin);
         }
         if source == Source::Host {
             // A release meanwhile drains the host pages to the ticket.
@@ -190,6 +196,7 @@ impl Cache {
             n_full: n_full as u32,
             n_swa: n_swa as u32,
             epoch: 0,
+            origin: 0,
         };
         Ok((row, s, h, source))
     }
@@ -206,7 +213,9 @@ impl Cache {
                 s.place
             );
         }
-        let f = self.fences.get(&(session, branch)).copied().unwrap_or_default();
+        // The session's incarnation: its own if it moved before (0: `export` draws one).
+        let origin = self.origins.get(&row).copied().unwrap_or(0);
+        let f = self.fences.get(&(session, branch, origin)).copied().unwrap_or_default();
         let Some(epoch) = transfer::next_epoch(f, s.epoch) else {
             bail!(State, "session {session} branch {branch} has used every move epoch");
         };
@@ -225,6 +234,7 @@ impl Cache {
             n_full: pages_for(s.allocated, ps),
             n_swa: 0,
             epoch,
+            origin,
         };
         match &self.pool {
             Backend::Owned(p) => {
@@ -277,7 +287,9 @@ impl Cache {
             Backend::Engine(_) => self.import_external(spec, &h),
         }?;
         if let Some(f) = fence {
-            self.fences.insert((spec.session, spec.branch), f);
+            self.fences.insert((spec.session, spec.branch, h.origin), f);
+            let row = self.slots.find(spec.session, spec.branch).expect("the import's slot").0;
+            self.origins.insert(row, h.origin);
         }
         Ok(out)
     }
@@ -288,17 +300,18 @@ impl Cache {
         if h.flags & UNIT_FLAG_MOVE == 0 {
             return Ok(None);
         }
-        let key = (spec.session, spec.branch);
+        let key = (spec.session, spec.branch, h.origin);
         let f = self.fences.get(&key).copied().unwrap_or_default();
         match transfer::admit(f, h.epoch) {
             Ok(f) => Ok(Some(f)),
             Err(seen) => bail!(
                 State,
-                "unit epoch {} of session {} branch {} is fenced: this handle has seen epoch {seen} (a duplicate or \
-                 late move; skv_session_fence tells whether it committed here)",
+                "unit epoch {} of session {} branch {} (origin {:#x}) is fenced: this handle has seen epoch {seen} \
+                 (a duplicate or late move; skv_session_fence tells whether it committed here)",
                 h.epoch,
                 key.0,
-                key.1
+                key.1,
+                key.2
             ),
         }
     }
@@ -354,6 +367,8 @@ impl Cache {
             pool.free_row(row);
             return Err(e);
         }
+        // Consecutive destinations, so that the copy's runs coalesce.
+        pool.ascend_from(row, pages_for(h.protected, ps) as usize);
         pool.row_mut(row).len = h.allocated;
         pool.set_cursor(row, h.swa_cursor);
         pool.mapped(row, h.protected, h.allocated);
@@ -440,26 +455,31 @@ impl Cache {
     pub(crate) fn import_done(&mut self, rows: &[u32], ok: bool) {
         for &row in rows {
             let s = self.slots.of_row(row).expect("an import's slot");
-            if s.epoch > 0 {
-                let key = (s.session, s.branch);
+            if let (true, Some(&origin)) = (s.epoch > 0, self.origins.get(&row)) {
+                let key = (s.session, s.branch, origin);
                 let f = self.fences.get(&key).copied().unwrap_or_default();
                 self.fences.insert(key, transfer::import_done(f, s.epoch, ok).1);
             }
         }
     }
 
-    /// `skv_session_fence`: whether a move of the key at `epoch` committed here; fences the
+    /// `skv_session_fence`: whether the move `unit` describes committed here; fences its
     /// epoch when it did not (`transfer::ask`).
-    pub fn fence(&mut self, session: u64, branch: u64, epoch: u32) -> Result<transfer::Answer> {
-        if epoch == 0 {
-            bail!(InvalidArg, "epoch 0: moves are numbered from 1 (a copy's unit has no epoch to ask about)");
+    pub fn fence(&mut self, unit: &[u8]) -> Result<transfer::Answer> {
+        let dest = Destination { fingerprint: self.unit_fingerprint(), max_context_len: self.cfg.max_context_len };
+        let h = read_unit(unit, &dest)?.header;
+        if h.flags & UNIT_FLAG_MOVE == 0 {
+            bail!(InvalidArg, "unit flags {:#x}: a copy's unit, not a move's (no epoch to ask about)", h.flags);
         }
-        let pending = self.slots.find(session, branch).is_some_and(|(row, s)| {
-            s.epoch == epoch && self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Import)
+        let key = (h.session, h.branch, h.origin);
+        let pending = self.slots.find(h.session, h.branch).is_some_and(|(row, s)| {
+            s.epoch == h.epoch
+                && self.origins.get(&row) == Some(&h.origin)
+                && self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Import)
         });
-        let f = self.fences.get(&(session, branch)).copied().unwrap_or_default();
-        let (answer, f) = transfer::ask(f, epoch, pending);
-        self.fences.insert((session, branch), f);
+        let f = self.fences.get(&key).copied().unwrap_or_default();
+        let (answer, f) = transfer::ask(f, h.epoch, pending);
+        self.fences.insert(key, f);
         Ok(answer)
     }
 

@@ -167,7 +167,7 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             46 => skv_cache_tier_stats(c, &mut ts),
             47 => skv_session_export(c, 0, 0, 0, null_mut(), 0, &mut n, ip2),
             48 => skv_session_import(c, &imp, u64s.as_ptr().cast(), 8, ip, 8, &mut n, ip2),
-            _ => skv_session_fence(c, 0, 0, 1, ip),
+            _ => skv_session_fence(c, u64s.as_ptr().cast(), 8, ip),
         }
     }
 }

@@ -14,7 +14,7 @@
 //! Until the move commits, the session waits (its turn is not routed); then its moved
 //! branch's next turn goes where its KV went, under every policy.
 
-use skv::skv_status::{SKV_ERR_OUT_OF_MEMORY, SKV_ERR_STATE};
+use skv::skv_status::SKV_ERR_OUT_OF_MEMORY;
 use skv::{skv_import, SKV_EXPORT_MOVE, SKV_FENCE_ABSENT, SKV_PLACE_NONE};
 
 use super::mamba::real;
@@ -38,10 +38,9 @@ pub struct MigrateMetrics {
     /// Moves committed, and of them those off a drained instance.
     pub migrations: u64,
     pub drain_migrations: u64,
-    /// Imports the destination refused for lack of room, and as fenced (an epoch it saw
-    /// before): an attempt each, after which the session stayed.
+    /// Imports the destination refused for lack of room: an attempt each, after which the
+    /// session stayed.
     pub refused: u64,
-    pub fenced: u64,
     /// What the committed moves carried: the units' pages (both pools, the whole session from
     /// position 0), their bytes (`pages x --page-size x --kv-bytes-per-token`), their committed
     /// tokens, and of those the ones past the shared prompt (what the destination would
@@ -91,12 +90,12 @@ pub(super) struct Move {
 }
 
 /// A move whose export is open and whose import is tried.
-#[derive(Clone, Copy)]
 struct Attempt {
     src: usize,
     dst: usize,
     export_ticket: u64,
-    epoch: u32,
+    /// The source's unit: what it asks the destination about (skv_session_fence).
+    unit: Vec<u8>,
     /// The destination's recurrent-state handles offered to the import.
     handles: [i64; 3],
 }
@@ -259,17 +258,13 @@ impl Engine<'_> {
             tokens: tokens.as_ptr(),
             n_tokens: tokens.len() as u64,
         };
-        let attempt = Attempt { src, dst, export_ticket, epoch, handles };
+        let attempt = Attempt { src, dst, export_ticket, unit: unit.clone(), handles };
         let import_ticket = match self.inst[dst].cache.session_import(&spec, &unit, n as usize) {
             Ok((pages, t)) if pages.len() == n as usize => t,
             Ok((pages, _)) => {
                 return Err(format!("skv_session_import({what}): {} page ids for a unit of {n}", pages.len()))
             }
-            Err(SKV_ERR_OUT_OF_MEMORY) => return self.refused(i, b, attempt, &what, false),
-            // Fenced: the destination saw this epoch of the key before. A slot created afresh
-            // starts again at epoch 0, so a session that left `dst` once and came back here by
-            // a new first turn (not a move) may carry an epoch `dst` committed then.
-            Err(SKV_ERR_STATE) => return self.refused(i, b, attempt, &what, true),
+            Err(SKV_ERR_OUT_OF_MEMORY) => return self.refused(i, b, attempt, &what),
             Err(s) => return Err(unexpected(&format!("skv_session_import({what})"), s)),
         };
         self.slots_created += 1;
@@ -315,31 +310,26 @@ impl Engine<'_> {
     }
 
     /// The destination refused the import: its handles go back to its pool; it never
-    /// committed the epoch (skv_session_fence says so and fences it there; not asked after a
-    /// fenced refusal, where it answers for the earlier move of that epoch), so the source's
+    /// committed the epoch (skv_session_fence says so and fences it there), so the source's
     /// ticket fails and the session serves there again.
-    fn refused(&mut self, i: usize, b: usize, a: Attempt, what: &str, fenced: bool) -> Result<bool, Fault> {
-        let Attempt { src, dst, export_ticket, epoch, handles } = a;
+    fn refused(&mut self, i: usize, b: usize, a: Attempt, what: &str) -> Result<bool, Fault> {
+        let Attempt { src, dst, export_ticket, unit, handles } = a;
+        let epoch = unit_u32(&unit, UNIT_EPOCH);
         let h = &self.inst[dst].cache.hooks.handles;
         if !real(handles).all(|x| h.engine_free(x)) {
             return Err(format!("skv_session_import({what}): refused, yet took its handles"));
         }
-        let (sid, bid) = (self.open[i].id, self.open[i].branches[b].id);
-        let state = match fenced {
-            true => SKV_FENCE_ABSENT,
-            false => self.inst[dst]
-                .cache
-                .session_fence(sid, bid, epoch)
-                .map_err(|s| unexpected(&format!("skv_session_fence({what}, epoch {epoch})"), s))?,
-        };
+        let state = self.inst[dst]
+            .cache
+            .session_fence(&unit)
+            .map_err(|s| unexpected(&format!("skv_session_fence({what}, epoch {epoch})"), s))?;
         if state != SKV_FENCE_ABSENT {
             return Err(format!("skv_session_fence({what}, epoch {epoch}): {state} after a refused import"));
         }
         let s = self.inst[src].cache.ticket_done(export_ticket, true);
         expect_ok(&format!("skv_ticket_done(export of {what}, failed)"), s)?;
         self.check_stayed(i, b, src, dst, what)?;
-        self.m.migrate.refused += !fenced as u64;
-        self.m.migrate.fenced += fenced as u64;
+        self.m.migrate.refused += 1;
         Ok(false)
     }
 

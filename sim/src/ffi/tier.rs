@@ -140,12 +140,12 @@ impl Cache {
 }
 
 impl Cache {
-    /// Whether the import of (`sid`, `bid`) at `epoch` committed here (SKV_FENCE_*); fences the
-    /// epoch when it did not.
-    pub fn session_fence(&mut self, sid: u64, bid: u64, epoch: u32) -> Result<i32, skv_status> {
+    /// Whether the move `unit` describes committed here (SKV_FENCE_*); fences its epoch when
+    /// it did not.
+    pub fn session_fence(&mut self, unit: &[u8]) -> Result<i32, skv_status> {
         let mut state = -1;
-        // SAFETY: a live handle; state is a reference.
-        let s = unsafe { skv::skv_session_fence(self.ptr, sid, bid, epoch, &mut state) };
+        // SAFETY: a live handle; unit holds its length; state is a reference.
+        let s = unsafe { skv::skv_session_fence(self.ptr, unit.as_ptr(), unit.len(), &mut state) };
         ok(s, state)
     }
 }

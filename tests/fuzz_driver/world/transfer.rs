@@ -51,19 +51,33 @@ impl World {
 
     fn transfer_fence(&mut self, s: usize) -> skv_status {
         let c = self.sides[s].c;
-        let (sid, b) = (self.session(), self.branch());
-        let epoch = self.rng.below(4) as u32;
+        let units = &self.sides[s].units;
+        let unit = match units.is_empty() {
+            true => Vec::new(),
+            false => units[self.rng.below(units.len() as u64) as usize].clone(),
+        };
+        // A unit's flags (offset 12), bit 2: a move's.
+        let moving = unit.len() >= 16 && u32::from_ne_bytes(unit[12..16].try_into().unwrap()) & 4 != 0;
         let mut state = -1i32;
         let null_out = self.rng.chance(100);
         let out: *mut i32 = if null_out { null_mut() } else { &mut state };
-        let want = match (null_out, epoch) {
-            (true, _) => Expect::Is(SKV_ERR_NULL_ARG),
-            (false, 0) => Expect::Is(SKV_ERR_INVALID_ARG),
-            _ => Expect::Is(SKV_OK),
+        // A later version's unit (offset 8): a question this library cannot answer.
+        let later = !unit.is_empty() && self.rng.chance(100);
+        let mut unit = unit;
+        if later {
+            unit[8] = 2;
+        }
+        let want = match (null_out, unit.is_empty(), moving) {
+            (true, ..) => Expect::Is(SKV_ERR_NULL_ARG),
+            _ if later => Expect::Is(SKV_ERR_UNSUPPORTED),
+            (false, true, _) => Expect::Is(SKV_ERR_INVALID_ARG),
+            (false, false, false) => Expect::Is(SKV_ERR_INVALID_ARG),
+            (false, false, true) => Expect::Is(SKV_OK),
         };
-        // SAFETY: the side's live handle; out NULL or a local.
-        let st = self.call(s, format!("skv_session_fence(s {sid} b {b}, epoch {epoch})"), null(), want, || unsafe {
-            skv_session_fence(c, sid, b, epoch, out)
+        let (up, len) = (if unit.is_empty() { null() } else { unit.as_ptr() }, unit.len());
+        // SAFETY: the side's live handle; up NULL (len 0) or len bytes; out NULL or a local.
+        let st = self.call(s, format!("skv_session_fence(unit {len} bytes, move {moving})"), null(), want, || unsafe {
+            skv_session_fence(c, up, len, out)
         });
         if st == SKV_OK && !(SKV_FENCE_ABSENT..=SKV_FENCE_COMMITTED).contains(&state) {
             self.fail(&format!("skv_session_fence answered {state}"));
