@@ -4,27 +4,9 @@
 //! routing does; a drained instance must end up holding nothing and receiving nothing; with
 //! the host tier, the router's device view must leave parked sessions out.
 
-use std::process::{Command, Output};
+mod common;
 
-fn sim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_skv-sim")).args(args).output().expect("skv-sim runs")
-}
-
-/// The value of `"key":` in one line of skv-sim's flat JSON.
-fn field<'a>(json: &'a str, key: &str) -> &'a str {
-    let pat = format!("\"{key}\":");
-    let at = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
-    let rest = &json[at..];
-    &rest[..rest.find([',', '}']).unwrap_or(rest.len())]
-}
-
-fn num(json: &str, key: &str) -> u64 {
-    field(json, key).parse().unwrap_or_else(|_| panic!("{key} is not a count in {json}"))
-}
-
-fn real(json: &str, key: &str) -> f64 {
-    field(json, key).parse().unwrap_or_else(|_| panic!("{key} is not a number in {json}"))
-}
+use common::{field, num, real, sim};
 
 /// Four instances, memory tight enough to evict, turns long enough to span pages.
 const FLEET: &[&str] = &[

@@ -4,23 +4,9 @@
 //! recomputed than by the same workload without it, and the run must end clean (no ticket
 //! open, every page back, audits clean).
 
-use std::process::{Command, Output};
+mod common;
 
-fn sim(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_skv-sim")).args(args).output().expect("skv-sim runs")
-}
-
-/// The value of `"key":` in skv-sim's flat JSON summary.
-fn field<'a>(json: &'a str, key: &str) -> &'a str {
-    let pat = format!("\"{key}\":");
-    let at = json.find(&pat).unwrap_or_else(|| panic!("no {key} in {json}")) + pat.len();
-    let rest = &json[at..];
-    &rest[..rest.find([',', '}']).unwrap_or(rest.len())]
-}
-
-fn num(json: &str, key: &str) -> u64 {
-    field(json, key).parse().unwrap_or_else(|_| panic!("{key} is not a count in {json}"))
-}
+use common::{field, num, sim};
 
 /// A pool of 64 pages for 12 open sessions of up to 31 pages: idle sessions must leave it.
 const PRESSURE: &[&str] = &[

@@ -37,14 +37,7 @@ impl World {
             skv_session_export(c, sid, b, SKV_EXPORT_MOVE, bp, len, &mut len, &mut t)
         });
         if st == SKV_OK {
-            self.note_ticket(s, t);
-            buf.truncate(len);
-            let units = &mut self.sides[s].units;
-            units.push(buf);
-            if units.len() > 4 {
-                units.remove(0);
-            }
-            *self.cover.entry("session move-exported").or_default() += 1;
+            self.keep_unit(s, t, buf, len, "session move-exported");
         }
         st
     }

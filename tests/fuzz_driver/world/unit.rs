@@ -72,16 +72,22 @@ impl World {
         // NULL, misaligned on purpose or locals.
         let st = self.call(s, desc, null(), want, || unsafe { skv_session_export(c, sid, b, flags, bp, cap, lp, tp) });
         if st == SKV_OK {
-            self.note_ticket(s, t);
-            buf.truncate(len);
-            let units = &mut self.sides[s].units;
-            units.push(buf);
-            if units.len() > 4 {
-                units.remove(0);
-            }
-            *self.cover.entry("session exported").or_default() += 1;
+            self.keep_unit(s, t, buf, len, "session exported");
         }
         st
+    }
+
+    /// An export's ticket joins those the fuzzer completes; its unit (`len` bytes of `buf`)
+    /// joins the side's last four, which its imports and questions use.
+    pub(super) fn keep_unit(&mut self, s: usize, t: u64, mut buf: Vec<u8>, len: usize, what: &'static str) {
+        self.note_ticket(s, t);
+        buf.truncate(len);
+        let units = &mut self.sides[s].units;
+        units.push(buf);
+        if units.len() > 4 {
+            units.remove(0);
+        }
+        *self.cover.entry(what).or_default() += 1;
     }
 
     fn unit_import(&mut self, s: usize) -> skv_status {
