@@ -1701,7 +1701,7 @@ fn a_moved_session_is_stored_at_the_destination_before_the_source_removes_it() {
     let full = (a.usage(1, 0).committed_tokens / a.ps as u64) as u32;
     assert!(full > 0);
     let salt = salt_of(1);
-    let mut seen = |a: &mut Engine, b: &mut Engine, when: &str| {
+    let seen = |a: &mut Engine, b: &mut Engine, when: &str| {
         a.pump();
         b.pump();
         let (sa, sb) = (a.router.score(&seq, &salt), b.router.score(&seq, &salt));
