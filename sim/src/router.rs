@@ -10,6 +10,12 @@ use dynamo_kv_router::RadixTree;
 /// The worker id the instances publish under (their ranks tell them apart).
 const WORKER: u64 = 1;
 
+/// The salt libskv gives a session's blocks when the engine names none
+/// (`skv_events_session`'s default): what a request for the session is hashed with.
+pub fn salt(sid: u64) -> String {
+    format!("skv-session:{sid}")
+}
+
 /// Dynamo's view of the fleet: its event normalizer and radix tree, and what it was fed.
 pub struct Router {
     normalizer: ZmqEventNormalizer,

@@ -422,7 +422,7 @@ impl Engine<'_> {
         let conv = self.conversation(i, b, kv_len);
         let sid = self.open[i].id;
         let f = self.fleet.as_ref().expect("a multi-instance run");
-        let got = f.router.overlaps(&conv, &super::multi::salt(sid), self.inst.len())[dst];
+        let got = f.router.overlaps(&conv, &crate::router::salt(sid), self.inst.len())[dst];
         if got < kv_len / ps {
             return Err(format!(
                 "the router sees {got} of the {} pages of session {sid} branch {b} on instance {dst}, where it moves",

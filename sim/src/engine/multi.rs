@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use super::{expect_ok, turn_rng, unexpected, Engine, Fault, Pending};
 use crate::cli::Policy;
-use crate::router::{cost, Load, Router};
+use crate::router::{cost, salt, Load, Router};
 use crate::workload::{Rng, TurnPlan};
 
 /// The router's figures of a run.
@@ -95,10 +95,6 @@ impl Fleet {
             moves: Default::default(),
         })
     }
-}
-
-pub(super) fn salt(sid: u64) -> String {
-    format!("skv-session:{sid}")
 }
 
 impl Engine<'_> {
