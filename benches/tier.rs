@@ -9,7 +9,7 @@
 //!   host pages taken, the copy asked for, the row pinned.
 //! - `park`: `skv_ticket_done` of that write-back: the host copy is clean and the session
 //!   parks, its 256 device pages freed.
-//! - `export`: `skv_session_export` of a session on the device: its 1,120-byte unit written,
+//! - `export`: `skv_session_export` of a session on the device: its 1,128-byte unit written,
 //!   its row pinned under a new ticket.
 //! - `import`: `skv_session_import` of that unit into a second handle: a row and 256 pages
 //!   taken, their ids written out, the slot recorded under a new ticket.
@@ -49,8 +49,8 @@ extern "C" fn copy_pages(
     0
 }
 
-/// A 4,096-token session's unit: the 96-byte header and 256 page ids.
-const UNIT_BYTES: usize = 96 + 4 * PAGES as usize;
+/// A 4,096-token session's unit: the 104-byte header and 256 page ids.
+const UNIT_BYTES: usize = 104 + 4 * PAGES as usize;
 
 /// Room for `n` sessions on the device and in the host tier.
 fn config(n: usize) -> skv_cache_config {

@@ -53,11 +53,11 @@ impl OwnedPool {
     /// hands a run a release freed back in descending order.
     pub(crate) fn ascend_from(&mut self, row: u32, keep: usize) {
         let r = self.rows[row as usize].in_use.as_mut().expect("row in use");
-        r.pages.edit(|v| v[keep..].sort_unstable());
+        r.pages.edit(|v| ascend(&mut v[keep..]));
         if let Some(s) = self.swa.as_mut() {
             let ids = &mut s.rows[row as usize].ids[keep..];
             let mut taken: Vec<u32> = ids.iter().copied().filter(|&p| p != 0).collect();
-            taken.sort_unstable();
+            ascend(&mut taken);
             for (slot, p) in ids.iter_mut().filter(|p| **p != 0).zip(taken) {
                 *slot = p;
             }
@@ -149,5 +149,16 @@ impl OwnedPool {
         if let Some(s) = self.swa.as_mut() {
             s.alloc.free_dropped(&d.swa);
         }
+    }
+}
+
+/// Sorts `ids` ascending; a run the LIFO stack handed back (descending) is only reversed.
+fn ascend(ids: &mut [u32]) {
+    if ids.is_sorted() {
+        return;
+    }
+    match ids.is_sorted_by(|a, b| a >= b) {
+        true => ids.reverse(),
+        false => ids.sort_unstable(),
     }
 }
