@@ -106,10 +106,22 @@ pub unsafe extern "C" fn skv_transfer_descs(
         // SAFETY: every pointer is NULL or valid for the counts the contract above names; the
         // helpers refuse NULL and misalignment.
         || unsafe {
-            disjoint(&[Span::of(out, out_cap, "out"), Span::of(out_len, 1, "out_len")])?;
+            let (l, r) = (layout(local, "local")?, layout(remote, "remote")?);
+            // The outputs share no byte with each other or with any input (the inputs may
+            // share: both sides may name the same ids).
+            let outs = [Span::of(out, out_cap, "out"), Span::of(out_len, 1, "out_len")];
+            disjoint(&outs)?;
+            for input in [
+                Span::of(local_pages, n_pages, "local_pages"),
+                Span::of(remote_pages, n_pages, "remote_pages"),
+                Span::of(l.0.as_ptr(), l.0.len(), "local->region_base"),
+                Span::of(r.0.as_ptr(), r.0.len(), "remote->region_base"),
+            ] {
+                disjoint(&[outs[0], input])?;
+                disjoint(&[outs[1], input])?;
+            }
             let out_len = out_mut(out_len, "out_len")?;
             let (lp, rp) = (slice(local_pages, n_pages, "local_pages")?, slice(remote_pages, n_pages, "remote_pages")?);
-            let (l, r) = (layout(local, "local")?, layout(remote, "remote")?);
             let out = slice_mut(out, out_cap, "out")?;
             let (l, r) = (Layout { region_base: l.0, ..l.1 }, Layout { region_base: r.0, ..r.1 });
             let n = descs_len(&l, lp, &r, rp)?;

@@ -198,13 +198,26 @@ pub fn descs_len(local: &Layout, local_ids: &[i32], remote: &Layout, remote_ids:
         if let Some((i, &p)) = ids.iter().enumerate().find(|(_, &p)| p <= 0) {
             bail!(InvalidArg, "{side}_pages[{i}] = {p}: page ids are > 0 (page 0 is padding)");
         }
-        let end = ids.iter().map(|&p| p as u64).max().unwrap_or(0) * l.page_stride + l.page_bytes;
+        // The end of the highest page past any base, computed without wrapping: a wrapped
+        // address would be a plausible one.
+        let top = ids.iter().map(|&p| p as u64).max().unwrap_or(0);
+        let Some(end) = top.checked_mul(l.page_stride).and_then(|o| o.checked_add(l.page_bytes)) else {
+            bail!(
+                InvalidArg,
+                "{side} page {top} at page_stride {} with page_bytes {} ends past the address space",
+                l.page_stride,
+                l.page_bytes
+            );
+        };
         if let Some((r, b)) = l.region_base.iter().enumerate().find(|(_, &b)| b.checked_add(end).is_none()) {
             bail!(InvalidArg, "{side} region_base[{r}] = {b:#x}: its last page runs past the address space");
         }
     }
     let merge = local.page_bytes == local.page_stride && remote.page_bytes == remote.page_stride;
-    Ok(local.region_base.len() * runs(local_ids, remote_ids, merge).count())
+    match local.region_base.len().checked_mul(runs(local_ids, remote_ids, merge).count()) {
+        Some(n) => Ok(n),
+        None => bail!(InvalidArg, "n_regions {} times the page runs overflows a count", local.region_base.len()),
+    }
 }
 
 /// The descriptors moving `remote_ids`' pages into `local_ids`' (pairwise), region by region
