@@ -42,6 +42,8 @@ mod swa_alloc;
 #[cfg(test)]
 mod test_caches;
 #[cfg(test)]
+mod test_move;
+#[cfg(test)]
 mod test_transfer;
 #[cfg(test)]
 mod test_unit;

@@ -1,0 +1,431 @@
+//! Adversarial tests of a move between handles (docs/transfer.md): every refused call changes
+//! nothing (fences included), no page is freed twice or leaked whatever order the tickets
+//! complete in, both modes, a sliding window at every cursor, recurrent-state handles, the
+//! host tier around a move, and epochs over a session that goes back and forth.
+
+use std::sync::{Arc, Mutex};
+
+use super::test_unit::{external, owned, saved, spec, External, LAYOUT};
+use super::transfer::Answer;
+use super::unit::{read_unit, Destination, UnitHeader};
+use super::*;
+
+/// Everything a refused call must leave as it was: stats, slots, tickets, fences, incarnations
+/// and the host tier.
+fn snap(c: &Cache) -> String {
+    let mut slots: Vec<_> = c.slots().iter().map(|(r, s)| (r, *s)).collect();
+    slots.sort_by_key(|s| s.0);
+    let mut fences: Vec<_> = c.fences.iter().map(|(k, f)| (*k, *f)).collect();
+    fences.sort_unstable_by_key(|f| f.0);
+    let mut origins: Vec<_> = c.origins.iter().map(|(r, o)| (*r, *o)).collect();
+    origins.sort_unstable();
+    let tier = c.tier.as_deref().map(|_| c.tier_stats());
+    format!("{:?} {slots:?} {} {fences:?} {origins:?} {tier:?}", c.stats().unwrap(), c.tickets.next())
+}
+
+fn clean(c: &Cache) {
+    let rep = c.check().unwrap();
+    assert_eq!(rep.violations, 0, "{}", rep.first_violation_text());
+}
+
+fn header(c: &Cache, unit: &[u8]) -> UnitHeader {
+    read_unit(unit, &Destination { fingerprint: c.unit_fingerprint(), max_context_len: 4096 }).unwrap().header
+}
+
+fn move_out(c: &mut Cache, session: u64) -> (Vec<u8>, u64) {
+    let mut buf = vec![0; c.export_len(session, 0, true).unwrap()];
+    let (n, t) = c.export(session, 0, true, &mut buf).unwrap();
+    assert_eq!(n, buf.len());
+    (buf, t)
+}
+
+/// Imports a move's unit with no recurrent state: the ids written and the ticket.
+fn move_in(c: &mut Cache, session: u64, unit: &[u8]) -> (Vec<i32>, u64) {
+    let mut out = vec![0; 4096];
+    let (n, t) = c.import(&spec(session, &[]), unit, &mut out).unwrap();
+    out.truncate(n);
+    (out, t)
+}
+
+/// The engine's callbacks, logged: lock releases, recurrent-state frees and copies.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+impl EngineHooks for Log {
+    fn dec_lock_ref(&mut self, node: u64, receipt: u64) -> std::result::Result<(), i32> {
+        self.0.lock().unwrap().push(format!("lock {node} {receipt}"));
+        Ok(())
+    }
+    fn free_aux(&mut self, aux: i64) -> std::result::Result<(), i32> {
+        self.0.lock().unwrap().push(format!("aux {aux}"));
+        Ok(())
+    }
+    fn can_copy(&self) -> bool {
+        true
+    }
+    fn copy_pages(&mut self, t: u64, d: u32, src: &[i32], _: &[i32], _: usize, _: usize) -> std::result::Result<(), i32> {
+        self.0.lock().unwrap().push(format!("copy {t} {d} {}", src.len()));
+        Ok(())
+    }
+}
+
+/// An owned cache of 4-token pages with a host tier (`host_pages`, 0: none) and the logging
+/// hooks.
+fn tiered(swa_pages: u64, host_pages: u64) -> (Cache, Log) {
+    let cfg = *owned(4, 600, swa_pages).config();
+    let tier = match host_pages {
+        0 => cfg.tier,
+        _ => TierConfig {
+            host_num_token_slots: host_pages * 4,
+            host_swa_num_token_slots: if swa_pages > 0 { host_pages * 4 } else { 0 },
+            idle_steps: 1,
+            pages_per_step: 1000,
+            ..cfg.tier
+        },
+    };
+    let mut c = Cache::new_owned(Config { tier, ..cfg }).unwrap();
+    let log = Log::default();
+    c.set_hooks(Some(Box::new(log.clone()))).unwrap();
+    (c, log)
+}
+
+/// Every refusal around a move changes nothing on either handle: a move export of a parked,
+/// running, already exported or missing session or into a short buffer; a match, release,
+/// park or abort of a moving session; an import of a duplicate, of a unit whose key has a slot,
+/// of one with the wrong handles; and skv_session_fence of bad units.
+#[test]
+fn every_refusal_around_a_move_changes_nothing() {
+    let (mut a, _) = tiered(0, 400);
+    let (mut b, _) = tiered(0, 400);
+    saved(&mut a, 1, 8, 30);
+    saved(&mut a, 2, 0, 13);
+    let wb = a.park(2, 0).unwrap();
+    a.ticket_done(wb, true).unwrap();
+    assert_eq!(a.slots().find(2, 0).unwrap().1.place, Place::Parked);
+    let before = snap(&a);
+    let mut buf = vec![0xAA; 4096];
+    let err = a.export(2, 0, true, &mut buf).unwrap_err();
+    assert!(matches!(&err, Error::State(m) if m.contains("not on the device")), "{err}");
+    assert!(matches!(a.export(3, 0, true, &mut buf), Err(Error::NotFound(_))));
+    let need = a.export_len(1, 0, true).unwrap();
+    assert!(matches!(a.export(1, 0, true, &mut buf[..need - 1]), Err(Error::Buffer(_))));
+    let mut r = Req::default();
+    a.match_prefix(1, 0, &mut r, 30, false).unwrap();
+    assert!(matches!(a.export(1, 0, true, &mut buf), Err(Error::State(m)) if m.contains("in flight")));
+    a.hand_back(1, 0, &mut r).unwrap();
+    assert!(buf.iter().all(|&x| x == 0xAA), "no refusal wrote the buffer");
+    assert_eq!(snap(&a), before, "no epoch or incarnation drawn by a refusal");
+
+    let (unit, te) = move_out(&mut a, 1);
+    let during = snap(&a);
+    let refusals: Vec<(&str, Result<()>)> = vec![
+        ("release_branch", a.release_branch(1, 0)),
+        ("release_session", a.release_session(1)),
+        ("match_prefix", a.match_prefix(1, 0, &mut Req::default(), 30, false).map(|_| ())),
+        ("match_prefix_tier", a.match_prefix_tier(1, 0, &mut Req::default(), 30, false).map(|_| ())),
+        ("park", a.park(1, 0).map(|_| ())),
+        ("export", a.export(1, 0, false, &mut buf).map(|_| ())),
+        ("export move", a.export(1, 0, true, &mut buf).map(|_| ())),
+    ];
+    for (name, got) in refusals {
+        assert!(matches!(got, Err(Error::State(_))), "{name}: {got:?}");
+        assert_eq!(snap(&a), during, "{name}");
+    }
+    // An eviction passes over the moving session.
+    assert_eq!(a.tier_evict(1000, true).unwrap().released, 0);
+    assert_eq!(snap(&a), during, "nothing else on the device to evict");
+    clean(&a);
+
+    // The destination: a slot under the key, a wrong handle, then a real import and its
+    // duplicate; a fence of bad bytes.
+    saved(&mut b, 1, 0, 5);
+    let b0 = snap(&b);
+    let mut out = vec![-1; 64];
+    assert!(matches!(b.import(&spec(1, &[]), &unit, &mut out), Err(Error::State(m)) if m.contains("already has")));
+    assert_eq!(snap(&b), b0, "the refused import recorded no fence");
+    b.release_branch(1, 0).unwrap();
+    let b0 = snap(&b);
+    let bad = ImportSpec { aux_state: 4, ..spec(1, &[]) };
+    assert!(matches!(b.import(&bad, &unit, &mut out), Err(Error::InvalidArg(m)) if m.contains("aux_state 4")));
+    assert!(matches!(b.import(&spec(1, &[]), &unit, &mut out[..3]), Err(Error::InvalidArg(_))));
+    let mut garbage = unit.clone();
+    garbage[0] ^= 1;
+    let mut other = unit.clone();
+    other[32] ^= 1; // kv_layout_id
+    let mut copy = unit.clone();
+    copy[12] = 0; // flags: a copy's, with an epoch
+    for u in [&garbage, &other, &copy, &unit[..50].to_vec()] {
+        assert!(b.import(&spec(1, &[]), u, &mut out).is_err());
+        assert!(b.fence(u).is_err());
+        assert_eq!(snap(&b), b0);
+    }
+    assert!(out.iter().all(|&x| x == -1), "no refusal wrote out_pages");
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    let b1 = snap(&b);
+    assert!(matches!(b.import(&spec(1, &[]), &unit, &mut out), Err(Error::State(_))));
+    assert_eq!(snap(&b), b1, "a duplicate reserves nothing");
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Pending);
+    b.ticket_done(ti, true).unwrap();
+    a.ticket_done(te, true).unwrap();
+    clean(&a);
+    clean(&b);
+}
+
+/// A finished first turn of `len` tokens as session `id`, its first `prefix` mapped from the
+/// tree under lock (77, 78), a window step of `window` tokens (0: none) and the recurrent
+/// handles `aux`.
+fn session(c: &mut Cache, id: u64, prefix: u32, len: u32, window: u32, aux: [i64; 3]) {
+    let mut r = Req::default();
+    c.alloc_row(&mut r).unwrap();
+    if prefix > 0 {
+        let mut idx = vec![0; prefix as usize];
+        c.pool_alloc(&mut idx).unwrap();
+        c.map_prefix(&mut r, &idx).unwrap();
+        (r.lock_node, r.lock_receipt) = (77, 78);
+    }
+    if len > prefix {
+        c.alloc_extend(&mut r, len - prefix, None).unwrap();
+        c.commit(&mut r, len - prefix).unwrap();
+    }
+    if window > 0 {
+        let w = Window { size: window, eviction_interval: 0, prefix_sharing: false, retain_floor: None };
+        c.swa_evict(&mut r, len, &w).unwrap();
+    }
+    (r.aux_state, r.aux_track) = (aux[0], [aux[1], aux[2]]);
+    (r.origin_input_len, r.output_len) = (len, 0);
+    c.cache_finished_req(id, 0, &mut r, false).unwrap();
+}
+
+/// The order the two tickets complete in, and whether the read succeeded.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Order {
+    /// The destination commits, then the source releases (the lifecycle).
+    CommitThenRelease,
+    /// The source's ticket first (an engine acting before the commit): no page is freed twice.
+    ReleaseThenCommit,
+    /// The read failed: the destination, then the source.
+    FailDestinationFirst,
+    /// The read failed: the source gives up first.
+    FailSourceFirst,
+}
+
+/// The pages a row maps over `[0, allocated)`, one id a page (`swa`: the SWA pool's, 0 where
+/// none).
+fn page_ids(c: &Cache, session: u64, swa: bool) -> Vec<i32> {
+    let (row, s) = c.slots().find(session, 0).unwrap();
+    let ps = c.config().page_size;
+    let mut out = vec![0; s.allocated as usize];
+    c.row_indices(row, 0, s.allocated, swa, &mut out).unwrap();
+    out.iter().step_by(ps as usize).map(|&t| t / ps as i32).collect()
+}
+
+/// Moves session 1 of the given shape from one owned handle to another, completing the
+/// tickets in `order` (a failure is then retried), and checks at every step: the audit, the
+/// pages each side holds, that every page travels to its position, which callbacks ran (each
+/// lock and handle released once, at the right side), and, after the destination serves and
+/// releases the session, that it holds nothing.
+fn owned_move(swa: bool, prefix: u32, len: u32, window: u32, aux: [i64; 3], order: Order) {
+    let what = format!("swa {swa} prefix {prefix} len {len} window {window} aux {aux:?} {order:?}");
+    let swa_pages = if swa { 600 } else { 0 };
+    let (mut a, la) = tiered(swa_pages, 0);
+    let (mut b, lb) = tiered(swa_pages, 0);
+    let (a0, b0) = (a.stats().unwrap(), b.stats().unwrap());
+    session(&mut a, 1, prefix, len, window, aux);
+    let held = (a.stats().unwrap(), a.slots().find(1, 0).map(|(_, s)| *s).unwrap());
+    let (full_a, swa_a) = (page_ids(&a, 1, false), if swa { page_ids(&a, 1, true) } else { Vec::new() });
+    let mut attempts = vec![order];
+    if matches!(order, Order::FailDestinationFirst | Order::FailSourceFirst) {
+        attempts.push(Order::CommitThenRelease);
+    }
+    for (k, &o) in attempts.iter().enumerate() {
+        let (unit, te) = move_out(&mut a, 1);
+        let h = header(&b, &unit);
+        assert_eq!(h.epoch, k as u32 + 1, "{what}: a retry takes the next epoch");
+        assert_eq!((h.protected, h.committed, h.allocated), (0, len, len), "{what}");
+        assert_eq!(a.stats().unwrap(), held.0, "{what}: the export frees nothing");
+        clean(&a);
+        let dst_aux = aux.map(|x| if x == -1 { -1 } else { x + 100 });
+        let sp = ImportSpec { aux_state: dst_aux[0], aux_track: [dst_aux[1], dst_aux[2]], ..spec(1, &[]) };
+        let mut out = vec![0; 4096];
+        let (n, ti) = b.import(&sp, &unit, &mut out).unwrap();
+        out.truncate(n);
+        clean(&b);
+        let bi = b.stats().unwrap();
+        assert_eq!(b0.free_pages - bi.free_pages, h.n_full as u64, "{what}: the prefix arrives as own pages");
+        assert_eq!(b0.swa_free_pages - bi.swa_free_pages, h.n_swa as u64, "{what}");
+        // Every page lands at its position: the unit names the source's, out the destination's.
+        let (full_b, swa_b) = (page_ids(&b, 1, false), if swa { page_ids(&b, 1, true) } else { Vec::new() });
+        let u = read_unit(&unit, &Destination { fingerprint: b.unit_fingerprint(), max_context_len: 4096 }).unwrap();
+        assert_eq!(u.full().collect::<Vec<_>>(), full_a, "{what}: the whole session from page 0");
+        assert_eq!(&out[..h.n_full as usize], full_b, "{what}");
+        if swa {
+            let live: Vec<usize> = (0..full_b.len()).filter(|&p| swa_b[p] != 0).collect();
+            assert_eq!(live.len(), h.n_swa as usize, "{what}");
+            let want: Vec<i32> = live.iter().map(|&p| swa_a[p]).collect();
+            assert_eq!(u.swa().collect::<Vec<_>>(), want, "{what}: the source's SWA pages of those positions");
+            assert!(want.iter().all(|&p| p > 0), "{what}: the source holds each one it sends");
+            let got: Vec<i32> = live.iter().map(|&p| swa_b[p]).collect();
+            assert_eq!(&out[h.n_full as usize..], got, "{what}");
+            let ps = 4;
+            assert!(live.iter().all(|&p| (p as u32 + 1) * ps > h.swa_cursor), "{what}: only the window travels");
+        }
+        la.take();
+        match o {
+            Order::CommitThenRelease => {
+                b.ticket_done(ti, true).unwrap();
+                clean(&b);
+                a.ticket_done(te, true).unwrap();
+            }
+            Order::ReleaseThenCommit => {
+                a.ticket_done(te, true).unwrap();
+                clean(&a);
+                b.ticket_done(ti, true).unwrap();
+            }
+            Order::FailDestinationFirst => {
+                b.ticket_done(ti, false).unwrap();
+                clean(&b);
+                a.ticket_done(te, false).unwrap();
+            }
+            Order::FailSourceFirst => {
+                a.ticket_done(te, false).unwrap();
+                clean(&a);
+                b.ticket_done(ti, false).unwrap();
+            }
+        }
+        clean(&a);
+        clean(&b);
+        let (src_log, dst_log) = (la.take(), lb.take());
+        let released: Vec<String> = aux.iter().filter(|&&x| x != -1).map(|x| format!("aux {x}")).collect();
+        match o {
+            Order::CommitThenRelease | Order::ReleaseThenCommit => {
+                assert!(a.slots().find(1, 0).is_none(), "{what}");
+                let sa = a.stats().unwrap();
+                let tree = prefix as u64 / 4;
+                assert_eq!(a0.free_pages - sa.free_pages, tree, "{what}: only the tree's prefix stays held");
+                assert_eq!(a0.swa_free_pages - sa.swa_free_pages, if swa { tree } else { 0 }, "{what}");
+                let mut want = released.clone();
+                if prefix > 0 {
+                    want.push("lock 77 78".into());
+                }
+                let mut got = src_log.clone();
+                (got.sort(), want.sort());
+                assert_eq!(got, want, "{what}: the source's lock and handles, each once");
+                assert!(dst_log.is_empty(), "{what}: {dst_log:?}");
+                let d = *b.slots().find(1, 0).unwrap().1;
+                assert_eq!((d.protected, d.lock_node, d.committed, d.allocated), (0, 0, len, len), "{what}");
+                assert_eq!([d.aux, d.track[0], d.track[1]], dst_aux, "{what}");
+            }
+            Order::FailDestinationFirst | Order::FailSourceFirst => {
+                assert!(src_log.is_empty(), "{what}: {src_log:?}");
+                let want: Vec<String> = dst_aux.iter().filter(|&&x| x != -1).map(|x| format!("aux {x}")).collect();
+                assert_eq!(dst_log, want, "{what}: the destination's handles go back");
+                assert_eq!(a.stats().unwrap(), held.0, "{what}");
+                assert_eq!(*a.slots().find(1, 0).unwrap().1, held.1, "{what}: the session serves, unchanged");
+                assert_eq!(b.stats().unwrap(), b0, "{what}");
+                assert!(matches!(b.import(&sp, &unit, &mut vec![0; 4096]), Err(Error::State(_))), "{what}");
+            }
+        }
+    }
+    // The destination serves a turn, then releases: it holds nothing of the session.
+    let mut r = Req::default();
+    assert_eq!(b.match_prefix(1, 0, &mut r, len, false).unwrap().hit, 1, "{what}");
+    b.alloc_extend(&mut r, 3, None).unwrap();
+    b.commit(&mut r, 3).unwrap();
+    (r.origin_input_len, r.output_len) = (len + 3, 0);
+    b.cache_finished_req(1, 0, &mut r, false).unwrap();
+    b.release_branch(1, 0).unwrap();
+    clean(&b);
+    let sb = b.stats().unwrap();
+    assert_eq!((sb.free_pages, sb.swa_free_pages, sb.free_rows), (b0.free_pages, b0.swa_free_pages, b0.free_rows));
+}
+
+/// The shapes: partial last pages, one page, nothing past the prefix, recurrent handles; with
+/// a window at the start (inside the prefix), at the prefix's end, and past it.
+const SHAPES: [(bool, u32, u32, u32, [i64; 3]); 12] = [
+    (false, 8, 30, 0, [11, 12, -1]),
+    (false, 0, 3, 0, [-1; 3]),
+    (false, 0, 4, 0, [11, -1, 13]),
+    (false, 8, 8, 0, [-1, 12, 13]),
+    (false, 16, 17, 0, [-1; 3]),
+    (true, 8, 30, 8, [11, 12, 13]),
+    (true, 8, 12, 8, [-1; 3]),
+    (true, 8, 30, 0, [11, -1, -1]),
+    (true, 0, 30, 8, [-1; 3]),
+    (true, 8, 8, 0, [-1; 3]),
+    (true, 0, 3, 2, [-1, 12, -1]),
+    (true, 16, 33, 4, [-1; 3]),
+];
+
+#[test]
+fn owned_moves_free_each_page_once_in_every_order() {
+    for (swa, prefix, len, window, aux) in SHAPES {
+        for order in
+            [Order::CommitThenRelease, Order::ReleaseThenCommit, Order::FailDestinationFirst, Order::FailSourceFirst]
+        {
+            owned_move(swa, prefix, len, window, aux, order);
+        }
+    }
+}
+
+/// A prefix whose first SWA pages the tree no longer holds (the window had passed them when it
+/// was published): a move whose window still needs them is refused, changing nothing; once the
+/// window passed them the session moves, and both sides stay whole.
+#[test]
+fn a_window_needing_an_evicted_prefix_swa_page_is_refused() {
+    let (mut a, _) = tiered(600, 0);
+    let (mut b, _) = tiered(600, 0);
+    // The tree's prefix: 16 tokens whose first 8 lost their SWA side to a window.
+    let mut x = Req::default();
+    a.alloc_row(&mut x).unwrap();
+    a.alloc_extend(&mut x, 16, None).unwrap();
+    a.commit(&mut x, 16).unwrap();
+    let w = |size| Window { size, eviction_interval: 0, prefix_sharing: false, retain_floor: None };
+    a.swa_evict(&mut x, 16, &w(8)).unwrap();
+    a.publish_prefix(&mut x, 16).unwrap();
+    let mut idx = vec![0; 16];
+    a.row_indices(x.row().unwrap(), 0, 16, false, &mut idx).unwrap();
+    a.free_req(&mut x).unwrap();
+    // A session over it whose window has not moved: it needs pages 0 and 1's SWA side.
+    let mut r = Req::default();
+    a.alloc_row(&mut r).unwrap();
+    a.map_prefix(&mut r, &idx).unwrap();
+    a.alloc_extend(&mut r, 8, None).unwrap();
+    a.commit(&mut r, 8).unwrap();
+    (r.origin_input_len, r.output_len) = (24, 0);
+    a.cache_finished_req(1, 0, &mut r, false).unwrap();
+    clean(&a);
+    assert_eq!(page_ids(&a, 1, true)[..2], [0, 0], "the prefix's first SWA pages are gone");
+    let before = snap(&a);
+    let mut buf = vec![0; 4096];
+    let err = a.export(1, 0, true, &mut buf).unwrap_err();
+    assert!(matches!(&err, Error::State(m) if m.contains("SWA page of page 0")), "{err}");
+    assert!(matches!(a.export_len(1, 0, true), Err(Error::State(_))));
+    assert_eq!(snap(&a), before);
+    // A copy (not a move) leaves the prefix behind and is not refused.
+    let mut copy = vec![0; a.export_len(1, 0, false).unwrap()];
+    let (_, t) = a.export(1, 0, false, &mut copy).unwrap();
+    a.ticket_done(t, true).unwrap();
+    // The next turn's window passes the prefix: the move carries the window only.
+    let mut r = Req::default();
+    a.match_prefix(1, 0, &mut r, 24, false).unwrap();
+    a.alloc_extend(&mut r, 4, None).unwrap();
+    a.commit(&mut r, 4).unwrap();
+    a.swa_evict(&mut r, 28, &w(4)).unwrap();
+    (r.origin_input_len, r.output_len) = (28, 0);
+    a.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let (unit, te) = move_out(&mut a, 1);
+    let h = header(&b, &unit);
+    assert_eq!((h.swa_cursor, h.n_full, h.n_swa), (24, 7, 1), "{h:?}");
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    b.ticket_done(ti, true).unwrap();
+    a.ticket_done(te, true).unwrap();
+    clean(&a);
+    clean(&b);
+    assert_eq!(a.stats().unwrap().sessions, 0);
+}
