@@ -429,3 +429,253 @@ fn a_window_needing_an_evicted_prefix_swa_page_is_refused() {
     clean(&b);
     assert_eq!(a.stats().unwrap().sessions, 0);
 }
+
+/// The effects an external handle's engine was asked for since the last call, one string each.
+fn effects(e: &External) -> Vec<String> {
+    std::mem::take(&mut *e.log.lock().unwrap())
+}
+
+fn count(log: &[String], needle: &str) -> usize {
+    log.iter().filter(|l| l.contains(needle)).count()
+}
+
+/// External mode, both ends: the source's row and pages are the engine's. A move in each
+/// order (failures retried): nothing is freed at either side while the move is open (a release
+/// of either slot is refused, not drained: the free list is the engine's), and each row, lock
+/// and handle goes back to its engine exactly once, at the side that no longer holds the
+/// session.
+#[test]
+fn external_moves_free_each_row_once_in_every_order() {
+    for swa in [false, true] {
+        for order in
+            [Order::CommitThenRelease, Order::ReleaseThenCommit, Order::FailDestinationFirst, Order::FailSourceFirst]
+        {
+            let what = format!("swa {swa} {order:?}");
+            let (mut a, mut b) = (external(4, swa), external(4, swa));
+            // Row 1: page i is engine page 10 + 3i; 8 tokens of the tree's prefix.
+            a.rows.lock().unwrap()[1] = (0..4096).map(|p| (10 + 3 * (p / 4)) * 4 + p % 4).collect();
+            b.rows.lock().unwrap()[2] = (0..4096).map(|p| (50 + p / 4) * 4 + p % 4).collect();
+            let mut r = Req {
+                req_pool_idx: 1,
+                kv_committed_len: 22,
+                kv_allocated_len: 22,
+                cache_protected_len: 8,
+                lock_node: 5,
+                lock_receipt: 6,
+                aux_state: 40,
+                swa_evicted_seqlen: if swa { 12 } else { 0 },
+                origin_input_len: 22,
+                ..Req::default()
+            };
+            a.cache.cache_finished_req(1, 0, &mut r, false).unwrap();
+            effects(&a);
+            let mut attempts = vec![order];
+            if matches!(order, Order::FailDestinationFirst | Order::FailSourceFirst) {
+                attempts.push(Order::CommitThenRelease);
+            }
+            for (k, &o) in attempts.iter().enumerate() {
+                let (unit, te) = move_out(&mut a.cache, 1);
+                let h = header(&b.cache, &unit);
+                assert_eq!((h.epoch, h.protected, h.n_full, h.n_swa), (k as u32 + 1, 0, 6, 0), "{what}");
+                let u = read_unit(&unit, &Destination { fingerprint: b.cache.unit_fingerprint(), max_context_len: 4096 })
+                    .unwrap();
+                assert_eq!(u.full().collect::<Vec<_>>(), [10, 13, 16, 19, 22, 25], "{what}: from page 0");
+                let before_a = snap(&a.cache);
+                assert!(matches!(a.cache.release_session(1), Err(Error::State(_))), "{what}");
+                assert_eq!(snap(&a.cache), before_a, "{what}");
+                let sp = ImportSpec { row: 2, aux_state: 140, ..spec(1, &[]) };
+                let (n, ti) = b.cache.import(&sp, &unit, &mut []).unwrap();
+                assert_eq!(n, 0, "{what}");
+                let before_b = snap(&b.cache);
+                assert!(matches!(b.cache.release_session(1), Err(Error::State(_))), "{what}");
+                assert_eq!(snap(&b.cache), before_b, "{what}");
+                assert!(effects(&a).is_empty() && effects(&b).is_empty(), "{what}: nothing freed while open");
+                let ok = matches!(o, Order::CommitThenRelease | Order::ReleaseThenCommit);
+                match o {
+                    Order::CommitThenRelease | Order::FailDestinationFirst => {
+                        b.cache.ticket_done(ti, ok).unwrap();
+                        a.cache.ticket_done(te, ok).unwrap();
+                    }
+                    Order::ReleaseThenCommit | Order::FailSourceFirst => {
+                        a.cache.ticket_done(te, ok).unwrap();
+                        b.cache.ticket_done(ti, ok).unwrap();
+                    }
+                }
+                let (la, lb) = (effects(&a), effects(&b));
+                let (gone, kept, lg) = if ok { (&la, &lb, "source") } else { (&lb, &la, "destination") };
+                assert!(kept.is_empty(), "{what}: the side keeping the session freed {kept:?}");
+                let (row, aux) = if ok { (1, 40) } else { (2, 140) };
+                assert_eq!(count(gone, &format!("FreeRow {{ row: {row} }}")), 1, "{what}: the {lg}'s row: {gone:?}");
+                assert_eq!(count(gone, "FreeRow"), 1, "{what}: {gone:?}");
+                assert_eq!(count(gone, &format!("FreeAux {{ aux: {aux} }}")), 1, "{what}: {gone:?}");
+                assert_eq!(count(gone, "DecLockRef"), ok as usize, "{what}: the source's lock, once: {gone:?}");
+                let freed_from = if ok { "start: 8" } else { "start: 0" };
+                assert_eq!(count(gone, "FreeKv"), 1, "{what}: {gone:?}");
+                assert_eq!(count(gone, freed_from), 1, "{what}: the pages past the side's prefix: {gone:?}");
+                assert_eq!(a.cache.slots().find(1, 0).is_some(), !ok, "{what}");
+                assert_eq!(b.cache.slots().find(1, 0).is_some(), ok, "{what}");
+            }
+            // The destination serves, then releases: its row once more, nothing at the source.
+            b.cache.release_session(1).unwrap();
+            assert_eq!(count(&effects(&b), "FreeRow { row: 2 }"), 1);
+            assert!(effects(&a).is_empty());
+        }
+    }
+}
+
+/// An import released mid-copy (owned mode drains its pages to the ticket): its row goes to
+/// another import and its pages to no one until the ticket ends; the ticket's completion,
+/// failed or succeeded, returns exactly the drained pages, commits nothing (the session is not
+/// live here: the fence answers ABSENT, so the source serves again), and leaves the row's new
+/// session whole.
+#[test]
+fn an_import_released_mid_copy_commits_nothing() {
+    for (swa, ok) in [(false, true), (false, false), (true, true), (true, false)] {
+        let what = format!("swa {swa} ok {ok}");
+        let swa_pages = if swa { 600 } else { 0 };
+        let (mut a, _) = tiered(swa_pages, 0);
+        let (mut b, _) = tiered(swa_pages, 0);
+        session(&mut a, 1, 8, 30, if swa { 8 } else { 0 }, [-1; 3]);
+        session(&mut a, 2, 0, 13, 0, [-1; 3]);
+        let a1 = (a.stats().unwrap(), *a.slots().find(1, 0).unwrap().1);
+        let b0 = b.stats().unwrap();
+        let (unit, te) = move_out(&mut a, 1);
+        let (_, ti) = move_in(&mut b, 1, &unit);
+        let row = b.slots().find(1, 0).unwrap().0;
+        let imported = b.stats().unwrap();
+        b.release_branch(1, 0).unwrap();
+        let s = b.stats().unwrap();
+        assert_eq!((s.sessions, s.free_rows, s.free_pages), (0, b0.free_rows, imported.free_pages), "{what}: draining");
+        clean(&b);
+        assert_eq!(b.fence(&unit).unwrap(), Answer::Absent, "{what}: released, so not live here");
+        // The row goes to another move's import; a local turn cannot take the drained pages.
+        let (unit2, te2) = move_out(&mut a, 2);
+        let (out2, ti2) = move_in(&mut b, 2, &unit2);
+        assert_eq!(b.slots().find(2, 0).unwrap().0, row, "{what}: the released row, reused");
+        let mid = b.stats().unwrap();
+        b.ticket_done(ti, ok).unwrap();
+        clean(&b);
+        let after = b.stats().unwrap();
+        let h = header(&b, &unit);
+        assert_eq!(after.free_pages - mid.free_pages, h.n_full as u64, "{what}: the drained pages, once");
+        assert_eq!(after.swa_free_pages - mid.swa_free_pages, h.n_swa as u64, "{what}");
+        assert_eq!(b.fence(&unit).unwrap(), Answer::Absent, "{what}: a completion after a release commits nothing");
+        assert!(b.slots().find(1, 0).is_none());
+        let s2 = *b.slots().find(2, 0).unwrap().1;
+        assert_eq!(b.ticket_of(row), ti2, "{what}: session 2's import still pins its row");
+        let n2 = header(&b, &unit2).n_full as usize;
+        assert_eq!(page_ids(&b, 2, false), out2[..n2], "{what}: session 2's pages untouched");
+        assert_eq!(s2.allocated, 13);
+        // The source hears ABSENT: it serves again, unchanged.
+        a.ticket_done(te, false).unwrap();
+        assert_eq!((a.stats().unwrap().free_pages, *a.slots().find(1, 0).unwrap().1), (a1.0.free_pages, a1.1));
+        b.ticket_done(ti2, true).unwrap();
+        a.ticket_done(te2, true).unwrap();
+        b.release_branch(2, 0).unwrap();
+        clean(&a);
+        clean(&b);
+        assert_eq!(b.stats().unwrap(), b0, "{what}: the destination holds nothing");
+    }
+}
+
+/// The host tier around a move (owned mode with a host pool): a session with a clean host copy
+/// moves from its device pages; a failed move leaves the copy clean, a successful one frees
+/// its host pages with the slot. While the move is open, a tier step writes nothing of it and
+/// an eviction passes over it.
+#[test]
+fn a_host_copy_goes_with_the_moved_session() {
+    for (swa, ok) in [(false, true), (false, false), (true, true), (true, false)] {
+        let what = format!("swa {swa} ok {ok}");
+        let (mut a, log) = tiered(if swa { 600 } else { 0 }, 400);
+        let (mut b, _) = tiered(if swa { 600 } else { 0 }, 400);
+        let host0 = a.tier_stats();
+        session(&mut a, 1, 8, 30, if swa { 8 } else { 0 }, [-1; 3]);
+        let (queued, wb) = a.tier_step().unwrap();
+        assert!(queued > 0 && wb != 0, "{what}: written back");
+        a.ticket_done(wb, true).unwrap();
+        assert_eq!(a.where_is(1, 0).place, super::tier_ops::PLACE_BOTH, "{what}: on the device and the host");
+        let with_copy = a.tier_stats();
+        log.take();
+        let (unit, te) = move_out(&mut a, 1);
+        // Open: the policy leaves it alone.
+        session(&mut a, 2, 0, 9, 0, [-1; 3]);
+        for _ in 0..3 {
+            let (_, t) = a.tier_step().unwrap();
+            if t != 0 {
+                a.ticket_done(t, true).unwrap();
+            }
+        }
+        let copies = log.take();
+        assert!(copies.iter().all(|c| c.ends_with(" 3") || c.ends_with(" 6")), "{what}: session 2 only: {copies:?}");
+        let ev = a.tier_evict(1000, true).unwrap();
+        assert!(a.slots().find(1, 0).is_some(), "{what}: {ev:?}");
+        clean(&a);
+        let (_, ti) = move_in(&mut b, 1, &unit);
+        b.ticket_done(ti, ok).unwrap();
+        a.ticket_done(te, ok).unwrap();
+        clean(&a);
+        let s2 = a.tier_stats();
+        a.release_session(2).unwrap();
+        let t = a.tier_stats();
+        assert_eq!(t.host_free_pages - s2.host_free_pages, 3, "{what}: session 2's copy");
+        if ok {
+            assert!(a.slots().find(1, 0).is_none());
+            assert_eq!(t.host_free_pages, host0.host_free_pages, "{what}: no host page leaked");
+            assert_eq!(t.host_swa_free_pages, host0.host_swa_free_pages, "{what}");
+            assert_eq!(t.host_draining_pages + t.host_swa_draining_pages, 0, "{what}");
+        } else {
+            assert_eq!(a.where_is(1, 0).place, super::tier_ops::PLACE_BOTH, "{what}: the copy stays clean");
+            assert_eq!(t.host_free_pages, with_copy.host_free_pages, "{what}: the copy's pages, still held");
+            a.release_session(1).unwrap();
+            assert_eq!(a.tier_stats().host_free_pages, host0.host_free_pages, "{what}");
+        }
+    }
+}
+
+/// A move that failed leaves its session to the tier's policy again: a session moved out
+/// before its write-back began is written back once the move failed and it stayed idle.
+#[test]
+fn a_failed_move_is_written_back_later() {
+    let (mut a, log) = tiered(0, 400);
+    let (mut b, _) = tiered(0, 400);
+    session(&mut a, 1, 0, 30, 0, [-1; 3]);
+    let (unit, te) = move_out(&mut a, 1);
+    for _ in 0..3 {
+        assert_eq!(a.tier_step().unwrap(), (0, 0), "nothing of a moving session is written back");
+    }
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    b.ticket_done(ti, false).unwrap();
+    a.ticket_done(te, false).unwrap();
+    log.take();
+    let mut queued = 0;
+    for _ in 0..3 {
+        let (q, t) = a.tier_step().unwrap();
+        queued += q;
+        if t != 0 {
+            a.ticket_done(t, true).unwrap();
+        }
+    }
+    assert_eq!(queued, 8, "the idle session's 8 pages: {:?}", log.take());
+    assert_eq!(a.where_is(1, 0).place, super::tier_ops::PLACE_BOTH);
+}
+
+/// The same for an import: a session that arrived while the policy's walk passed it is
+/// written back once its ticket completed and it stayed idle.
+#[test]
+fn an_imported_session_is_written_back_later() {
+    let (mut a, _) = tiered(0, 400);
+    let (mut b, _) = tiered(0, 400);
+    session(&mut a, 1, 0, 30, 0, [-1; 3]);
+    let (unit, te) = move_out(&mut a, 1);
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    for _ in 0..3 {
+        assert_eq!(b.tier_step().unwrap(), (0, 0), "nothing of an arriving session is written back");
+    }
+    b.ticket_done(ti, true).unwrap();
+    a.ticket_done(te, true).unwrap();
+    let (q, t) = b.tier_step().unwrap();
+    assert_eq!(q, 8);
+    b.ticket_done(t, true).unwrap();
+    assert_eq!(b.where_is(1, 0).place, super::tier_ops::PLACE_BOTH);
+    clean(&b);
+}

@@ -669,6 +669,14 @@ impl Cache {
             for &(row, _) in &releases {
                 c.release_moved(row);
             }
+            if matches!(kind, Kind::Export | Kind::Move | Kind::Import) {
+                // A write-back walk dropped these idle slots while the ticket pinned them.
+                for &row in &rows {
+                    if let Some(s) = c.slots.of_row(row).filter(|s| !s.in_flight && s.place == Place::Device) {
+                        c.tier_handed_back(row, s.finished_at);
+                    }
+                }
+            }
             if let Some(tier) = c.tier.as_deref_mut() {
                 tier.return_drain(ticket);
             }
