@@ -327,7 +327,12 @@ impl Cache {
         }
         check_unrun(req, &slot, row)?;
         if slot.place == Place::Failed {
-            return self.repark(row, &slot).map(|()| req.clear_kv());
+            // A failed restore parks again on its host copy; a failed import has none: its
+            // session ends, as an abort would end it.
+            if self.tier.as_deref().is_some_and(|t| t.copies[row as usize].exists()) {
+                return self.repark(row, &slot).map(|()| req.clear_kv());
+            }
+            return self.finish_aborted(session, branch, req);
         }
         self.effects.clear();
         self.run_effects(|c| {

@@ -679,3 +679,138 @@ fn an_imported_session_is_written_back_later() {
     assert_eq!(b.where_is(1, 0).place, super::tier_ops::PLACE_BOTH);
     clean(&b);
 }
+
+/// A session going A→B→A→B→A, a turn served at each stop: each move takes the next epoch
+/// under one incarnation; after each step every unit ever written, replayed at either handle,
+/// is refused and changes nothing, and skv_session_fence answers each unit's truth at each
+/// handle (PENDING while its import is open, COMMITTED after, ABSENT where it never landed).
+/// An unanswered move fenced by ABSENT is retried under the next epoch. Then the session ends
+/// and begins afresh at the other handle: another incarnation, epoch 1 again, accepted.
+#[test]
+fn epochs_over_a_session_that_goes_back_and_forth() {
+    let (mut a, _) = tiered(600, 0);
+    let (mut b, _) = tiered(600, 0);
+    session(&mut a, 1, 8, 30, 8, [-1; 3]);
+    let mut units: Vec<Vec<u8>> = Vec::new();
+    let mut len = 30;
+    let mut origin = 0;
+    for k in 0..5usize {
+        let (src, dst) = if k % 2 == 0 { (&mut a, &mut b) } else { (&mut b, &mut a) };
+        let (mut unit, mut te) = move_out(src, 1);
+        if k == 2 {
+            // This unit is lost: the source asks, the destination fences it, the source retries.
+            assert_eq!(dst.fence(&unit).unwrap(), Answer::Absent, "step {k}");
+            let mut out = vec![0; 4096];
+            assert!(matches!(dst.import(&spec(1, &[]), &unit, &mut out), Err(Error::State(_))), "step {k}");
+            src.ticket_done(te, false).unwrap();
+            units.push(unit);
+            (unit, te) = move_out(src, 1);
+        }
+        let h = header(dst, &unit);
+        assert_eq!(h.epoch as usize, units.len() + 1, "step {k}: the next epoch");
+        assert_eq!(h.committed, len, "step {k}");
+        if origin == 0 {
+            origin = h.origin;
+        }
+        assert_eq!(h.origin, origin, "step {k}: one incarnation");
+        let (_, ti) = move_in(dst, 1, &unit);
+        assert_eq!(dst.fence(&unit).unwrap(), Answer::Pending, "step {k}");
+        dst.ticket_done(ti, true).unwrap();
+        assert_eq!(dst.fence(&unit).unwrap(), Answer::Committed, "step {k}");
+        src.ticket_done(te, true).unwrap();
+        units.push(unit);
+        // The destination serves the next turn.
+        let mut r = Req::default();
+        assert_eq!(dst.match_prefix(1, 0, &mut r, len, false).unwrap().hit, 1, "step {k}");
+        dst.alloc_extend(&mut r, 5, None).unwrap();
+        dst.commit(&mut r, 5).unwrap();
+        len += 5;
+        (r.origin_input_len, r.output_len) = (len, 0);
+        dst.cache_finished_req(1, 0, &mut r, false).unwrap();
+        clean(src);
+        clean(dst);
+        // Every unit so far, replayed at both handles: refused, nothing changed.
+        for c in [&mut a, &mut b] {
+            let before = snap(c);
+            for (j, u) in units.iter().enumerate() {
+                let mut out = vec![-1; 4096];
+                let got = c.import(&spec(1, &[]), u, &mut out);
+                assert!(matches!(got, Err(Error::State(_))), "step {k} unit {j}: {got:?}");
+                assert_eq!(snap(c), before, "step {k} unit {j}");
+            }
+        }
+        let holder = if k % 2 == 0 { &mut b } else { &mut a };
+        let highest = header(holder, units.last().unwrap()).epoch;
+        for (j, u) in units.iter().enumerate() {
+            let e = header(holder, u).epoch;
+            let want = if e <= highest && j != 2 { Answer::Committed } else { Answer::Absent };
+            let got = holder.fence(u).unwrap();
+            // The lost unit (index 2) never landed anywhere, but a later epoch committed at the
+            // holder: COMMITTED means "this epoch or a later one", which is what a source needs.
+            assert!(got == want || (j == 2 && got == Answer::Committed), "step {k} unit {j}: {got:?}");
+        }
+    }
+    // The session ends where it is (B), and begins afresh at A: another incarnation, which
+    // B takes at epoch 1 while the old one's units stay fenced there.
+    assert!(b.slots().find(1, 0).is_some() && a.slots().find(1, 0).is_none());
+    b.release_branch(1, 0).unwrap();
+    session(&mut a, 1, 0, 13, 0, [-1; 3]);
+    let (fresh, te) = move_out(&mut a, 1);
+    let h = header(&b, &fresh);
+    assert_eq!(h.epoch, 1);
+    assert_ne!(h.origin, origin);
+    let (_, ti) = move_in(&mut b, 1, &fresh);
+    b.ticket_done(ti, true).unwrap();
+    a.ticket_done(te, true).unwrap();
+    assert_eq!(b.fence(&fresh).unwrap(), Answer::Committed);
+    b.release_branch(1, 0).unwrap();
+    for u in &units {
+        assert!(matches!(b.import(&spec(1, &[]), u, &mut vec![0; 4096]), Err(Error::State(_))));
+    }
+    clean(&a);
+    clean(&b);
+    assert_eq!((a.stats().unwrap().sessions, b.stats().unwrap().sessions), (0, 0));
+}
+
+/// A turn that matched an arriving session (skv_match_prefix_tier hits with the import's
+/// ticket) runs on its row; the import then fails. The row and its pages must not be freed
+/// under the running request: the request's end (abort, or hand-back) frees them once.
+#[test]
+fn an_import_failing_under_a_running_turn_frees_once() {
+    for (hand_back, host) in [(false, 0), (true, 0), (false, 400), (true, 400)] {
+        let (mut a, _) = tiered(0, host);
+        let (mut b, _) = tiered(0, host);
+        let b0 = b.stats().unwrap();
+        session(&mut a, 1, 8, 30, 0, [-1; 3]);
+        let (unit, te) = move_out(&mut a, 1);
+        let (_, ti) = move_in(&mut b, 1, &unit);
+        let mut r = Req::default();
+        let m = b.match_prefix_tier(1, 0, &mut r, 30, false).unwrap();
+        assert_eq!((m.hit, m.ticket), (1, ti));
+        let row = r.row().unwrap();
+        let before = b.stats().unwrap();
+        let got = b.ticket_done(ti, false);
+        clean(&b);
+        let after = b.stats().unwrap();
+        // Whatever the answer, the running request's row and pages are still its own.
+        assert!(after.free_rows == before.free_rows, "hand_back {hand_back}: {got:?}: the running row was freed");
+        assert_eq!(after.free_pages, before.free_pages, "hand_back {hand_back}: {got:?}");
+        got.unwrap();
+        assert_eq!(b.where_is(1, 0).state & super::tier_ops::WHERE_FAILED, super::tier_ops::WHERE_FAILED);
+        // The turn cannot finish on KV that never arrived; it is handed back or aborted.
+        let mut done = r;
+        (done.origin_input_len, done.output_len) = (30, 0);
+        assert!(matches!(b.cache_finished_req(1, 0, &mut done, false), Err(Error::State(m)) if m.contains("never arrived")));
+        match hand_back {
+            true => b.hand_back(1, 0, &mut r).unwrap(),
+            false => b.cache_finished_req(1, 0, &mut r, true).unwrap(),
+        }
+        assert!(b.slots().find(1, 0).is_none(), "the session never arrived: it ends");
+        assert_eq!(r.row(), None);
+        clean(&b);
+        let s = b.stats().unwrap();
+        assert_eq!((s.free_rows, s.free_pages), (b0.free_rows, b0.free_pages), "row {row}: freed once, all of it");
+        a.ticket_done(te, false).unwrap();
+        clean(&a);
+    }
+}

@@ -599,6 +599,7 @@ impl Cache {
         let mut releases = Vec::new();
         // Failed restores whose request was handed back or aborted already: parked again.
         let mut reparks = Vec::new();
+        let mut failed = Vec::new();
         for &row in &rows {
             let s = *self.slots.of_row(row).expect("a pinned row's slot");
             match kind {
@@ -609,6 +610,8 @@ impl Cache {
                         parks.push(row);
                     }
                 }
+                // A turn running on it (a tier match hit) ends it: it fails, as a restore does.
+                Kind::Import if !ok && s.in_flight => failed.push(row),
                 Kind::Import if !ok => releases.push((row, s)),
                 Kind::Move if transfer::export_done(ok) == SourceEnd::Release => releases.push((row, s)),
                 _ => {}
@@ -665,6 +668,9 @@ impl Cache {
             }
             if kind == Kind::Import {
                 c.import_done(&rows, ok);
+            }
+            for &row in &failed {
+                c.slots.of_row_mut(row).expect("slot").place = Place::Failed;
             }
             for &(row, _) in &releases {
                 c.release_moved(row);
