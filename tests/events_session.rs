@@ -1752,3 +1752,121 @@ fn a_moved_session_is_stored_at_the_destination_before_the_source_removes_it() {
     b.check(1, 0, &seq);
     assert_eq!(a.router.blocks(), 0, "nothing left at the source");
 }
+
+/// `skv_session_export` with SKV_EXPORT_MOVE of (1, 0): the unit and the ticket.
+fn move_out(e: &mut Engine) -> (Vec<u8>, u64) {
+    let (mut len, mut te) = (0usize, 0u64);
+    let mut unit = vec![0u8; 4096];
+    // SAFETY: a live handle; unit holds its length.
+    let st = unsafe { skv_session_export(e.c, 1, 0, SKV_EXPORT_MOVE, unit.as_mut_ptr(), unit.len(), &mut len, &mut te) };
+    ok(st, "export");
+    unit.truncate(len);
+    (unit, te)
+}
+
+/// `skv_session_import` of (1, 0) with the session's tokens: the import's ticket.
+fn move_in(e: &mut Engine, unit: &[u8], seq: &[u32]) -> u64 {
+    let toks_i32: Vec<i32> = seq.iter().map(|&t| t as i32).collect();
+    let spec = skv_import {
+        struct_size: std::mem::size_of::<skv_import>() as u32,
+        flags: 0,
+        session_id: 1,
+        branch_id: 0,
+        row: -1,
+        n_prefix: 0,
+        prefix_indices: null(),
+        lock_node: 0,
+        lock_receipt: 0,
+        aux_state: -1,
+        aux_track: [-1, -1],
+        tokens: toks_i32.as_ptr(),
+        n_tokens: toks_i32.len() as u64,
+    };
+    let mut out = vec![0i32; 64];
+    let (mut n, mut ti) = (0usize, 0u64);
+    // SAFETY: a live handle, the unit's bytes, out's 64 values.
+    let st =
+        unsafe { skv_session_import(e.c, &spec, unit.as_ptr(), unit.len(), out.as_mut_ptr(), out.len(), &mut n, &mut ti) };
+    ok(st, "import");
+    ti
+}
+
+fn done(e: &mut Engine, t: u64, status: i32) {
+    // SAFETY: a live handle.
+    ok(unsafe { skv_ticket_done(e.c, t, status) }, "skv_ticket_done");
+}
+
+/// A failed move, then its retry, then the destination's next turn: the router sees the
+/// session's full pages on at least one instance at every step, and afterwards holds only
+/// what libskv holds: the failed import's blocks are removed, the source's after the
+/// successful move, and the next turn's pages are the destination's.
+#[test]
+fn a_failed_move_its_retry_and_the_next_turn_leave_nothing_stale() {
+    let (mut a, mut b) = (Engine::new(&Setup::new(Mode::Owned)), Engine::new(&Setup::new(Mode::Owned)));
+    let seq = a.turn(1, 0, &[], &Turn::plain(&toks(1, 22), &toks(2, 9)));
+    let full = (a.usage(1, 0).committed_tokens / a.ps as u64) as u32;
+    let salt = salt_of(1);
+    let seen = |a: &mut Engine, b: &mut Engine, when: &str| {
+        a.pump();
+        b.pump();
+        let (sa, sb) = (a.router.score(&seq, &salt), b.router.score(&seq, &salt));
+        assert!(sa == full || sb == full, "{when}: {sa} pages at the source, {sb} at the destination");
+        (sa, sb)
+    };
+    // The read fails: the destination releases its import (removing what it stored), then the
+    // source serves again.
+    let (unit, te) = move_out(&mut a);
+    let ti = move_in(&mut b, &unit, &seq);
+    assert_eq!(seen(&mut a, &mut b, "imported"), (full, full));
+    done(&mut b, ti, 1);
+    assert_eq!(seen(&mut a, &mut b, "import failed"), (full, 0), "the failed import's blocks are removed");
+    assert_eq!(b.router.blocks(), 0, "nothing stale at the destination");
+    done(&mut a, te, 1);
+    assert_eq!(seen(&mut a, &mut b, "export failed"), (full, 0));
+    a.check(1, 0, &seq);
+    // The retry lands.
+    let (unit, te) = move_out(&mut a);
+    let ti = move_in(&mut b, &unit, &seq);
+    assert_eq!(seen(&mut a, &mut b, "imported again"), (full, full));
+    done(&mut b, ti, 0);
+    done(&mut a, te, 0);
+    assert_eq!(seen(&mut a, &mut b, "moved"), (0, full));
+    assert_eq!(a.router.blocks(), 0, "nothing stale at the source");
+    // The destination's next turn extends what it stored.
+    let mut prompt = seq.clone();
+    prompt.extend(toks(3, 6));
+    let seq2 = b.turn(1, 0, &seq, &Turn::plain(&prompt, &toks(4, 5)));
+    b.check(1, 0, &seq2);
+    let full2 = (b.usage(1, 0).committed_tokens / b.ps as u64) as usize;
+    assert!(full2 > full as usize);
+    assert_eq!(b.router.blocks(), full2, "the destination's blocks are exactly the session's");
+    assert_eq!(a.router.blocks(), 0);
+}
+
+/// An import that a turn hit (skv_match_prefix_tier) and whose read then failed: the turn is
+/// handed back, which ends the session; the blocks the import stored are removed then, and
+/// the source, which serves again, is still seen.
+#[test]
+fn a_failed_import_under_a_turn_is_removed_when_the_turn_ends() {
+    let (mut a, mut b) = (Engine::new(&Setup::new(Mode::Owned)), Engine::new(&Setup::new(Mode::Owned)));
+    let seq = a.turn(1, 0, &[], &Turn::plain(&toks(1, 22), &toks(2, 9)));
+    let full = (a.usage(1, 0).committed_tokens / a.ps as u64) as usize;
+    let (unit, te) = move_out(&mut a);
+    let ti = move_in(&mut b, &unit, &seq);
+    let mut r = skv_req::default();
+    // SAFETY: a live handle and a local.
+    ok(unsafe { skv_req_init(&mut r) }, "skv_req_init");
+    let mut m = skv_tier_match { struct_size: std::mem::size_of::<skv_tier_match>() as u32, ..Default::default() };
+    // SAFETY: a live handle and locals.
+    ok(unsafe { skv_match_prefix_tier(b.c, 1, 0, &mut r, seq.len() as u32, 0, &mut m) }, "skv_match_prefix_tier");
+    assert_eq!((m.hit, m.ticket), (1, ti));
+    done(&mut b, ti, 1);
+    b.pump();
+    // SAFETY: a live handle and a local.
+    ok(unsafe { skv_hand_back(b.c, 1, 0, &mut r) }, "skv_hand_back");
+    b.pump();
+    assert_eq!(b.router.blocks(), 0, "the failed import's blocks are gone with its session");
+    done(&mut a, te, 1);
+    a.check(1, 0, &seq);
+    assert_eq!(a.router.blocks(), full);
+}

@@ -131,7 +131,8 @@ pub(crate) unsafe fn finished(
     Ok(())
 }
 
-/// `skv_hand_back`: nothing is freed; tokens past the slot's length are forgotten.
+/// `skv_hand_back`: nothing is freed; tokens past the slot's length are forgotten (a failed
+/// import's session ends).
 ///
 /// # Safety
 /// As `match_prefix`.
@@ -141,10 +142,10 @@ pub(crate) unsafe fn hand_back(c: *const skv_cache, cache: &mut Cache, key: (u64
     #[cfg(feature = "events")]
     // SAFETY: the caller's contract, passed on.
     unsafe {
-        emit(c, |l| {
-            if let Some((_, s)) = cache.slots().find(key.0, key.1) {
-                l.held(key, s.allocated, s.committed);
-            }
+        emit(c, |l| match cache.slots().find(key.0, key.1) {
+            Some((_, s)) => l.held(key, s.allocated, s.committed),
+            // A failed import's session ends with its turn's hand-back.
+            None => l.remove(key),
         })
     };
     let _ = c;
