@@ -80,8 +80,11 @@ impl World {
             _ => Expect::Fail,
         };
         let mut before = self.sides[s].snap();
-        // A request whose restore failed is parked again (its device pages go).
-        let failed = super::tier::where_of(self.sides[s].c, sid, b).state & SKV_WHERE_FAILED != 0;
+        // A request whose restore failed is parked again (its device pages go); one whose
+        // import failed (no host copy) ends its session.
+        let w = super::tier::where_of(self.sides[s].c, sid, b);
+        let failed = w.state & SKV_WHERE_FAILED != 0;
+        let imported = failed && w.host_pages == 0;
         self.want = Some((want, false));
         let (st, mutated) =
             // SAFETY: req_call passes the side's live handle and its local req.
@@ -100,8 +103,12 @@ impl World {
         let mut after = self.sides[s].snap();
         // The slot's own place changes (in flight no more): the rest may not.
         (before.wheres, after.wheres) = (Vec::new(), Vec::new());
-        if failed && super::tier::where_of(self.sides[s].c, sid, b).place != SKV_PLACE_HOST {
+        let place = super::tier::where_of(self.sides[s].c, sid, b).place;
+        if failed && !imported && place != SKV_PLACE_HOST {
             self.fail("skv_hand_back of a request whose restore failed did not park its slot again");
+        }
+        if imported && place != SKV_PLACE_NONE {
+            self.fail("skv_hand_back of a request whose import failed did not end its session");
         }
         if !failed && before != after {
             self.fail(&format!("skv_hand_back changed more than the slot:\n  before {before:?}\n  after  {after:?}"));
@@ -111,8 +118,10 @@ impl World {
         let mut copy = fr.r;
         let cp: *mut skv_req = &mut copy;
         let c = self.sides[s].c;
+        // A session that ended with its hand-back left no row for the copy to name.
+        let stale = if imported { Expect::Fail } else { Expect::Is(SKV_ERR_STATE) };
         // SAFETY: c is the side's live handle; cp points at the local copy.
-        self.call(s, format!("skv_hand_back(stale copy, s {sid} b {b})"), cp, Expect::Is(SKV_ERR_STATE), || unsafe {
+        self.call(s, format!("skv_hand_back(stale copy, s {sid} b {b})"), cp, stale, || unsafe {
             skv_hand_back(c, sid, b, cp)
         });
         st
