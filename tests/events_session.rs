@@ -1758,7 +1758,8 @@ fn move_out(e: &mut Engine) -> (Vec<u8>, u64) {
     let (mut len, mut te) = (0usize, 0u64);
     let mut unit = vec![0u8; 4096];
     // SAFETY: a live handle; unit holds its length.
-    let st = unsafe { skv_session_export(e.c, 1, 0, SKV_EXPORT_MOVE, unit.as_mut_ptr(), unit.len(), &mut len, &mut te) };
+    let st =
+        unsafe { skv_session_export(e.c, 1, 0, SKV_EXPORT_MOVE, unit.as_mut_ptr(), unit.len(), &mut len, &mut te) };
     ok(st, "export");
     unit.truncate(len);
     (unit, te)
@@ -1785,8 +1786,9 @@ fn move_in(e: &mut Engine, unit: &[u8], seq: &[u32]) -> u64 {
     let mut out = vec![0i32; 64];
     let (mut n, mut ti) = (0usize, 0u64);
     // SAFETY: a live handle, the unit's bytes, out's 64 values.
-    let st =
-        unsafe { skv_session_import(e.c, &spec, unit.as_ptr(), unit.len(), out.as_mut_ptr(), out.len(), &mut n, &mut ti) };
+    let st = unsafe {
+        skv_session_import(e.c, &spec, unit.as_ptr(), unit.len(), out.as_mut_ptr(), out.len(), &mut n, &mut ti)
+    };
     ok(st, "import");
     ti
 }

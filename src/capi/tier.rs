@@ -205,6 +205,20 @@ pub unsafe extern "C" fn skv_session_import(
                 Ok(n) => slice(spec.tokens, n, "in->tokens")?,
                 Err(_) => return Err(Error::InvalidArg(format!("in->n_tokens {} is too large", spec.n_tokens))),
             };
+            // The outputs share no byte with the inputs read after they are written.
+            for input in [
+                Span::of(unit.as_ptr(), unit.len(), "unit"),
+                Span::of(prefix.as_ptr(), prefix.len(), "in->prefix_indices"),
+                Span::of(tokens.as_ptr(), tokens.len(), "in->tokens"),
+            ] {
+                for output in [
+                    Span::of(out_pages, out_cap, "out_pages"),
+                    Span::of(n_pages as *const usize, 1, "n_pages"),
+                    Span::of(ticket as *const u64, 1, "ticket"),
+                ] {
+                    disjoint(&[output, input])?;
+                }
+            }
             let key = (spec.session_id, spec.branch_id);
             let spec = ImportSpec {
                 session: spec.session_id,

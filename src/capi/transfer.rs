@@ -67,6 +67,7 @@ pub unsafe extern "C" fn skv_session_fence(
         // SAFETY: c, unit (len bytes) and out_state are NULL or valid (the contract above);
         // lock, slice and out_mut refuse NULL.
         || unsafe {
+            disjoint(&[Span::of(unit, len, "unit"), Span::of(out_state, 1, "out_state")])?;
             let out = out_mut(out_state, "out_state")?;
             let unit = slice(unit, len, "unit")?;
             *out = lock(c)?.fence(unit)? as i32;

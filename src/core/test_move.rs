@@ -69,7 +69,15 @@ impl EngineHooks for Log {
     fn can_copy(&self) -> bool {
         true
     }
-    fn copy_pages(&mut self, t: u64, d: u32, src: &[i32], _: &[i32], _: usize, _: usize) -> std::result::Result<(), i32> {
+    fn copy_pages(
+        &mut self,
+        t: u64,
+        d: u32,
+        src: &[i32],
+        _: &[i32],
+        _: usize,
+        _: usize,
+    ) -> std::result::Result<(), i32> {
         self.0.lock().unwrap().push(format!("copy {t} {d} {}", src.len()));
         Ok(())
     }
@@ -477,8 +485,9 @@ fn external_moves_free_each_row_once_in_every_order() {
                 let (unit, te) = move_out(&mut a.cache, 1);
                 let h = header(&b.cache, &unit);
                 assert_eq!((h.epoch, h.protected, h.n_full, h.n_swa), (k as u32 + 1, 0, 6, 0), "{what}");
-                let u = read_unit(&unit, &Destination { fingerprint: b.cache.unit_fingerprint(), max_context_len: 4096 })
-                    .unwrap();
+                let u =
+                    read_unit(&unit, &Destination { fingerprint: b.cache.unit_fingerprint(), max_context_len: 4096 })
+                        .unwrap();
                 assert_eq!(u.full().collect::<Vec<_>>(), [10, 13, 16, 19, 22, 25], "{what}: from page 0");
                 let before_a = snap(&a.cache);
                 assert!(matches!(a.cache.release_session(1), Err(Error::State(_))), "{what}");
@@ -800,7 +809,9 @@ fn an_import_failing_under_a_running_turn_frees_once() {
         // The turn cannot finish on KV that never arrived; it is handed back or aborted.
         let mut done = r;
         (done.origin_input_len, done.output_len) = (30, 0);
-        assert!(matches!(b.cache_finished_req(1, 0, &mut done, false), Err(Error::State(m)) if m.contains("never arrived")));
+        assert!(
+            matches!(b.cache_finished_req(1, 0, &mut done, false), Err(Error::State(m)) if m.contains("never arrived"))
+        );
         match hand_back {
             true => b.hand_back(1, 0, &mut r).unwrap(),
             false => b.cache_finished_req(1, 0, &mut r, true).unwrap(),
@@ -813,4 +824,66 @@ fn an_import_failing_under_a_running_turn_frees_once() {
         a.ticket_done(te, false).unwrap();
         clean(&a);
     }
+}
+
+/// A stale request naming a moving session's row cannot free or rewrite it, a ticket completes
+/// once, and a notification lost after the commit is answered by the fence, after which the
+/// session can move straight back.
+#[test]
+fn a_moving_row_is_untouchable_and_a_lost_notification_is_answered() {
+    let (mut a, _) = tiered(0, 0);
+    let (mut b, _) = tiered(0, 0);
+    session(&mut a, 1, 8, 30, 0, [-1; 3]);
+    let (row, s) = a.slots().find(1, 0).map(|(r, s)| (r, *s)).unwrap();
+    let (unit, te) = move_out(&mut a, 1);
+    let during = snap(&a);
+    let stale = Req {
+        req_pool_idx: row as i32,
+        kv_committed_len: s.committed,
+        kv_allocated_len: s.allocated,
+        cache_protected_len: s.protected,
+        row_generation: s.generation,
+        ..Req::default()
+    };
+    let mut r = stale;
+    assert!(a.free_req(&mut r).is_err(), "free_req");
+    let mut r = stale;
+    assert!(a.free_tail(&mut r, 12).is_err(), "free_tail");
+    let mut r = stale;
+    assert!(a.trim_overshoot(&mut r, 0).is_err(), "trim_overshoot");
+    assert!(a.free_aligned(row, 12, s.allocated).is_err(), "free_aligned");
+    let mut r = stale;
+    assert!(a.publish_prefix(&mut r, 16).is_err(), "publish_prefix");
+    let mut r = stale;
+    (r.origin_input_len, r.output_len) = (30, 0);
+    assert!(a.cache_finished_req(1, 0, &mut r, false).is_err(), "a finish of the idle slot");
+    let mut r = stale;
+    assert!(a.cache_finished_req(1, 0, &mut r, true).is_err(), "an abort of the moving slot");
+    assert_eq!(snap(&a), during, "nothing changed");
+    // The destination commits; its notification is lost; it exports the session back at once.
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    b.ticket_done(ti, true).unwrap();
+    let b1 = snap(&b);
+    assert!(b.ticket_done(ti, true).is_err() && b.ticket_done(ti, false).is_err(), "a ticket completes once");
+    assert_eq!(snap(&b), b1);
+    let (back, tb) = move_out(&mut b, 1);
+    let mut out = vec![0; 64];
+    assert!(
+        matches!(a.import(&spec(1, &[]), &back, &mut out), Err(Error::State(m)) if m.contains("already has a slot")),
+        "the source still holds its frozen copy"
+    );
+    assert_eq!(snap(&a), during);
+    // The source's timer: it asks, hears COMMITTED, releases; then takes the session back.
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Committed);
+    a.ticket_done(te, true).unwrap();
+    let a1 = snap(&a);
+    assert!(a.ticket_done(te, false).is_err());
+    assert_eq!(snap(&a), a1);
+    let (_, ta) = move_in(&mut a, 1, &back);
+    a.ticket_done(ta, true).unwrap();
+    b.ticket_done(tb, true).unwrap();
+    assert_eq!(a.slots().find(1, 0).unwrap().1.epoch, 2);
+    assert!(b.slots().find(1, 0).is_none());
+    clean(&a);
+    clean(&b);
 }

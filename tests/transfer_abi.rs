@@ -1,4 +1,5 @@
-//! skv_transfer_descs over hostile layouts and arrays (docs/transfer.md#the-nixl-glue): every
+//! The move calls through the C ABI over hostile arguments: skv_transfer_descs's layouts and
+//! arrays (docs/transfer.md#the-nixl-glue), and outputs aliasing a unit. Every
 //! refusal is a status naming the value, writes nothing, and never a wrapped address.
 
 mod common;
@@ -141,4 +142,92 @@ fn aliased_arrays_are_refused() {
     let (st, n, out) = call(&l, &local, &r, &local, 4);
     assert_eq!((status_name(st), n), ("OK", 1));
     assert_eq!((out[0].local_addr, out[0].len), (0x1000 + 16, 64));
+}
+
+fn owned_handle() -> *mut skv_cache {
+    let cfg = skv_cache_config {
+        struct_size: std::mem::size_of::<skv_cache_config>() as u32,
+        page_size: 4,
+        num_token_slots: 400,
+        num_rows: 4,
+        max_context_len: 64,
+        ..Default::default()
+    };
+    let mut c = std::ptr::null_mut();
+    // SAFETY: valid pointers.
+    assert_eq!(code(unsafe { skv_cache_new(&cfg, &mut c) }), OK, "{}", last_error());
+    c
+}
+
+/// skv_session_fence and skv_session_import refuse outputs that share bytes with the unit (or
+/// the import's token and prefix arrays), changing nothing: no fence recorded, no slot.
+#[test]
+fn a_unit_aliased_by_an_output_is_refused() {
+    let c = owned_handle();
+    // A move unit: a session of 9 tokens exported with SKV_EXPORT_MOVE.
+    let mut r = fresh_req();
+    // SAFETY: a live handle and a local req throughout.
+    unsafe {
+        assert_eq!(code(skv_alloc_row(c, &mut r)), OK);
+        assert_eq!(code(skv_alloc_extend(c, &mut r, 9, std::ptr::null_mut())), OK);
+        assert_eq!(code(skv_commit(c, &mut r, 9)), OK);
+        r.origin_input_len = 9;
+        assert_eq!(code(skv_cache_finished_req(c, 1, 0, &mut r, 0)), OK, "{}", last_error());
+    }
+    let mut buf = vec![0u64; 64];
+    let (mut len, mut t) = (0usize, 0u64);
+    // SAFETY: buf holds 512 bytes.
+    let st = unsafe { skv_session_export(c, 1, 0, SKV_EXPORT_MOVE, buf.as_mut_ptr().cast(), 512, &mut len, &mut t) };
+    assert_eq!(code(st), OK, "{}", last_error());
+    let unit = buf.as_mut_ptr().cast::<u8>();
+    let d = owned_handle();
+    // The fence's answer written over the unit's header.
+    let before = buf.clone();
+    // SAFETY: out_state points inside the unit, valid for an i32.
+    let st = unsafe { skv_session_fence(d, unit, len, unit.add(16).cast()) };
+    assert_eq!(status_name(code(st)), "INVALID_ARG", "{}", last_error());
+    assert!(last_error().contains("overlap"), "{}", last_error());
+    assert_eq!(buf, before);
+    // The import's outputs over the unit.
+    let spec = skv_import {
+        struct_size: std::mem::size_of::<skv_import>() as u32,
+        flags: 0,
+        session_id: 1,
+        branch_id: 0,
+        row: -1,
+        n_prefix: 0,
+        prefix_indices: std::ptr::null(),
+        lock_node: 0,
+        lock_receipt: 0,
+        aux_state: -1,
+        aux_track: [-1, -1],
+        tokens: std::ptr::null(),
+        n_tokens: 0,
+    };
+    let (mut n, mut ti) = (0usize, 0u64);
+    let mut out = [0i32; 8];
+    // SAFETY: out_pages points inside the unit (8 values past its 104-byte header are in buf).
+    let st = unsafe { skv_session_import(d, &spec, unit, len, unit.add(104).cast(), 8, &mut n, &mut ti) };
+    assert_eq!(status_name(code(st)), "INVALID_ARG", "{}", last_error());
+    // SAFETY: ticket points inside the unit.
+    let st = unsafe { skv_session_import(d, &spec, unit, len, out.as_mut_ptr(), 8, &mut n, unit.add(40).cast()) };
+    assert_eq!(status_name(code(st)), "INVALID_ARG", "{}", last_error());
+    // The tokens under out_pages.
+    let toks = [5i32; 9];
+    let spec2 = skv_import { tokens: out.as_ptr(), n_tokens: 8, ..spec };
+    // SAFETY: tokens and out_pages are the same 8 values.
+    let st = unsafe { skv_session_import(d, &spec2, unit, len, out.as_mut_ptr(), 8, &mut n, &mut ti) };
+    assert_eq!(status_name(code(st)), "INVALID_ARG", "{}", last_error());
+    assert_eq!(buf, before, "the unit is untouched");
+    // Nothing was recorded: the honest import lands (no fence was taken by a refusal).
+    let spec3 = skv_import { tokens: toks.as_ptr(), n_tokens: 9, ..spec };
+    // SAFETY: distinct arrays.
+    let st = unsafe { skv_session_import(d, &spec3, unit, len, out.as_mut_ptr(), 8, &mut n, &mut ti) };
+    assert_eq!(code(st), OK, "{}", last_error());
+    assert_eq!(n, 3);
+    // SAFETY: live handles, freed once.
+    unsafe {
+        skv_cache_free(c);
+        skv_cache_free(d);
+    }
 }
