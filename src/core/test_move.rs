@@ -887,3 +887,32 @@ fn a_moving_row_is_untouchable_and_a_lost_notification_is_answered() {
     clean(&a);
     clean(&b);
 }
+
+/// The fence is kept under the unit's key: a move imported under another key would commit
+/// where the source's question (its unit's key) never finds it, the answer would be ABSENT,
+/// and the source would serve again beside the live copy. A move keeps its key: an import
+/// under another is refused, changing nothing.
+#[test]
+fn a_move_cannot_change_its_key() {
+    let (mut a, _) = tiered(0, 0);
+    let (mut b, _) = tiered(0, 0);
+    session(&mut a, 1, 0, 13, 0, [-1; 3]);
+    let (unit, te) = move_out(&mut a, 1);
+    let before = snap(&b);
+    let mut out = vec![-1; 64];
+    for sp in [spec(7, &[]), ImportSpec { branch: 3, ..spec(1, &[]) }] {
+        let got = b.import(&sp, &unit, &mut out);
+        if let Ok((_, ti)) = got {
+            b.ticket_done(ti, true).unwrap();
+            assert_eq!(b.fence(&unit).unwrap(), Answer::Committed, "committed under {}/{}", sp.session, sp.branch);
+            continue;
+        }
+        assert!(matches!(&got, Err(Error::InvalidArg(m)) if m.contains("keeps its key")), "{got:?}");
+        assert_eq!(snap(&b), before);
+    }
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    b.ticket_done(ti, true).unwrap();
+    assert_eq!(b.fence(&unit).unwrap(), Answer::Committed);
+    a.ticket_done(te, true).unwrap();
+    clean(&b);
+}

@@ -300,6 +300,18 @@ impl Cache {
         if h.flags & UNIT_FLAG_MOVE == 0 {
             return Ok(None);
         }
+        if (spec.session, spec.branch) != (h.session, h.branch) {
+            // The source asks about its unit's key: a session committed under another would be
+            // ABSENT to it, and it would serve again beside the live copy.
+            bail!(
+                InvalidArg,
+                "session {} branch {}: a move keeps its key (the unit's session {} branch {})",
+                spec.session,
+                spec.branch,
+                h.session,
+                h.branch
+            );
+        }
         let key = (spec.session, spec.branch, h.origin);
         let f = self.fences.get(&key).copied().unwrap_or_default();
         match transfer::admit(f, h.epoch) {

@@ -166,7 +166,7 @@ pub fn call_export(k: usize, c: *mut skv_cache) -> skv_status {
             45 => skv_session_where(c, 0, 0, &mut wh),
             46 => skv_cache_tier_stats(c, &mut ts),
             47 => skv_session_export(c, 0, 0, 0, null_mut(), 0, &mut n, ip2),
-            48 => skv_session_import(c, &imp, u64s.as_ptr().cast(), 8, ip, 8, &mut n, ip2),
+            48 => skv_session_import(c, &imp, u64s.as_ptr().cast(), 8, ip, 8, &mut n, up2),
             _ => skv_session_fence(c, u64s.as_ptr().cast(), 8, ip),
         }
     }

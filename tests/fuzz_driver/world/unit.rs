@@ -94,7 +94,12 @@ impl World {
         let k = self.rng.below(self.sides[s].units.len() as u64) as usize;
         let mut unit = self.sides[s].units[k].clone();
         let (c, owned) = (self.sides[s].c, self.sides[s].owned);
-        let sid = self.rng.below(SESSIONS);
+        // A move's unit (flags bit 2) is imported under its own key, mostly (another is refused).
+        let key64 = |at: usize| u64::from_ne_bytes(unit[at..at + 8].try_into().expect("8 bytes"));
+        let (sid, bid) = match field(&unit, 12) & 4 != 0 && self.rng.chance(900) {
+            true => (key64(40), key64(48)),
+            false => (self.rng.below(SESSIONS), 0),
+        };
         let held = field(&unit, 76);
         let mut aux = [-1i64; 3];
         for (i, a) in aux.iter_mut().enumerate().filter(|(i, _)| held & (1 << i) != 0) {
@@ -105,7 +110,7 @@ impl World {
             struct_size: std::mem::size_of::<skv_import>() as u32,
             flags: 0,
             session_id: sid,
-            branch_id: 0,
+            branch_id: bid,
             row: -1,
             n_prefix: field(&unit, 64),
             prefix_indices: null(),
