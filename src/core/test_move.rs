@@ -5,7 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::test_unit::{external, owned, saved, spec, External, LAYOUT};
+use super::test_unit::{external, owned, saved, spec, External};
 use super::transfer::Answer;
 use super::unit::{read_unit, Destination, UnitHeader};
 use super::*;
@@ -915,4 +915,96 @@ fn a_move_cannot_change_its_key() {
     assert_eq!(b.fence(&unit).unwrap(), Answer::Committed);
     a.ticket_done(te, true).unwrap();
     clean(&b);
+}
+
+/// A moved-in session parks and is restored at its destination, then moves on under the next
+/// epoch; while it is parked a move of it is refused.
+#[test]
+fn a_moved_in_session_parks_restores_and_moves_on() {
+    let (mut a, _) = tiered(600, 0);
+    let (mut b, _) = tiered(600, 400);
+    session(&mut a, 1, 8, 30, 8, [-1; 3]);
+    let (unit, te) = move_out(&mut a, 1);
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    b.ticket_done(ti, true).unwrap();
+    a.ticket_done(te, true).unwrap();
+    let wb = b.park(1, 0).unwrap();
+    b.ticket_done(wb, true).unwrap();
+    let parked = snap(&b);
+    assert!(matches!(b.export(1, 0, true, &mut vec![0; 4096]), Err(Error::State(_))));
+    assert_eq!(snap(&b), parked);
+    let mut r = Req::default();
+    let m = b.match_prefix_tier(1, 0, &mut r, 30, false).unwrap();
+    assert_eq!(m.hit, 1);
+    b.ticket_done(m.ticket, true).unwrap();
+    b.hand_back(1, 0, &mut r).unwrap();
+    clean(&b);
+    let (back, tb) = move_out(&mut b, 1);
+    let h = header(&a, &back);
+    assert_eq!((h.epoch, h.origin, h.committed), (2, header(&a, &unit).origin, 30));
+    let (_, ta) = move_in(&mut a, 1, &back);
+    a.ticket_done(ta, true).unwrap();
+    b.ticket_done(tb, true).unwrap();
+    clean(&a);
+    clean(&b);
+    let t = b.tier_stats();
+    assert_eq!((t.host_free_pages, t.parked_sessions), (b.tier_stats().host_total_pages - 1, 0), "{t:?}");
+}
+
+/// A move of one branch freezes that branch only: releasing the session (all branches or
+/// none) is refused and leaves the other branch, which still serves.
+#[test]
+fn a_branch_moving_holds_its_session_release() {
+    let (mut a, _) = tiered(0, 0);
+    session(&mut a, 1, 0, 13, 0, [-1; 3]);
+    let mut r = Req::default();
+    a.alloc_row(&mut r).unwrap();
+    a.alloc_extend(&mut r, 9, None).unwrap();
+    a.commit(&mut r, 9).unwrap();
+    (r.origin_input_len, r.output_len) = (9, 0);
+    a.cache_finished_req(1, 1, &mut r, false).unwrap();
+    let (_, te) = move_out(&mut a, 1);
+    let before = snap(&a);
+    assert!(matches!(a.release_session(1), Err(Error::State(_))));
+    assert_eq!(snap(&a), before, "neither branch released");
+    let mut r = Req::default();
+    assert_eq!(a.match_prefix(1, 1, &mut r, 9, false).unwrap().hit, 1, "the other branch serves");
+    a.hand_back(1, 1, &mut r).unwrap();
+    a.release_branch(1, 1).unwrap();
+    a.ticket_done(te, true).unwrap();
+    assert_eq!(a.stats().unwrap().sessions, 0);
+    clean(&a);
+}
+
+/// Refusals that come late in a move export change nothing either: a session whose epochs are
+/// spent (it arrived at epoch 2^32 - 1), and an external row whose page starts are not pages.
+#[test]
+fn late_move_export_refusals_change_nothing() {
+    let (mut a, _) = tiered(0, 0);
+    let (mut b, _) = tiered(0, 0);
+    session(&mut a, 1, 0, 13, 0, [-1; 3]);
+    let (mut unit, _) = move_out(&mut a, 1);
+    unit[super::unit::at::EPOCH..super::unit::at::EPOCH + 4].copy_from_slice(&u32::MAX.to_ne_bytes());
+    let (_, ti) = move_in(&mut b, 1, &unit);
+    b.ticket_done(ti, true).unwrap();
+    let before = snap(&b);
+    let got = b.export(1, 0, true, &mut vec![0; 4096]);
+    assert!(matches!(&got, Err(Error::State(m)) if m.contains("every move epoch")), "{got:?}");
+    assert_eq!(snap(&b), before);
+    let mut r = Req::default();
+    assert_eq!(b.match_prefix(1, 0, &mut r, 13, false).unwrap().hit, 1, "it serves");
+    b.hand_back(1, 0, &mut r).unwrap();
+    // External mode: the row's page starts are read after the plan; a bad one refuses.
+    let mut e = external(4, false);
+    e.rows.lock().unwrap()[1] = (0..4096).map(|p| p + 40).collect();
+    e.rows.lock().unwrap()[1][4] = 41;
+    let mut r =
+        Req { req_pool_idx: 1, kv_committed_len: 12, kv_allocated_len: 12, origin_input_len: 12, ..Req::default() };
+    e.cache.cache_finished_req(1, 0, &mut r, false).unwrap();
+    let before = snap(&e.cache);
+    let mut buf = vec![0xAA; 4096];
+    let got = e.cache.export(1, 0, true, &mut buf);
+    assert!(matches!(&got, Err(Error::State(m)) if m.contains("req_to_token[4] = 41")), "{got:?}");
+    assert_eq!(snap(&e.cache), before, "no incarnation drawn, no ticket");
+    assert!(buf.iter().all(|&x| x == 0xAA));
 }
