@@ -322,7 +322,8 @@ fn owned_move(swa: bool, prefix: u32, len: u32, window: u32, aux: [i64; 3], orde
                     want.push("lock 77 78".into());
                 }
                 let mut got = src_log.clone();
-                (got.sort(), want.sort());
+                got.sort();
+                want.sort();
                 assert_eq!(got, want, "{what}: the source's lock and handles, each once");
                 assert!(dst_log.is_empty(), "{what}: {dst_log:?}");
                 let d = *b.slots().find(1, 0).unwrap().1;
