@@ -1009,3 +1009,57 @@ fn late_move_export_refusals_change_nothing() {
     assert_eq!(snap(&e.cache), before, "no incarnation drawn, no ticket");
     assert!(buf.iter().all(|&x| x == 0xAA));
 }
+
+/// A session whose window keeps a floor (sglang's `swa_evict_floor`: SWA pages above the
+/// prefix kept below it) moves with floor 0: the destination's window holds the pages past the
+/// cursor, each page at its position, and both sides stay whole in either outcome.
+#[test]
+fn a_window_with_a_floor_moves_its_in_window_pages() {
+    for ok in [true, false] {
+        let (mut a, _) = tiered(600, 0);
+        let (mut b, _) = tiered(600, 0);
+        let (a0, b0) = (a.stats().unwrap(), b.stats().unwrap());
+        let mut r = Req::default();
+        a.alloc_row(&mut r).unwrap();
+        let mut idx = vec![0; 8];
+        a.pool_alloc(&mut idx).unwrap();
+        a.map_prefix(&mut r, &idx).unwrap();
+        r.swa_evict_floor = 16;
+        a.alloc_extend(&mut r, 30, None).unwrap();
+        a.commit(&mut r, 30).unwrap();
+        let w = Window { size: 8, eviction_interval: 0, prefix_sharing: true, retain_floor: None };
+        a.swa_evict(&mut r, 38, &w).unwrap();
+        (r.origin_input_len, r.output_len) = (38, 0);
+        a.cache_finished_req(1, 0, &mut r, false).unwrap();
+        clean(&a);
+        let s = *a.slots().find(1, 0).unwrap().1;
+        assert!(s.swa_floor == 16 && s.swa > 16, "{s:?}");
+        let held = a.stats().unwrap();
+        let swa_a = page_ids(&a, 1, true);
+        let (unit, te) = move_out(&mut a, 1);
+        let h = header(&b, &unit);
+        assert_eq!((h.swa_floor, h.swa_cursor), (0, s.swa / 4 * 4));
+        let (out, ti) = move_in(&mut b, 1, &unit);
+        let swa_b = page_ids(&b, 1, true);
+        let live: Vec<usize> = (0..swa_b.len()).filter(|&p| swa_b[p] != 0).collect();
+        assert!(live.iter().all(|&p| (p as u32 + 1) * 4 > h.swa_cursor));
+        let sent: Vec<i32> = live.iter().map(|&p| swa_a[p]).collect();
+        let u = read_unit(&unit, &Destination { fingerprint: b.unit_fingerprint(), max_context_len: 4096 }).unwrap();
+        assert_eq!(u.swa().collect::<Vec<_>>(), sent);
+        assert_eq!(out[h.n_full as usize..], live.iter().map(|&p| swa_b[p]).collect::<Vec<_>>()[..]);
+        clean(&b);
+        b.ticket_done(ti, ok).unwrap();
+        a.ticket_done(te, ok).unwrap();
+        clean(&a);
+        clean(&b);
+        if ok {
+            b.release_branch(1, 0).unwrap();
+            let sa = a.stats().unwrap();
+            assert_eq!((a0.free_pages - sa.free_pages, a0.swa_free_pages - sa.swa_free_pages), (2, 2));
+        } else {
+            assert_eq!(a.stats().unwrap(), held);
+        }
+        let sb = b.stats().unwrap();
+        assert_eq!((sb.free_pages, sb.swa_free_pages), (b0.free_pages, b0.swa_free_pages));
+    }
+}
