@@ -1063,3 +1063,101 @@ fn a_window_with_a_floor_moves_its_in_window_pages() {
         assert_eq!((sb.free_pages, sb.swa_free_pages), (b0.free_pages, b0.swa_free_pages));
     }
 }
+
+/// Random interleavings over two real handles, the engine acting correctly on libskv's
+/// answers (a source completes its ticket only on the destination's fence: COMMITTED releases,
+/// ABSENT serves again) and the network and the destination acting as they like: units
+/// delivered late, twice or to the source, reads completing or failing in any order, imports
+/// released mid-copy, turns served wherever the session is live. After every step: both audits
+/// clean, never two serving copies, and always one copy that is not an import in progress.
+#[test]
+fn random_interleavings_keep_one_copy() {
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 % n as u64) as usize
+        }
+    }
+    let mut moves = 0;
+    for seed in 1..=40u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut h = [tiered(600, 0).0, tiered(600, 0).0];
+        session(&mut h[0], 1, 8, 30, 8, [-1; 3]);
+        let mut units: Vec<Vec<u8>> = Vec::new();
+        // Open exports (handle, unit index, ticket) and imports (handle, ticket).
+        let (mut exports, mut imports): (Vec<(usize, usize, u64)>, Vec<(usize, u64)>) = (Vec::new(), Vec::new());
+        for step in 0..150 {
+            let at = rng.below(2);
+            let what = format!("seed {seed} step {step} at {at}");
+            let idle = |c: &Cache| c.slots().find(1, 0).filter(|&(r, s)| c.ticket_of(r) == 0 && !s.in_flight).is_some();
+            match rng.below(6) {
+                0 if idle(&h[at]) => {
+                    let (u, t) = move_out(&mut h[at], 1);
+                    units.push(u);
+                    exports.push((at, units.len() - 1, t));
+                }
+                1 if !units.is_empty() => {
+                    // Mostly the newest unit to the other side of its export; else any, anywhere.
+                    let (d, k) = match (rng.below(3), exports.last()) {
+                        (0, _) | (_, None) => (at, rng.below(units.len())),
+                        (_, Some(&(s, k, _))) => (1 - s, k),
+                    };
+                    let mut out = vec![0; 4096];
+                    if let Ok((_, t)) = h[d].import(&spec(1, &[]), &units[k], &mut out) {
+                        imports.push((d, t));
+                    }
+                }
+                2 if !imports.is_empty() => {
+                    let (d, t) = imports.swap_remove(rng.below(imports.len()));
+                    h[d].ticket_done(t, rng.below(4) != 0).unwrap();
+                }
+                3 if !exports.is_empty() => {
+                    let i = rng.below(exports.len());
+                    let (s, k, t) = exports[i];
+                    match h[1 - s].fence(&units[k]).unwrap() {
+                        Answer::Committed => {
+                            h[s].ticket_done(t, true).unwrap();
+                            moves += 1;
+                        }
+                        Answer::Absent => h[s].ticket_done(t, false).unwrap(),
+                        Answer::Pending => continue,
+                    }
+                    exports.swap_remove(i);
+                }
+                4 if rng.below(3) == 0 => {
+                    // A destination drops an import mid-copy.
+                    let open = imports.iter().find(|&&(d, t)| {
+                        d == at && h[d].slots().find(1, 0).is_some_and(|(r, _)| h[d].ticket_of(r) == t)
+                    });
+                    if open.is_some() {
+                        h[at].release_branch(1, 0).unwrap();
+                    }
+                }
+                5 if idle(&h[at]) => {
+                    let len = h[at].slots().find(1, 0).unwrap().1.committed;
+                    let mut r = Req::default();
+                    assert_eq!(h[at].match_prefix(1, 0, &mut r, len, false).unwrap().hit, 1, "{what}");
+                    h[at].alloc_extend(&mut r, 2, None).unwrap();
+                    h[at].commit(&mut r, 2).unwrap();
+                    (r.origin_input_len, r.output_len) = (len + 2, 0);
+                    h[at].cache_finished_req(1, 0, &mut r, false).unwrap();
+                }
+                _ => {}
+            }
+            clean(&h[0]);
+            clean(&h[1]);
+            let serving = h.iter().filter(|c| idle(c)).count();
+            assert!(serving <= 1, "{what}: two serving copies");
+            let held = h.iter().any(|c| {
+                c.slots().find(1, 0).is_some_and(|(r, _)| {
+                    c.tickets.get(c.ticket_of(r)).is_none_or(|p| p.kind != super::tickets::Kind::Import)
+                })
+            });
+            assert!(held, "{what}: no copy left");
+        }
+    }
+    assert!(moves >= 50, "the interleavings completed {moves} moves");
+}
