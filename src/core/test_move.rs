@@ -1088,7 +1088,8 @@ fn random_interleavings_keep_one_copy() {
         session(&mut h[0], 1, 8, 30, 8, [-1; 3]);
         let mut units: Vec<Vec<u8>> = Vec::new();
         // Open exports (handle, unit index, ticket) and imports (handle, ticket).
-        let (mut exports, mut imports): (Vec<(usize, usize, u64)>, Vec<(usize, u64)>) = (Vec::new(), Vec::new());
+        let mut exports: Vec<(usize, usize, u64)> = Vec::new();
+        let mut imports: Vec<(usize, u64)> = Vec::new();
         for step in 0..150 {
             let at = rng.below(2);
             let what = format!("seed {seed} step {step} at {at}");
@@ -1157,6 +1158,22 @@ fn random_interleavings_keep_one_copy() {
                 })
             });
             assert!(held, "{what}: no copy left");
+        }
+        // Wind down: every read fails, every source hears its answer, the session ends. Each
+        // handle is back to its fresh pages, but for the tree's prefix the first one holds.
+        for (d, t) in imports.drain(..) {
+            h[d].ticket_done(t, false).unwrap();
+        }
+        for (s, k, t) in exports.drain(..) {
+            let ok = h[1 - s].fence(&units[k]).unwrap() == Answer::Committed;
+            h[s].ticket_done(t, ok).unwrap();
+        }
+        for (i, c) in h.iter_mut().enumerate() {
+            c.release_branch(1, 0).unwrap();
+            clean(c);
+            let (st, fresh) = (c.stats().unwrap(), tiered(600, 0).0.stats().unwrap());
+            let tree = if i == 0 { 2 } else { 0 };
+            assert_eq!((st.free_pages + tree, st.swa_free_pages + tree), (fresh.free_pages, fresh.swa_free_pages));
         }
     }
     assert!(moves >= 50, "the interleavings completed {moves} moves");
