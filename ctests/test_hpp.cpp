@@ -598,6 +598,21 @@ void transfer_glue() {
   CHECK(skv::transfer_descs(l, {}, r, {}).empty());
   const skv_kv_layout bad{sizeof(skv_kv_layout), 2, theirs, 64, 32};
   CHECK(throws<skv::Error>([&] { skv::transfer_descs(l, {1}, bad, {1}); }));
+
+  // A move's unit, and the destination's answer about it.
+  skv::Cache a(skv::make_config(kPage, kPage * kPages, kRows, 256));
+  skv::Cache b(skv::make_config(kPage, kPage * kPages, kRows, 256));
+  skv::Req req;
+  a.alloc_row(req);
+  prefill(a, req, 20);
+  req.set_origin_input_len(20);
+  a.finished_req(1, 0, req);
+  std::vector<uint8_t> unit;
+  const uint64_t t = a.session_export(1, 0, unit, SKV_EXPORT_MOVE);
+  CHECK(t != 0 && unit.size() == 104 + 4 * 2);
+  CHECK(b.session_fence(unit) == SKV_FENCE_ABSENT);
+  CHECK(throws<skv::Error>([&] { b.session_fence(std::vector<uint8_t>(8)); }));
+  a.ticket_done(t, 1);
 }
 
 int main() {

@@ -492,11 +492,11 @@ class Cache {
     out_pages.resize(n);
     return ticket;
   }
-  /// Whether a move of the session at `epoch` committed here (skv_session_fence):
+  /// Whether the move a source's `unit` describes committed here (skv_session_fence):
   /// SKV_FENCE_ABSENT (and fenced from now on), SKV_FENCE_PENDING or SKV_FENCE_COMMITTED.
-  int32_t session_fence(uint64_t session_id, uint64_t branch_id, uint32_t epoch) {
+  int32_t session_fence(const std::vector<uint8_t> &unit) {
     int32_t state = -1;
-    detail::call([&] { return skv_session_fence(handle_, session_id, branch_id, epoch, &state); });
+    detail::call([&] { return skv_session_fence(handle_, unit.data(), unit.size(), &state); });
     return state;
   }
   /// The copies of `ticket` ran (status 0) or failed (skv_ticket_done).
