@@ -8,8 +8,8 @@
 //! pages), `owned` (the pool and its rows), `owned_ops` (the owned-mode calls), `step_checks`,
 //! `fast_extend`, `batch` and `batch_prefetch` (the per-step calls), `audit`, and `mirror`
 //! (what a device copy of the rows must learn). Then the host tier: `tickets` and `pins`
-//! (copies in flight and the pages they hold), `tier` (its pools and policy), `tier_ops` and
-//! `owned_tier` (its calls), `audit_tier`; and a session's KV as a movable unit: `unit` (its
+//! (copies in flight and the pages they hold) and `ticket_ops` (completing them), `tier` (its
+//! pools and policy), `tier_ops`, `tier_restore` and `owned_tier` (its calls), `audit_tier`; and a session's KV as a movable unit: `unit` (its
 //! byte form) and `unit_ops` (export and import); `transfer` (moving it between instances: the
 //! lifecycle's decisions and the descriptor glue).
 
@@ -47,9 +47,11 @@ mod test_move;
 mod test_transfer;
 #[cfg(test)]
 mod test_unit;
+mod ticket_ops;
 mod tickets;
 mod tier;
 mod tier_ops;
+mod tier_restore;
 pub mod transfer;
 mod unit;
 mod unit_ops;

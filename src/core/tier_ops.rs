@@ -1,6 +1,6 @@
 //! The host tier's calls (owned mode): write idle sessions back to host memory, park them
-//! (drop the device copy), restore them on a match, and complete the copies' tickets
-//! (docs/tiers.md). Every decision walks a queue from its head: O(pages moved), plus the
+//! (drop the device copy), evict under pressure, and say where a session is (docs/tiers.md);
+//! a match's restore is `tier_restore`'s, a ticket's completion `ticket_ops`'. Every decision walks a queue from its head: O(pages moved), plus the
 //! entries a walk skips (running requests, open tickets).
 
 use std::collections::HashSet;
@@ -9,14 +9,11 @@ use foldhash::fast::RandomState;
 
 use super::cache::{push_free_past_prefix, push_release, Cache, Move};
 use super::error::{bail, Error, Result};
-use super::page::{ceil_align, pages_for};
-use super::records::{Evicted, TierMatch, TierStats, Where};
-use super::req::{swa_dead, Req};
-use super::session_checks::check_claim;
+use super::page::pages_for;
+use super::records::{Evicted, TierStats, Where};
 use super::slots::{Place, Slot};
 use super::tickets::Kind;
 use super::tier::{HostCopy, Tier};
-use super::transfer::{self, SourceEnd};
 
 /// `copy_pages`' direction: device pages to host pages.
 pub(crate) const COPY_TO_HOST: u32 = 1;
@@ -25,11 +22,11 @@ pub(crate) const COPY_TO_DEVICE: u32 = 2;
 
 /// The copies one call asks for: pairs in the full pools, then in the SWA pools.
 #[derive(Default)]
-struct Copies {
-    full_src: Vec<i32>,
-    full_dst: Vec<i32>,
-    swa_src: Vec<i32>,
-    swa_dst: Vec<i32>,
+pub(super) struct Copies {
+    pub(super) full_src: Vec<i32>,
+    pub(super) full_dst: Vec<i32>,
+    pub(super) swa_src: Vec<i32>,
+    pub(super) swa_dst: Vec<i32>,
 }
 
 /// One slot a plan writes back: its row, its device pages' count and which of them hold an SWA
@@ -68,19 +65,19 @@ impl Plan {
 }
 
 impl Cache {
-    fn tier_ref(&self) -> Result<&Tier> {
+    pub(super) fn tier_ref(&self) -> Result<&Tier> {
         match self.tier.as_deref() {
             Some(t) => Ok(t),
             None => bail!(Unsupported, "no host tier (host_num_token_slots 0, or external mode)"),
         }
     }
 
-    fn tier_mut(&mut self) -> &mut Tier {
+    pub(super) fn tier_mut(&mut self) -> &mut Tier {
         self.tier.as_deref_mut().expect("checked by tier_ref")
     }
 
     /// Refuses a tier move without a `copy_pages` hook.
-    fn require_copy(&self) -> Result<()> {
+    pub(super) fn require_copy(&self) -> Result<()> {
         let p = self.owned_pool()?;
         match p.hooks.as_deref().is_some_and(|h| h.can_copy()) {
             true => Ok(()),
@@ -91,7 +88,7 @@ impl Cache {
     }
 
     /// Calls `copy_pages` for ticket `t`: nothing has changed yet, and on failure nothing does.
-    fn copy(&mut self, t: u64, direction: u32, c: &Copies) -> Result<()> {
+    pub(super) fn copy(&mut self, t: u64, direction: u32, c: &Copies) -> Result<()> {
         let (nf, ns) = (c.full_src.len(), c.swa_src.len());
         if nf + ns == 0 {
             return Ok(());
@@ -284,13 +281,13 @@ impl Cache {
     }
 
     /// The effect that drops a slot's device pages past its protected prefix (a park).
-    fn push_park(&mut self, row: u32, s: &Slot) {
+    pub(super) fn push_park(&mut self, row: u32, s: &Slot) {
         let end = self.pool.mapped_len(row).unwrap_or(s.allocated);
         push_free_past_prefix(&mut self.effects, self.cfg.page_size, row, s, end);
     }
 
     /// `row`'s slot is parked (its device pages were freed by `push_park`'s effect).
-    fn mark_parked(&mut self, row: u32) {
+    pub(super) fn mark_parked(&mut self, row: u32) {
         let s = self.slots.of_row_mut(row).expect("slot");
         s.place = Place::Parked;
         let protected = s.protected;
@@ -475,299 +472,6 @@ impl Cache {
             }
         })?;
         Ok(out)
-    }
-
-    /// `skv_match_prefix_tier`: `match_prefix`, where a parked slot is restored (new device
-    /// pages, a copy from host under the returned ticket) or, when they do not fit, released
-    /// for a miss; a slot an import is still writing hits with the import's ticket.
-    pub fn match_prefix_tier(
-        &mut self,
-        session: u64,
-        branch: u64,
-        req: &mut Req,
-        key_len: u32,
-        pre_aborted: bool,
-    ) -> Result<TierMatch> {
-        self.check_req(req)?;
-        let Some((row, slot)) = self.slots.find_near(session, branch, req.row()).map(|(r, s)| (r, *s)) else {
-            return Ok(TierMatch::default());
-        };
-        self.refuse_exporting(session, branch, row, pre_aborted)?;
-        if slot.place == Place::Parked && !pre_aborted {
-            return self.unpark(session, branch, row, slot, req, key_len);
-        }
-        // Its KV still arriving (an import, or a restore a retried match finds): the hit names
-        // the ticket to wait for, as the first match did.
-        let t = self.ticket_of(row);
-        let arriving = self.tickets.get(t).is_some_and(|p| matches!(p.kind, Kind::Import | Kind::Unpark));
-        let m = self.hit(session, branch, req, key_len, pre_aborted, true)?;
-        let ticket = if m.hit == 1 && arriving { t } else { 0 };
-        Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, ticket, ..TierMatch::default() })
-    }
-
-    fn unpark(
-        &mut self,
-        session: u64,
-        branch: u64,
-        row: u32,
-        slot: Slot,
-        req: &mut Req,
-        key_len: u32,
-    ) -> Result<TierMatch> {
-        check_claim(session, branch, row, &slot, req)?;
-        if req.row().is_some() {
-            // Only a stale copy holds an idle slot's row; refused before anything is copied.
-            bail!(
-                State,
-                "req_pool_idx {row}: session {session} branch {branch} is parked; a req holding its row is a \
-                 stale copy (a restore takes a req that holds no row)"
-            );
-        }
-        self.require_copy()?;
-        let ps = self.cfg.page_size;
-        let Some(prefix_len) = self.reusable_prefix(&slot, key_len)? else {
-            self.release_rows(&[row])?;
-            self.moves.push((session, branch, Move::Released));
-            return Ok(TierMatch::default());
-        };
-        let first = pages_for(slot.protected, ps);
-        let len = slot.allocated.min(ceil_align(prefix_len, ps) as u32);
-        let n = pages_for(len, ps) - first;
-        let dead = swa_dead(slot.protected, slot.swa_floor, slot.swa, ps);
-        let live: Vec<bool> = (first..first + n).map(|i| !(dead.0 <= i * ps && (i + 1) * ps <= dead.1)).collect();
-        let p = self.owned_pool()?;
-        let swa_short =
-            p.swa.as_ref().is_some_and(|s| (s.alloc.free_pages() as usize) < live.iter().filter(|&&l| l).count());
-        if (p.allocator().free_pages() as usize) < n as usize || swa_short {
-            // No cascade of parks inside a match: the parked slot goes, and the match misses.
-            self.release_rows(&[row])?;
-            self.moves.push((session, branch, Move::Released));
-            return Ok(TierMatch::default());
-        }
-        let p = self.pool.owned_mut().expect("owned");
-        let undo = p.restore_pages(row, n, &live)?;
-        let copy = &self.tier_ref()?.copies[row as usize];
-        let p = self.owned_pool()?;
-        let r = p.in_use(row).expect("row");
-        let mut c = Copies {
-            full_src: copy.full[..n as usize].iter().map(|&x| x as i32).collect(),
-            full_dst: r.pages[first as usize..].iter().map(|&x| x as i32).collect(),
-            ..Copies::default()
-        };
-        if let Some(sw) = p.swa.as_ref() {
-            let ids = &sw.rows[row as usize].ids[first as usize..];
-            for (&h, &d) in copy.swa[..n as usize].iter().zip(ids) {
-                if h != 0 && d != 0 {
-                    c.swa_src.push(h as i32);
-                    c.swa_dst.push(d as i32);
-                }
-            }
-        }
-        let t = self.tickets.next();
-        if let Err(e) = self.copy(t, COPY_TO_DEVICE, &c) {
-            self.pool.owned_mut().expect("owned").undo_restore(row, undo);
-            return Err(e);
-        }
-        let moved = (c.full_src.len() + c.swa_src.len()) as u64;
-        let t = self.tickets.open(Kind::Unpark, vec![row]);
-        let p = self.pool.owned_mut().expect("owned");
-        p.row_mut(row).len = len;
-        p.mapped(row, slot.protected, len);
-        p.pin_row(row, t);
-        let s = self.slots.of_row_mut(row).expect("slot");
-        (s.place, s.allocated, s.committed) = (Place::Device, len, s.committed.min(len));
-        self.moves.push((session, branch, Move::Restored));
-        let tier = self.tier_mut();
-        tier.copies[row as usize].ticket = t;
-        tier.counts.unparks += 1;
-        tier.counts.pages_to_device += moved;
-        let m = self.hit(session, branch, req, key_len, false, true)?;
-        Ok(TierMatch { hit: m.hit, prefix_len: m.prefix_len, restored_pages: n, ticket: t, ..TierMatch::default() })
-    }
-
-    /// `skv_ticket_done`: the copies of `ticket` ran (`ok`) or failed; its drained pages go
-    /// free and each slot it copied moves on (docs/tiers.md, "Completing a ticket").
-    pub fn ticket_done(&mut self, ticket: u64, ok: bool) -> Result<()> {
-        let p = self.tickets.check(ticket)?;
-        let (kind, rows) = (p.kind, p.rows.clone());
-        let p_rows = rows.clone();
-        let ps = self.cfg.page_size;
-        // The rows whose slots the ticket still copies (a slot released since is not).
-        let rows: Vec<u32> = rows.into_iter().filter(|&r| self.ticket_of(r) == ticket).collect();
-        self.effects.clear();
-        let mut parks = Vec::new();
-        let mut releases = Vec::new();
-        // Failed restores whose request was handed back or aborted already: parked again.
-        let mut reparks = Vec::new();
-        let mut failed = Vec::new();
-        for &row in &rows {
-            let s = *self.slots.of_row(row).expect("a pinned row's slot");
-            match kind {
-                Kind::Unpark if !ok && !s.in_flight => reparks.push(row),
-                Kind::WriteBack if ok => {
-                    let copy = self.tier.as_deref().map(|t| &t.copies[row as usize]);
-                    if copy.is_some_and(|c| c.ticket == ticket && c.leaving) {
-                        parks.push(row);
-                    }
-                }
-                // A turn running on it (a tier match hit) ends it: it fails, as a restore does.
-                Kind::Import if !ok && s.in_flight => failed.push(row),
-                Kind::Import if !ok => releases.push((row, s)),
-                Kind::Move if transfer::export_done(ok) == SourceEnd::Release => releases.push((row, s)),
-                _ => {}
-            }
-        }
-        // The pins end first, so the parks below free their pages rather than drain them.
-        self.unpin_all(ticket, &p_rows);
-        for &row in parks.iter().chain(&reparks) {
-            let s = *self.slots.of_row(row).expect("slot");
-            self.push_park(row, &s);
-        }
-        for &(row, s) in &releases {
-            push_release(&mut self.effects, ps, row, &s);
-        }
-        self.run_effects(|c| {
-            for &row in &rows {
-                let Some(tier) = c.tier.as_deref_mut() else { continue };
-                let copy = &mut tier.copies[row as usize];
-                if copy.ticket != ticket {
-                    continue;
-                }
-                copy.ticket = 0;
-                match (kind, ok) {
-                    (Kind::WriteBack, true) => {
-                        copy.clean = true;
-                        tier.counts.writebacks += 1;
-                    }
-                    (Kind::WriteBack, false) => {
-                        tier.drop_copy(row);
-                        tier.counts.failed_copies += 1;
-                        let fin = c.slots.of_row(row).expect("slot").finished_at;
-                        c.tier_mut().writeback.push_back((fin, row));
-                    }
-                    (Kind::Unpark, true) => tier.drop_copy(row),
-                    (Kind::Unpark, false) => {
-                        tier.counts.failed_copies += 1;
-                        let s = c.slots.of_row_mut(row).expect("slot");
-                        // An idle slot (its request gone before the copy ran) parks again: its
-                        // device pages were never written, its host copy is intact.
-                        s.place = if reparks.contains(&row) { Place::Parked } else { Place::Failed };
-                        // Its KV is still only in the host tier.
-                        let (key, protected) = ((s.session, s.branch), s.protected);
-                        c.moves.push((key.0, key.1, Move::Parked { protected }));
-                    }
-                    _ => {}
-                }
-            }
-            for &row in &parks {
-                c.mark_parked(row);
-            }
-            for &row in &reparks {
-                c.trim_host_copy(row);
-                c.sync_idle(row);
-            }
-            if kind == Kind::Import {
-                c.import_done(&rows, ok);
-            }
-            for &row in &failed {
-                c.slots.of_row_mut(row).expect("slot").place = Place::Failed;
-            }
-            for &(row, _) in &releases {
-                c.release_moved(row);
-            }
-            if matches!(kind, Kind::Export | Kind::Move | Kind::Import) {
-                // A write-back walk dropped these idle slots while the ticket pinned them.
-                for &row in &rows {
-                    if let Some(s) = c.slots.of_row(row).filter(|s| !s.in_flight && s.place == Place::Device) {
-                        c.tier_handed_back(row, s.finished_at);
-                    }
-                }
-            }
-            if let Some(tier) = c.tier.as_deref_mut() {
-                tier.return_drain(ticket);
-            }
-            c.tickets.close(ticket);
-        })
-    }
-
-    /// A tier call's release of the slot holding `row` (its effects planned by the caller),
-    /// noted for the events.
-    fn release_moved(&mut self, row: u32) {
-        self.log_move(row, Move::Released);
-        self.remove_slot(row);
-    }
-
-    /// Notes a move of the slot holding `row` (`Cache::moves`).
-    fn log_move(&mut self, row: u32, m: Move) {
-        let s = self.slots.of_row(row).expect("a slot moves");
-        self.moves.push((s.session, s.branch, m));
-    }
-
-    /// Ends `ticket`'s pins; owned mode's drained device pages go free.
-    fn unpin_all(&mut self, ticket: u64, rows: &[u32]) {
-        match self.pool.owned_mut() {
-            Some(p) => p.return_drain(ticket, rows),
-            None => {
-                for &row in rows {
-                    if self.engine_pins.ticket_of(row) == Some(ticket) {
-                        self.engine_pins.unpin(row);
-                        self.meta_mut(row).pinned = false;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Pins `row` for `ticket` in either mode (`pins`).
-    pub(crate) fn pin(&mut self, row: u32, ticket: u64) {
-        match self.pool.owned_mut() {
-            Some(p) => p.pin_row(row, ticket),
-            None => {
-                self.engine_pins.pin(row, ticket);
-                self.meta_mut(row).pinned = true;
-            }
-        }
-    }
-
-    /// The open ticket copying `row`'s pages (its pin), 0 when none.
-    #[inline]
-    pub(crate) fn ticket_of(&self, row: u32) -> u64 {
-        if !self.meta(row).is_some_and(|m| m.pinned) {
-            return 0;
-        }
-        let pins = match self.pool.owned() {
-            Some(p) => &p.pins,
-            None => &self.engine_pins,
-        };
-        pins.ticket_of(row).unwrap_or(0)
-    }
-
-    /// A hand-back of a slot whose restore failed parks it again (its host copy is intact).
-    pub(crate) fn repark(&mut self, row: u32, s: &Slot) -> Result<()> {
-        self.effects.clear();
-        self.push_park(row, s);
-        self.run_effects(|c| {
-            let slot = c.slots.of_row_mut(row).expect("slot");
-            (slot.place, slot.in_flight) = (Place::Parked, false);
-            c.trim_host_copy(row);
-            c.sync_idle(row);
-        })
-    }
-
-    /// A slot parked again after its restore failed keeps the host pages of what it still
-    /// holds: its request may have shortened it (the record follows the row) before it went.
-    fn trim_host_copy(&mut self, row: u32) {
-        let ps = self.cfg.page_size;
-        let s = *self.slots.of_row(row).expect("slot");
-        let n = (pages_for(s.allocated, ps) - pages_for(s.protected, ps)) as usize;
-        if let Some(t) = self.tier.as_deref_mut() {
-            t.trim_copy(row, n);
-        }
-    }
-
-    /// Whether `ticket` is an import's (its slot's KV is still arriving).
-    pub(crate) fn arriving(&self, ticket: u64) -> bool {
-        self.tickets.get(ticket).is_some_and(|p| p.kind == Kind::Import)
     }
 
     /// The tier's part of a hit on a device slot: a host copy no longer matches what the
