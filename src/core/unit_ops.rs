@@ -502,10 +502,19 @@ impl Cache {
     }
 
     /// Refuses the release of a slot a move still reads: the transfer may touch its pages (its
-    /// prefix's too) until the ticket ends, and a failed move leaves the session here.
+    /// prefix's too) until the ticket ends, and a failed move leaves the session here. An
+    /// unpinned row (every release's case but a copy's) costs one load.
+    #[inline]
     pub(crate) fn refuse_moving(&self, row: u32, s: &Slot) -> Result<()> {
-        let t = self.ticket_of(row);
-        if self.moving(row) {
+        match self.ticket_of(row) {
+            0 => Ok(()),
+            t => self.refuse_moving_ticket(t, s),
+        }
+    }
+
+    #[cold]
+    fn refuse_moving_ticket(&self, t: u64, s: &Slot) -> Result<()> {
+        if self.tickets.get(t).is_some_and(|p| p.kind == Kind::Move) {
             bail!(
                 State,
                 "session {} branch {} is moving to another instance (ticket {t}): complete the ticket (success \
