@@ -226,6 +226,19 @@ pub(crate) fn disjoint(spans: &[Span]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses an output sharing a byte with an input (inputs, only read, may share with each
+/// other; the outputs among themselves are `disjoint`'s).
+pub(crate) fn disjoint_across(outputs: &[Span], inputs: &[Span]) -> Result<()> {
+    for input in inputs {
+        for output in outputs {
+            if input.overlaps(output) {
+                return Err(overlap(input, output));
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cold]
 #[inline(never)]
 fn overlap(a: &Span, b: &Span) -> Error {

@@ -3,7 +3,7 @@
 //! ask where a session's KV is.
 
 use super::req::on_req;
-use super::{disjoint, events_emit, lock, out_mut, skv_cache, skv_status, slice, slice_mut, Span};
+use super::{disjoint, disjoint_across, events_emit, lock, out_mut, skv_cache, skv_status, slice, slice_mut, Span};
 use crate::core::{Error, ImportSpec, Req, Result};
 
 /// The Rust names of the C records (one definition each, in `core`).
@@ -206,19 +206,18 @@ pub unsafe extern "C" fn skv_session_import(
                 Err(_) => return Err(Error::InvalidArg(format!("in->n_tokens {} is too large", spec.n_tokens))),
             };
             // The outputs share no byte with the inputs read after they are written.
-            for input in [
-                Span::of(unit.as_ptr(), unit.len(), "unit"),
-                Span::of(prefix.as_ptr(), prefix.len(), "in->prefix_indices"),
-                Span::of(tokens.as_ptr(), tokens.len(), "in->tokens"),
-            ] {
-                for output in [
+            disjoint_across(
+                &[
                     Span::of(out_pages, out_cap, "out_pages"),
                     Span::of(n_pages as *const usize, 1, "n_pages"),
                     Span::of(ticket as *const u64, 1, "ticket"),
-                ] {
-                    disjoint(&[output, input])?;
-                }
-            }
+                ],
+                &[
+                    Span::of(unit.as_ptr(), unit.len(), "unit"),
+                    Span::of(prefix.as_ptr(), prefix.len(), "in->prefix_indices"),
+                    Span::of(tokens.as_ptr(), tokens.len(), "in->tokens"),
+                ],
+            )?;
             let key = (spec.session_id, spec.branch_id);
             let spec = ImportSpec {
                 session: spec.session_id,

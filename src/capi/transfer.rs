@@ -2,7 +2,7 @@
 //! source whose notification was lost or late, and the glue from page ids and KV layouts to a
 //! transfer engine's descriptors. libskv never links a transfer engine.
 
-use super::{arg, disjoint, lock, out_mut, skv_cache, skv_status, slice, slice_mut, Span};
+use super::{arg, disjoint, disjoint_across, lock, out_mut, skv_cache, skv_status, slice, slice_mut, Span};
 use crate::core::transfer::{descs, descs_len, Answer, Layout};
 use crate::core::Error;
 
@@ -112,15 +112,15 @@ pub unsafe extern "C" fn skv_transfer_descs(
             // share: both sides may name the same ids).
             let outs = [Span::of(out, out_cap, "out"), Span::of(out_len, 1, "out_len")];
             disjoint(&outs)?;
-            for input in [
-                Span::of(local_pages, n_pages, "local_pages"),
-                Span::of(remote_pages, n_pages, "remote_pages"),
-                Span::of(l.0.as_ptr(), l.0.len(), "local->region_base"),
-                Span::of(r.0.as_ptr(), r.0.len(), "remote->region_base"),
-            ] {
-                disjoint(&[outs[0], input])?;
-                disjoint(&[outs[1], input])?;
-            }
+            disjoint_across(
+                &outs,
+                &[
+                    Span::of(local_pages, n_pages, "local_pages"),
+                    Span::of(remote_pages, n_pages, "remote_pages"),
+                    Span::of(l.0.as_ptr(), l.0.len(), "local->region_base"),
+                    Span::of(r.0.as_ptr(), r.0.len(), "remote->region_base"),
+                ],
+            )?;
             let out_len = out_mut(out_len, "out_len")?;
             let (lp, rp) = (slice(local_pages, n_pages, "local_pages")?, slice(remote_pages, n_pages, "remote_pages")?);
             let out = slice_mut(out, out_cap, "out")?;

@@ -71,6 +71,11 @@ impl Slot {
     pub fn aux_handles(&self) -> [i64; 3] {
         [self.aux, self.track[0], self.track[1]]
     }
+
+    /// Bit i set: `aux_handles()[i]` is a handle (not -1): a unit's `aux_mask`.
+    pub fn aux_mask(&self) -> u32 {
+        self.aux_handles().iter().enumerate().fold(0, |m, (i, &a)| m | ((a != -1) as u32) << i)
+    }
 }
 
 impl Slots {

@@ -166,6 +166,11 @@ impl Cache {
         pins.ticket_of(row).unwrap_or(0)
     }
 
+    /// What the open ticket copying `row`'s pages does, if one does.
+    pub(crate) fn copy_kind(&self, row: u32) -> Option<Kind> {
+        self.tickets.get(self.ticket_of(row)).map(|p| p.kind)
+    }
+
     /// Whether `ticket` is an import's (its slot's KV is still arriving).
     pub(crate) fn arriving(&self, ticket: u64) -> bool {
         self.tickets.get(ticket).is_some_and(|p| p.kind == Kind::Import)

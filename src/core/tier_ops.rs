@@ -485,8 +485,7 @@ impl Cache {
 
     #[inline(never)]
     fn tier_hit_copy(&mut self, row: u32) {
-        let unparking = self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Unpark);
-        if !unparking {
+        if self.copy_kind(row) != Some(Kind::Unpark) {
             self.tier_mut().drop_copy(row);
         }
     }

@@ -60,6 +60,12 @@ impl Cache {
         }
     }
 
+    /// The header of a unit this cache could import, checked as `read_unit` checks it.
+    fn read_own_unit(&self, unit: &[u8]) -> Result<UnitHeader> {
+        let dest = Destination { fingerprint: self.unit_fingerprint(), max_context_len: self.cfg.max_context_len };
+        Ok(read_unit(unit, &dest)?.header)
+    }
+
     /// The bytes `export` would write for the slot, or why it would refuse.
     pub fn export_len(&self, session: u64, branch: u64, moving: bool) -> Result<usize> {
         Ok(self.export_plan(session, branch, moving)?.2.unit_len())
@@ -118,9 +124,8 @@ impl Cache {
         let t = self.tickets.open(if moving { Kind::Move } else { Kind::Export }, vec![row]);
         self.pin(row, t);
         if moving {
-            let key = (session, branch, h.origin);
-            let f = self.fences.get(&key).copied().unwrap_or_default();
-            self.fences.insert(key, transfer::exported(f, h.epoch));
+            let f = self.fences.entry((session, branch, h.origin)).or_default();
+            *f = transfer::exported(*f, h.epoch);
             self.origins.insert(row, h.origin);
         }
         if source == Source::Host {
@@ -181,7 +186,6 @@ impl Cache {
                 last - first
             );
         }
-        let aux_mask = s.aux_handles().iter().enumerate().fold(0, |m, (i, &a)| m | ((a != -1) as u32) << i);
         let h = UnitHeader {
             flags,
             fingerprint,
@@ -192,7 +196,7 @@ impl Cache {
             protected: s.protected,
             swa_cursor: s.swa,
             swa_floor: s.swa_floor,
-            aux_mask,
+            aux_mask: s.aux_mask(),
             n_full: n_full as u32,
             n_swa: n_swa as u32,
             epoch: 0,
@@ -230,7 +234,7 @@ impl Cache {
             protected: 0,
             swa_cursor: if swa { floor_align(s.swa, ps) } else { s.swa },
             swa_floor: 0,
-            aux_mask: s.aux_handles().iter().enumerate().fold(0, |m, (i, &a)| m | ((a != -1) as u32) << i),
+            aux_mask: s.aux_mask(),
             n_full: pages_for(s.allocated, ps),
             n_swa: 0,
             epoch,
@@ -270,8 +274,7 @@ impl Cache {
     /// pages, writing their ids (full, then SWA) to `out_pages`; external mode adopts
     /// `spec.row` and takes nothing. Returns the ids written and the ticket.
     pub fn import(&mut self, spec: &ImportSpec, unit: &[u8], out_pages: &mut [i32]) -> Result<(usize, u64)> {
-        let dest = Destination { fingerprint: self.unit_fingerprint(), max_context_len: self.cfg.max_context_len };
-        let h = read_unit(unit, &dest)?.header;
+        let h = self.read_own_unit(unit)?;
         let fence = self.admit(spec, &h)?;
         check_handles(spec, h.aux_mask)?;
         if let Some((row, _)) = self.slots.find(spec.session, spec.branch) {
@@ -288,8 +291,6 @@ impl Cache {
         }?;
         if let Some(f) = fence {
             self.fences.insert((spec.session, spec.branch, h.origin), f);
-            let row = self.slots.find(spec.session, spec.branch).expect("the import's slot").0;
-            self.origins.insert(row, h.origin);
         }
         Ok(out)
     }
@@ -457,6 +458,10 @@ impl Cache {
             place: Place::Device,
         };
         self.slots.insert(row, slot);
+        if h.origin != 0 {
+            // A move's: the incarnation the slot carries on (only moves have one).
+            self.origins.insert(row, h.origin);
+        }
         self.sync_idle(row);
         self.tier_finished(row, self.turns_finished);
         self.pin(row, t);
@@ -468,9 +473,8 @@ impl Cache {
         for &row in rows {
             let s = self.slots.of_row(row).expect("an import's slot");
             if let (true, Some(&origin)) = (s.epoch > 0, self.origins.get(&row)) {
-                let key = (s.session, s.branch, origin);
-                let f = self.fences.get(&key).copied().unwrap_or_default();
-                self.fences.insert(key, transfer::import_done(f, s.epoch, ok).1);
+                let f = self.fences.entry((s.session, s.branch, origin)).or_default();
+                *f = transfer::import_done(*f, s.epoch, ok).1;
             }
         }
     }
@@ -478,27 +482,23 @@ impl Cache {
     /// `skv_session_fence`: whether the move `unit` describes committed here; fences its
     /// epoch when it did not (`transfer::ask`).
     pub fn fence(&mut self, unit: &[u8]) -> Result<transfer::Answer> {
-        let dest = Destination { fingerprint: self.unit_fingerprint(), max_context_len: self.cfg.max_context_len };
-        let h = read_unit(unit, &dest)?.header;
+        let h = self.read_own_unit(unit)?;
         if h.flags & UNIT_FLAG_MOVE == 0 {
             bail!(InvalidArg, "unit flags {:#x}: a copy's unit, not a move's (no epoch to ask about)", h.flags);
         }
         let key = (h.session, h.branch, h.origin);
         let pending = self.slots.find(h.session, h.branch).is_some_and(|(row, s)| {
-            s.epoch == h.epoch
-                && self.origins.get(&row) == Some(&h.origin)
-                && self.tickets.get(self.ticket_of(row)).is_some_and(|p| p.kind == Kind::Import)
+            s.epoch == h.epoch && self.origins.get(&row) == Some(&h.origin) && self.copy_kind(row) == Some(Kind::Import)
         });
-        let f = self.fences.get(&key).copied().unwrap_or_default();
-        let (answer, f) = transfer::ask(f, h.epoch, pending);
-        self.fences.insert(key, f);
+        let f = self.fences.entry(key).or_default();
+        let answer;
+        (answer, *f) = transfer::ask(*f, h.epoch, pending);
         Ok(answer)
     }
 
     /// Whether a move still reads `row`'s pages (its open ticket is a move export's).
     pub(crate) fn moving(&self, row: u32) -> bool {
-        let t = self.ticket_of(row);
-        t != 0 && self.tickets.get(t).is_some_and(|p| p.kind == Kind::Move)
+        self.copy_kind(row) == Some(Kind::Move)
     }
 
     /// Refuses the release of a slot a move still reads: the transfer may touch its pages (its
@@ -508,13 +508,13 @@ impl Cache {
     pub(crate) fn refuse_moving(&self, row: u32, s: &Slot) -> Result<()> {
         match self.ticket_of(row) {
             0 => Ok(()),
-            t => self.refuse_moving_ticket(t, s),
+            t => self.refuse_moving_ticket(row, t, s),
         }
     }
 
     #[cold]
-    fn refuse_moving_ticket(&self, t: u64, s: &Slot) -> Result<()> {
-        if self.tickets.get(t).is_some_and(|p| p.kind == Kind::Move) {
+    fn refuse_moving_ticket(&self, row: u32, t: u64, s: &Slot) -> Result<()> {
+        if self.moving(row) {
             bail!(
                 State,
                 "session {} branch {} is moving to another instance (ticket {t}): complete the ticket (success \
