@@ -1711,37 +1711,9 @@ fn a_moved_session_is_stored_at_the_destination_before_the_source_removes_it() {
         );
         (sa, sb)
     };
-    let (mut len, mut te) = (0usize, 0u64);
-    let mut unit = vec![0u8; 4096];
-    // SAFETY: a live handle; unit holds its length.
-    ok(
-        unsafe { skv_session_export(a.c, 1, 0, SKV_EXPORT_MOVE, unit.as_mut_ptr(), unit.len(), &mut len, &mut te) },
-        "export",
-    );
+    let (unit, te) = move_out(&mut a);
     assert_eq!(seen(&mut a, &mut b, "exported"), (full, 0), "an export publishes nothing");
-    let toks_i32: Vec<i32> = seq.iter().map(|&t| t as i32).collect();
-    let spec = skv_import {
-        struct_size: std::mem::size_of::<skv_import>() as u32,
-        flags: 0,
-        session_id: 1,
-        branch_id: 0,
-        row: -1,
-        n_prefix: 0,
-        prefix_indices: null(),
-        lock_node: 0,
-        lock_receipt: 0,
-        aux_state: -1,
-        aux_track: [-1, -1],
-        tokens: toks_i32.as_ptr(),
-        n_tokens: toks_i32.len() as u64,
-    };
-    let mut out = vec![0i32; 64];
-    let (mut n, mut ti) = (0usize, 0u64);
-    // SAFETY: a live handle, the unit's len bytes, out's 64 values.
-    ok(
-        unsafe { skv_session_import(b.c, &spec, unit.as_ptr(), len, out.as_mut_ptr(), out.len(), &mut n, &mut ti) },
-        "import",
-    );
+    let ti = move_in(&mut b, &unit, &seq);
     assert_eq!(seen(&mut a, &mut b, "imported"), (full, full), "the destination stores at its import");
     // SAFETY: a live handle.
     ok(unsafe { skv_ticket_done(b.c, ti, 0) }, "the commit");
